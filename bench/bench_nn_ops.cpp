@@ -1,0 +1,111 @@
+// Throughput of the fused nn ops through their public front-ends (allocation, dtype handling and autograd
+// recording included), f32, at 1 and 2 threads (the benchmark argument).
+//   attention fwd+bwd  B=4 H=12 T=256 D=64, causal: GFLOP/s counting the causal half of the GEMM work,
+//                      forward 2*B*H*T^2*D, backward (5 products, S recomputed) 5*B*H*T^2*D
+//   layer_norm         [8192, 768] forward, and forward + backward: GB/s of compulsory traffic
+//                      (fwd: read x, write y; bwd: read dy and x, write dx)
+//   softmax            [8192, 1024] over the last dim, forward: GB/s (read x, write y)
+//   cross_entropy      N=2048, V=50257, mean, forward + backward: GB/s (read logits twice, write dlogits)
+// Run: ./bench_nn_ops [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include "memtrain/core/rng.h"
+#include "memtrain/core/tensor.h"
+#include "memtrain/ops/nn.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace memtrain;
+
+void set_threads(benchmark::State& state) { omp_set_num_threads(static_cast<int>(state.range(0))); }
+
+void BM_attention_fwd_bwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t B = 4, H = 12, T = 256, D = 64;
+  manual_seed(1);
+  Tensor q = randn({B, H, T, D}).set_requires_grad(true), k = randn({B, H, T, D}).set_requires_grad(true),
+         v = randn({B, H, T, D}).set_requires_grad(true);
+  const Tensor g = randn({B, H, T, D});
+  for (auto _ : state) {
+    Tensor out = ops::scaled_dot_product_attention(q, k, v, true);
+    out.backward(g);
+    benchmark::DoNotOptimize(q.grad().data_ptr());
+    q.set_grad(Tensor()), k.set_grad(Tensor()), v.set_grad(Tensor());
+  }
+  const double flops = 7.0 * B * H * T * T * D;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_attention_fwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t B = 4, H = 12, T = 256, D = 64;
+  manual_seed(2);
+  const Tensor q = randn({B, H, T, D}), k = randn({B, H, T, D}), v = randn({B, H, T, D});
+  for (auto _ : state) benchmark::DoNotOptimize(ops::scaled_dot_product_attention(q, k, v, true).data_ptr());
+  const double flops = 2.0 * B * H * T * T * D;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_layer_norm_fwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t N = 8192, C = 768;
+  manual_seed(3);
+  const Tensor x = randn({N, C}), w = randn({C}), b = randn({C});
+  for (auto _ : state) benchmark::DoNotOptimize(ops::layer_norm(x, w, b).data_ptr());
+  state.counters["GB/s"] = benchmark::Counter(2.0 * N * C * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_layer_norm_fwd_bwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t N = 8192, C = 768;
+  manual_seed(4);
+  Tensor x = randn({N, C}).set_requires_grad(true), w = randn({C}).set_requires_grad(true),
+         b = randn({C}).set_requires_grad(true);
+  const Tensor g = randn({N, C});
+  for (auto _ : state) {
+    ops::layer_norm(x, w, b).backward(g);
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+    x.set_grad(Tensor()), w.set_grad(Tensor()), b.set_grad(Tensor());
+  }
+  state.counters["GB/s"] = benchmark::Counter(5.0 * N * C * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_softmax_fwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t N = 8192, C = 1024;
+  manual_seed(5);
+  const Tensor x = randn({N, C});
+  for (auto _ : state) benchmark::DoNotOptimize(ops::softmax(x).data_ptr());
+  state.counters["GB/s"] = benchmark::Counter(2.0 * N * C * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_cross_entropy_fwd_bwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t N = 2048, V = 50257;
+  manual_seed(6);
+  Tensor logits = randn({N, V}).set_requires_grad(true);
+  std::vector<std::int64_t> t(N);
+  for (std::int64_t i = 0; i < N; ++i) t[i] = (i * 7919) % V;
+  const Tensor targets = from_buffer(t.data(), {N}, DType::i64, DType::i64);
+  for (auto _ : state) {
+    ops::cross_entropy(logits, targets).backward();
+    benchmark::DoNotOptimize(logits.grad().data_ptr());
+    logits.set_grad(Tensor());
+  }
+  state.counters["GB/s"] = benchmark::Counter(3.0 * N * V * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_attention_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_attention_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_layer_norm_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_layer_norm_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_softmax_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_cross_entropy_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

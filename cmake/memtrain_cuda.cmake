@@ -1,0 +1,75 @@
+# CUDA backend: kernels/*.cu + src/cuda/*.cpp when CUDA is on, src/no_cuda/*.cpp otherwise.
+set(MEMTRAIN_HAVE_CUDA OFF)
+if(NOT MEMTRAIN_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(MEMTRAIN_HAVE_CUDA ON)
+  elseif(MEMTRAIN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "MEMTRAIN_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+
+if(MEMTRAIN_HAVE_CUDA)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  file(GLOB MEMTRAIN_CUDA_KERNELS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
+  file(GLOB MEMTRAIN_CUDA_HOST CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cuda/*.cpp)
+  target_sources(memtrain PRIVATE ${MEMTRAIN_CUDA_KERNELS} ${MEMTRAIN_CUDA_HOST})
+  # Kernels need only C++17, which every CMake version knows how to ask nvcc for (3.25 has no CUDA20 flag
+  # for nvcc 13); the host code in src/cuda/ is C++ and stays C++20.
+  set_target_properties(memtrain PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+  target_link_libraries(memtrain PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  target_compile_definitions(memtrain PUBLIC MEMTRAIN_HAVE_CUDA=1)
+  # Host code includes "kernels/elementwise.cuh" and the backend's internal "cuda/cuda_common.h".
+  target_include_directories(memtrain PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
+  message(STATUS "memtrain: CUDA backend ON (${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
+
+  # cuDNN and NCCL: optional, found and reported only (nothing links them yet). Besides the toolkit and
+  # the usual system paths, look in MEMTRAIN_CUDNN_ROOT / MEMTRAIN_NCCL_ROOT and in the layouts of the
+  # pip wheels (nvidia-cudnn-cu13, nvidia-nccl-cu13): site-packages/nvidia/{cudnn,nccl,cu13}/{include,lib}.
+  # Wheels ship only versioned names (libcudnn.so.9), hence the explicit NAMES.
+  set(MEMTRAIN_CUDNN_ROOT "" CACHE PATH "Extra prefix to search for cuDNN (with include/ and lib/)")
+  set(MEMTRAIN_NCCL_ROOT "" CACHE PATH "Extra prefix to search for NCCL (with include/ and lib/)")
+  set(_mt_wheel_roots "")
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c "import site; print(';'.join(site.getsitepackages() + [site.getusersitepackages()]))"
+      OUTPUT_VARIABLE _mt_site_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    foreach(_dir IN LISTS _mt_site_dirs)
+      list(APPEND _mt_wheel_roots ${_dir}/nvidia/cu13)
+    endforeach()
+  endif()
+  set(_mt_cudnn_hints ${MEMTRAIN_CUDNN_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${_mt_wheel_roots})
+  set(_mt_nccl_hints ${MEMTRAIN_NCCL_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${_mt_wheel_roots})
+  foreach(_dir IN LISTS _mt_site_dirs)
+    list(APPEND _mt_cudnn_hints ${_dir}/nvidia/cudnn)
+    list(APPEND _mt_nccl_hints ${_dir}/nvidia/nccl)
+  endforeach()
+  find_path(MEMTRAIN_CUDNN_INCLUDE_DIR cudnn.h HINTS ${_mt_cudnn_hints} ${CUDAToolkit_INCLUDE_DIRS}
+            PATH_SUFFIXES include)
+  find_library(MEMTRAIN_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 HINTS ${_mt_cudnn_hints} ${CUDAToolkit_LIBRARY_DIR}
+               PATH_SUFFIXES lib lib64)
+  find_path(MEMTRAIN_NCCL_INCLUDE_DIR nccl.h HINTS ${_mt_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS}
+            PATH_SUFFIXES include)
+  find_library(MEMTRAIN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_mt_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
+               PATH_SUFFIXES lib lib64)
+  if(MEMTRAIN_CUDNN_INCLUDE_DIR AND MEMTRAIN_CUDNN_LIBRARY)
+    message(STATUS "memtrain: cuDNN found (${MEMTRAIN_CUDNN_LIBRARY}); not used yet")
+  else()
+    message(STATUS "memtrain: cuDNN not found (optional; set MEMTRAIN_CUDNN_ROOT)")
+  endif()
+  if(MEMTRAIN_NCCL_INCLUDE_DIR AND MEMTRAIN_NCCL_LIBRARY)
+    message(STATUS "memtrain: NCCL found (${MEMTRAIN_NCCL_LIBRARY}); not used yet")
+  else()
+    message(STATUS "memtrain: NCCL not found (optional; set MEMTRAIN_NCCL_ROOT)")
+  endif()
+else()
+  file(GLOB MEMTRAIN_NO_CUDA CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/no_cuda/*.cpp)
+  target_sources(memtrain PRIVATE ${MEMTRAIN_NO_CUDA})
+  message(STATUS "memtrain: CUDA backend OFF")
+endif()

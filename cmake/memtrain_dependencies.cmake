@@ -1,0 +1,16 @@
+# Third-party libraries, all from Debian packages (scripts/setup.sh installs them).
+find_package(fmt REQUIRED)
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(OpenMP REQUIRED)
+find_package(Threads REQUIRED)
+
+set(MEMTRAIN_HAVE_ONEDNN OFF)
+if(MEMTRAIN_ONEDNN)
+  find_package(dnnl CONFIG QUIET)
+  if(dnnl_FOUND)
+    set(MEMTRAIN_HAVE_ONEDNN ON)
+    message(STATUS "memtrain: CPU matmul backed by oneDNN ${dnnl_VERSION}")
+  else()
+    message(STATUS "memtrain: oneDNN not found; CPU matmul falls back to Eigen")
+  endif()
+endif()

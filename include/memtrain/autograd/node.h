@@ -1,0 +1,95 @@
+// The tape: each op that needs a gradient records a Node whose apply() maps the gradients of its outputs
+// to the gradients of its inputs. Edges point to the nodes of the inputs; leaves that require grad end
+// in an AccumulateGrad node that adds into their .grad and fires their gradient-ready hooks.
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memtrain::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: that input needs no gradient
+  std::uint32_t input_nr = 0;  // which output of `node` the gradient belongs to
+  bool valid() const { return node != nullptr; }
+};
+
+struct OutputInfo {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  virtual std::string_view name() const = 0;
+  // grads[i]: gradient of output i (the engine passes zeros for outputs that received none).
+  // Returns one gradient per entry of next_edges (undefined where the edge is invalid).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  // Drops what the node saved for backward (called right after apply unless retain_graph).
+  virtual void release() {}
+
+  std::vector<Edge> next_edges;
+  std::vector<OutputInfo> outputs;
+  const std::uint64_t sequence_nr;  // creation order: later nodes run first in backward
+};
+
+// Gradient rule written with ops, given the output gradients.
+using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  std::string_view name() const override { return name_; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  // Destroying the closure frees every SavedTensor it captured.
+  void release() override { fn_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn fn_;
+};
+
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::string_view name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;       // null for leaves
+  std::uint32_t output_nr = 0;         // which output of grad_fn this tensor is
+  std::weak_ptr<Node> grad_accumulator;  // leaves only; created on first use
+  std::vector<std::function<void(Tensor&)>> grad_ready_hooks;
+};
+
+// True when grad mode is on and any input requires grad: then the op must call record().
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Connects `outputs` to a new FunctionNode whose backward is `fn`, with one edge per input. Call only when
+// needs_grad(inputs). Returns the node.
+std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             BackwardFn fn);
+
+// The edge that a gradient for `t` flows into (its grad_fn, its accumulator, or none).
+Edge gradient_edge(const Tensor& t);
+
+}  // namespace memtrain::autograd

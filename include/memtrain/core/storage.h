@@ -1,0 +1,30 @@
+// Storage: one allocation of bytes on one device, shared by every tensor that views it. Its bytes are
+// accounted to the category that was current when it was created, until the last view lets go.
+#pragma once
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/device.h"
+
+#include <cstddef>
+#include <memory>
+
+namespace memtrain {
+
+class Storage {
+ public:
+  Storage(std::size_t nbytes, Device device, MemoryCategory category);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return block_.ptr; }
+  std::size_t nbytes() const { return block_.nbytes; }
+  Device device() const { return device_; }
+  MemoryCategory category() const { return block_.category; }
+
+ private:
+  Device device_;
+  Block block_;
+};
+
+}  // namespace memtrain

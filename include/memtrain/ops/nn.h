@@ -1,0 +1,42 @@
+// Neural-network ops with fused forward and hand-written backward. Shapes in comments: B batch, T time,
+// C channels, H heads, D head dim, N rows, V classes.
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <cstdint>
+
+namespace memtrain::ops {
+
+Tensor softmax(const Tensor& x, std::int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, std::int64_t dim = -1);
+
+// Normalises over the last dim. weight, bias: [C] (either may be undefined).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+
+// weight [V, C], indices integer [...] -> [..., C]. Indices outside [0, V) throw.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+enum class Reduction { mean, sum, none };
+// logits [N, V], targets integer [N] -> scalar (mean over non-ignored targets, or sum) or [N] (none).
+// Fused log-softmax + negative log-likelihood; targets equal to ignore_index contribute nothing.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction = Reduction::mean,
+                     std::int64_t ignore_index = -100);
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training or p == 0.
+// Draws from the default RNG stream (reproducible under RngStateGuard / checkpoint recomputation).
+Tensor dropout(const Tensor& x, double p, bool training = true);
+
+// q, k, v [B, H, T, D] -> [B, H, T, D]. Causal attention with scale 1/sqrt(D), computed in tiles with an
+// online softmax so the T x T score matrix is never stored; backward recomputes the tiles (flash attention)
+// from q, k, v, the output and the per-row log-sum-exp.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true);
+
+// x [B, Cin, H, W], weight [Cout, Cin/groups, KH, KW], bias [Cout] or undefined.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t stride = 1,
+              std::int64_t padding = 0, std::int64_t groups = 1);
+Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
+Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0);
+
+}  // namespace memtrain::ops

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Configures and builds memtrain with Ninja. Re-running it reconfigures in place and rebuilds only what
+# changed. Arguments, if any, are the Ninja targets to build (default: everything).
+#
+# Environment (all optional):
+#   MEMTRAIN_BUILD_DIR   build directory (default: build, or build-asan when MEMTRAIN_SANITIZE=1)
+#   MEMTRAIN_BUILD_TYPE  CMAKE_BUILD_TYPE (default: Release; RelWithDebInfo when sanitizing)
+#   MEMTRAIN_JOBS        parallel compile jobs (default: 2)
+#   MEMTRAIN_CUDA        AUTO (default: build CUDA when /usr/local/cuda/bin/nvcc exists), ON, OFF;
+#                        default OFF when sanitizing (ASan does not look inside CUDA kernels)
+#   MEMTRAIN_SANITIZE    1 = AddressSanitizer + UndefinedBehaviorSanitizer build
+#   MEMTRAIN_CMAKE_ARGS  extra arguments for the configure step, split on spaces
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$MEMTRAIN_ROOT"
+
+sanitize=${MEMTRAIN_SANITIZE:-0}
+if [[ $sanitize == 1 ]]; then
+  build_dir=${MEMTRAIN_BUILD_DIR:-build-asan}
+  build_type=${MEMTRAIN_BUILD_TYPE:-RelWithDebInfo}
+  cuda=${MEMTRAIN_CUDA:-OFF}
+  sanitize_flag=ON
+else
+  build_dir=${MEMTRAIN_BUILD_DIR:-build}
+  build_type=${MEMTRAIN_BUILD_TYPE:-Release}
+  cuda=${MEMTRAIN_CUDA:-AUTO}
+  sanitize_flag=OFF
+fi
+jobs=${MEMTRAIN_JOBS:-2}
+read -r -a extra_args <<<"${MEMTRAIN_CMAKE_ARGS:-}"
+
+# A directory configured by another generator cannot be switched to Ninja in place.
+if [[ -f $build_dir/CMakeCache.txt ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build_dir/CMakeCache.txt"; then
+  mt_die "$build_dir was configured with another generator; remove it or set MEMTRAIN_BUILD_DIR"
+fi
+
+mt_step "build: configure $build_dir ($build_type, CUDA=$cuda, sanitize=$sanitize_flag)"
+mt_run cmake -S . -B "$build_dir" -G Ninja \
+  -DCMAKE_BUILD_TYPE="$build_type" \
+  -DMEMTRAIN_CUDA="$cuda" \
+  -DMEMTRAIN_SANITIZE="$sanitize_flag" \
+  "${extra_args[@]}"
+
+mt_step "build: compile ${*:-all targets} with $jobs jobs"
+targets=()
+(($# > 0)) && targets=(--target "$@")
+mt_run cmake --build "$build_dir" --parallel "$jobs" "${targets[@]}"

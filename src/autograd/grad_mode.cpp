@@ -1,0 +1,12 @@
+#include "memtrain/autograd/grad_mode.h"
+
+namespace memtrain::autograd {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+}
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
+}  // namespace memtrain::autograd

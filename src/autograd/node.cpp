@@ -1,0 +1,92 @@
+#include "memtrain/autograd/node.h"
+
+#include "memtrain/autograd/grad_mode.h"
+#include "memtrain/ops/elementwise.h"
+
+namespace memtrain::autograd {
+
+namespace {
+std::atomic<std::uint64_t> g_next_sequence_nr{0};
+
+AutogradMeta& meta_of(TensorImpl& impl) {
+  if (!impl.autograd) impl.autograd = std::make_shared<AutogradMeta>();
+  return *impl.autograd;
+}
+
+std::shared_ptr<Node> grad_accumulator(const std::shared_ptr<TensorImpl>& leaf) {
+  AutogradMeta& meta = meta_of(*leaf);
+  if (auto existing = meta.grad_accumulator.lock()) return existing;
+  auto acc = std::make_shared<AccumulateGrad>(leaf);
+  acc->outputs.push_back({leaf->shape, leaf->dtype, leaf->storage->device()});
+  meta.grad_accumulator = acc;
+  return acc;
+}
+}  // namespace
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
+  MT_CHECK(fn_ != nullptr, name_,
+           "backward through the graph a second time: its saved tensors were freed; pass retain_graph=true to "
+           "the first backward");
+  return fn_(grads);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  Tensor& g = grads.at(0);
+  AutogradMeta& meta = meta_of(*leaf_);
+  MT_CHECK(g.shape() == leaf_->shape, "AccumulateGrad", "gradient of shape {} for a parameter of shape {}",
+           shape_str(g.shape()), shape_str(leaf_->shape));
+  if (g.dtype() != leaf_->dtype) g = g.to(leaf_->dtype);
+  if (!meta.grad.defined()) {
+    // Take the gradient over when nothing else can see its storage; otherwise own a copy.
+    const bool exclusive = g.is_contiguous() && g.storage().use_count() == 1 && g.impl_ptr().use_count() == 1 &&
+                           g.offset() == 0 && g.nbytes() == g.storage()->nbytes();
+    meta.grad = exclusive ? g.detach() : g.detach().clone();
+  } else {
+    ops::add_(meta.grad, g);
+  }
+  Tensor leaf(leaf_);
+  for (auto& hook : meta.grad_ready_hooks) hook(leaf);
+  return {};
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.impl().autograd) return {};
+  AutogradMeta& meta = *t.impl().autograd;
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  if (meta.requires_grad) return {grad_accumulator(t.impl_ptr()), 0};
+  return {};
+}
+
+std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             BackwardFn fn) {
+  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(fn));
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& in : inputs) node->next_edges.push_back(in.requires_grad() ? gradient_edge(in) : Edge{});
+  for (std::uint32_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+    AutogradMeta& meta = meta_of(out.impl());
+    meta.requires_grad = true;
+    meta.grad_fn = node;
+    meta.output_nr = i;
+  }
+  return node;
+}
+
+}  // namespace memtrain::autograd

@@ -1,0 +1,39 @@
+// 2-D convolution (NCHW) by im2col + GEMM, one image and group at a time. For group g of image b:
+//   col (Cin_g*KH*KW, OH*OW) = im2col(x[b, group g])
+//   out[b, group g] (Cout_g, OH*OW) = W_g (Cout_g, Cin_g*KH*KW) x col  (+ bias)
+// Backward reuses the same column buffer: dW_g += dout_g x col^T, then col = W_g^T dout_g and col2im adds
+// it into dx. Images are split across OpenMP threads, each with its own column buffer in the workspace and
+// its own partial dW (summed in thread order at the end, so results are deterministic for a thread count).
+// 1x1 convolutions with stride 1 and no padding read x directly (col == x). T is float or double.
+#pragma once
+
+#include <cstdint>
+
+namespace memtrain::cpu {
+
+struct Conv2dShape {
+  int64_t B, Cin, H, W;      // input
+  int64_t Cout, KH, KW;      // weight (Cout, Cin / groups, KH, KW)
+  int64_t stride, padding, groups;
+  int64_t OH, OW;            // output
+};
+
+// Output size of one spatial dim; <= 0 when the window does not fit.
+inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+// Elements of T scratch forward / backward need.
+int64_t conv2d_forward_workspace(const Conv2dShape& s, int nthreads);
+int64_t conv2d_backward_workspace(const Conv2dShape& s, int nthreads);
+
+// out: (B, Cout, OH, OW); x: (B, Cin, H, W); weight: (Cout, Cin/groups, KH, KW); bias: (Cout) or null.
+template <typename T>
+void conv2d_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
+                    int nthreads);
+// dx, dweight, dbias overwritten; any may be null (not needed).
+template <typename T>
+void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight, const Conv2dShape& s,
+                     T* workspace, int nthreads);
+
+}  // namespace memtrain::cpu

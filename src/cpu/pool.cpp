@@ -1,0 +1,120 @@
+#include "cpu/pool.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace memtrain::cpu {
+
+namespace {
+
+// Position (ih * W + iw) of the first maximum of window (oh, ow) in plane x, or -1 if it is all padding.
+template <typename T>
+int64_t window_argmax(const T* x, const Pool2dShape& s, int64_t oh, int64_t ow) {
+  int64_t best = -1;
+  T best_v = -std::numeric_limits<T>::infinity();
+  for (int64_t kh = 0; kh < s.kernel; ++kh) {
+    const int64_t ih = oh * s.stride - s.padding + kh;
+    if (ih < 0 || ih >= s.H) continue;
+    for (int64_t kw = 0; kw < s.kernel; ++kw) {
+      const int64_t iw = ow * s.stride - s.padding + kw;
+      if (iw < 0 || iw >= s.W) continue;
+      const T v = x[ih * s.W + iw];
+      if (best < 0 || v > best_v || (v != v && best_v == best_v)) {  // NaN propagates, like PyTorch
+        best = ih * s.W + iw;
+        best_v = v;
+      }
+    }
+  }
+  return best;
+}
+
+constexpr int64_t kGrain = 1 << 14;
+
+}  // namespace
+
+template <typename T>
+void max_pool2d_forward(T* out, const T* x, const Pool2dShape& s) {
+#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    const T* xp = x + p * s.H * s.W;  // (H, W)
+    T* op = out + p * s.OH * s.OW;    // (OH, OW)
+    for (int64_t oh = 0; oh < s.OH; ++oh)
+      for (int64_t ow = 0; ow < s.OW; ++ow) {
+        const int64_t a = window_argmax(xp, s, oh, ow);
+        op[oh * s.OW + ow] = a < 0 ? -std::numeric_limits<T>::infinity() : xp[a];
+      }
+  }
+}
+
+template <typename T>
+void max_pool2d_backward(T* dx, const T* dout, const T* x, const Pool2dShape& s) {
+#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    const T* xp = x + p * s.H * s.W;
+    const T* gp = dout + p * s.OH * s.OW;
+    T* dxp = dx + p * s.H * s.W;
+    std::fill(dxp, dxp + s.H * s.W, T(0));
+    for (int64_t oh = 0; oh < s.OH; ++oh)
+      for (int64_t ow = 0; ow < s.OW; ++ow) {
+        const int64_t a = window_argmax(xp, s, oh, ow);
+        if (a >= 0) dxp[a] += gp[oh * s.OW + ow];
+      }
+  }
+}
+
+template <typename T>
+void avg_pool2d_forward(T* out, const T* x, const Pool2dShape& s) {
+  const T inv = T(1) / static_cast<T>(s.kernel * s.kernel);
+#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    const T* xp = x + p * s.H * s.W;
+    T* op = out + p * s.OH * s.OW;
+    for (int64_t oh = 0; oh < s.OH; ++oh)
+      for (int64_t ow = 0; ow < s.OW; ++ow) {
+        T acc = 0;
+        for (int64_t kh = 0; kh < s.kernel; ++kh) {
+          const int64_t ih = oh * s.stride - s.padding + kh;
+          if (ih < 0 || ih >= s.H) continue;
+          for (int64_t kw = 0; kw < s.kernel; ++kw) {
+            const int64_t iw = ow * s.stride - s.padding + kw;
+            if (iw >= 0 && iw < s.W) acc += xp[ih * s.W + iw];
+          }
+        }
+        op[oh * s.OW + ow] = acc * inv;
+      }
+  }
+}
+
+template <typename T>
+void avg_pool2d_backward(T* dx, const T* dout, const Pool2dShape& s) {
+  const T inv = T(1) / static_cast<T>(s.kernel * s.kernel);
+#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    const T* gp = dout + p * s.OH * s.OW;
+    T* dxp = dx + p * s.H * s.W;
+    std::fill(dxp, dxp + s.H * s.W, T(0));
+    for (int64_t oh = 0; oh < s.OH; ++oh)
+      for (int64_t ow = 0; ow < s.OW; ++ow) {
+        const T g = gp[oh * s.OW + ow] * inv;
+        for (int64_t kh = 0; kh < s.kernel; ++kh) {
+          const int64_t ih = oh * s.stride - s.padding + kh;
+          if (ih < 0 || ih >= s.H) continue;
+          for (int64_t kw = 0; kw < s.kernel; ++kw) {
+            const int64_t iw = ow * s.stride - s.padding + kw;
+            if (iw >= 0 && iw < s.W) dxp[ih * s.W + iw] += g;
+          }
+        }
+      }
+  }
+}
+
+#define MEMTRAIN_INSTANTIATE(T)                                                              \
+  template void max_pool2d_forward<T>(T*, const T*, const Pool2dShape&);                     \
+  template void max_pool2d_backward<T>(T*, const T*, const T*, const Pool2dShape&);          \
+  template void avg_pool2d_forward<T>(T*, const T*, const Pool2dShape&);                     \
+  template void avg_pool2d_backward<T>(T*, const T*, const Pool2dShape&);
+MEMTRAIN_INSTANTIATE(float)
+MEMTRAIN_INSTANTIATE(double)
+#undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu

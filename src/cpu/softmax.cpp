@@ -1,0 +1,130 @@
+// Row-wise (inner == 1) rows are three passes over contiguous memory: max, sum of exp, write. For inner > 1
+// the same passes run over the C planes of one outer block with per-column accumulators, so memory is still
+// read in order.
+#include "cpu/softmax.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace memtrain::cpu {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;  // elements per outer block below which threads are not worth it
+
+// Per outer block: max and log-sum-exp of every column (o, :, i); calls emit(o, max, lse) with arrays of inner.
+// max and log-sum-exp of one contiguous row.
+template <typename T>
+void row_max_lse(const T* x, int64_t C, T* mx, T* lse) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
+  *mx = m;
+  *lse = std::log(s);
+}
+
+template <typename T, typename Emit>
+void for_each_block(const T* x, int64_t outer, int64_t C, int64_t inner, Emit emit) {
+  if (inner == 1) {
+#pragma omp parallel for schedule(static) if (outer * C > kGrain)
+    for (int64_t o = 0; o < outer; ++o) {
+      T mx = 0, lse = 0;
+      row_max_lse(x + o * C, C, &mx, &lse);
+      emit(o, &mx, &lse);
+    }
+    return;
+  }
+#pragma omp parallel if (outer * C * inner > kGrain)
+  {
+    std::vector<T> mx(static_cast<size_t>(inner)), lse(static_cast<size_t>(inner));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      const T* xo = x + o * C * inner;
+      for (int64_t i = 0; i < inner; ++i) mx[i] = -std::numeric_limits<T>::infinity();
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < inner; ++i) mx[i] = std::max(mx[i], xo[c * inner + i]);
+      for (int64_t i = 0; i < inner; ++i) lse[i] = 0;
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < inner; ++i) lse[i] += std::exp(xo[c * inner + i] - mx[i]);
+      for (int64_t i = 0; i < inner; ++i) lse[i] = std::log(lse[i]);
+      emit(o, mx.data(), lse.data());
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
+  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse) {
+    const T* xo = x + o * C * inner;
+    T* yo = out + o * C * inner;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < inner; ++i) yo[c * inner + i] = std::exp(xo[c * inner + i] - mx[i] - lse[i]);
+  });
+}
+
+template <typename T>
+void log_softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
+  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse) {
+    const T* xo = x + o * C * inner;
+    T* yo = out + o * C * inner;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < inner; ++i) yo[c * inner + i] = xo[c * inner + i] - mx[i] - lse[i];
+  });
+}
+
+// Shared shape of both backwards: dx = a(c) * (dout - s) or dout - b(c) * s, with s a per-column sum.
+template <typename T>
+void softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int64_t C, int64_t inner) {
+#pragma omp parallel if (outer * C * inner > kGrain)
+  {
+    std::vector<T> s(static_cast<size_t>(inner));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      const int64_t base = o * C * inner;
+      for (int64_t i = 0; i < inner; ++i) s[i] = 0;
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < inner; ++i) s[i] += dout[base + c * inner + i] * out[base + c * inner + i];
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < inner; ++i) {
+          const int64_t e = base + c * inner + i;
+          dx[e] = out[e] * (dout[e] - s[i]);
+        }
+    }
+  }
+}
+
+template <typename T>
+void log_softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int64_t C, int64_t inner) {
+#pragma omp parallel if (outer * C * inner > kGrain)
+  {
+    std::vector<T> s(static_cast<size_t>(inner));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      const int64_t base = o * C * inner;
+      for (int64_t i = 0; i < inner; ++i) s[i] = 0;
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < inner; ++i) s[i] += dout[base + c * inner + i];
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < inner; ++i) {
+          const int64_t e = base + c * inner + i;
+          dx[e] = dout[e] - std::exp(out[e]) * s[i];
+        }
+    }
+  }
+}
+
+#define MEMTRAIN_INSTANTIATE(T)                                                                  \
+  template void softmax_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                     \
+  template void softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);          \
+  template void log_softmax_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                 \
+  template void log_softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);
+MEMTRAIN_INSTANTIATE(float)
+MEMTRAIN_INSTANTIATE(double)
+#undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu

@@ -1,0 +1,249 @@
+// CUDA backend, host side: device discovery, copies, and the dispatch from DType to the launchers in
+// kernels/elementwise.cuh. gemm lives in cuda_gemm.cpp, device memory in cuda_memory.cpp.
+//
+// Ordering: every kernel and cuBLAS call goes to the device's legacy default stream, so memtrain's work
+// on a device runs in call order; copies to the host (cudaMemcpy) and synchronize() wait for it.
+#include "memtrain/cuda/cuda.h"
+
+#include "cpu/convert.h"
+#include "cuda/cuda_common.h"
+#include "kernels/elementwise.cuh"
+
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memtrain::cuda {
+
+using ::memtrain::detail::throw_error;
+
+namespace {
+
+constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see the top of this file)
+
+struct Availability {
+  int count = 0;       // usable devices; 0 when reason is set
+  std::string reason;  // why nothing is usable
+};
+
+std::string error_text(cudaError_t err) {
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+// Can `device` run the kernels compiled into this build? A device older than every architecture we
+// compiled for (or a driver too old for our PTX) fails here instead of at the first launch.
+std::string probe_device(int device) {
+  int previous = 0;
+  if (cudaError_t err = cudaGetDevice(&previous); err != cudaSuccess) {
+    cudaGetLastError();
+    return "cudaGetDevice failed: " + error_text(err);
+  }
+  std::string problem;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+    problem = "cudaSetDevice failed: " + error_text(err);
+  } else if (cudaError_t err = probe_elementwise_kernels(); err != cudaSuccess) {
+    cudaDeviceProp prop{};
+    const bool named = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
+    problem = fmt::format("{} (compute capability {}.{}) cannot run memtrain's kernels: {}",
+                          named ? prop.name : "device", prop.major, prop.minor, error_text(err));
+  }
+  cudaGetLastError();
+  cudaSetDevice(previous);
+  return problem;
+}
+
+Availability probe() {
+  Availability a;
+  try {
+    int count = 0;
+    if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+      cudaGetLastError();
+      a.reason = "cudaGetDeviceCount failed: " + error_text(err);
+      return a;
+    }
+    if (count <= 0) {
+      a.reason = "no CUDA device found";
+      return a;
+    }
+    // Only device 0 is probed here (it creates a context); other devices are probed on first use.
+    if (std::string problem = probe_device(0); !problem.empty()) {
+      a.reason = "cuda:0: " + problem;
+      return a;
+    }
+    a.count = count;
+  } catch (const std::exception& e) {
+    a = Availability{0, std::string("probing CUDA failed: ") + e.what()};
+  } catch (...) {
+    a = Availability{0, "probing CUDA failed with an unknown exception"};
+  }
+  return a;
+}
+
+const Availability& availability() {
+  static const Availability a = [] {
+    // Registering here too (not only at static init) means any program that asks whether CUDA is
+    // available can then use Allocator::get(Device::cuda(i)), whatever the static-init order.
+    detail::ensure_memory_source_registered();
+    return probe();
+  }();
+  return a;
+}
+
+template <typename T>
+const T* in(const void* p) {
+  return static_cast<const T*>(p);
+}
+template <typename T>
+T* out(void* p) {
+  return static_cast<T*>(p);
+}
+
+// Checks shared by add and mul; false when there is nothing to do.
+bool prepare_binary(const char* op, const void* a, const void* b, void* c, DType dtype, std::size_t n,
+                    int device) {
+  MT_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, op,
+           "dtype {} is not supported on CUDA (f32, f16, bf16)", dtype_name(dtype));
+  if (n == 0) return false;
+  MT_CHECK(a != nullptr && b != nullptr && c != nullptr, op, "null pointer for {} elements", n);
+  detail::require_device(op, device);
+  return true;
+}
+
+}  // namespace
+
+namespace detail {
+
+void check_cuda(cudaError_t err, const char* where, const char* fn) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();
+  throw_error(where, fmt::format("{} failed: {}", fn, error_text(err)));
+}
+
+void check_cublas(cublasStatus_t status, const char* where, const char* fn) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  cudaGetLastError();
+  throw_error(where, fmt::format("{} failed: {}: {}", fn, cublasGetStatusName(status), cublasGetStatusString(status)));
+}
+
+void require_device(const char* where, int device) {
+  const Availability& a = availability();
+  if (a.count == 0) throw_error(where, "no usable CUDA device: " + a.reason);
+  MT_CHECK(device >= 0 && device < a.count, where, "device index {} out of range ({} CUDA device(s))", device,
+           a.count);
+  if (device == 0) return;  // probed by availability()
+  // Other devices are probed once, on first use, so a process that only uses cuda:0 creates one context.
+  static std::mutex mutex;
+  static std::vector<std::optional<std::string>> problems;  // nullopt: not probed yet; "": usable
+  std::lock_guard lock(mutex);
+  if (problems.empty()) problems.resize(static_cast<std::size_t>(a.count));
+  std::optional<std::string>& problem = problems[static_cast<std::size_t>(device)];
+  if (!problem) problem = probe_device(device);
+  if (!problem->empty()) throw_error(where, fmt::format("cuda:{}: {}", device, *problem));
+}
+
+DeviceGuard::DeviceGuard(int device, const char* where) : device_(device) {
+  MT_CUDA_CHECK(where, cudaGetDevice, &previous_);
+  if (previous_ != device_) MT_CUDA_CHECK(where, cudaSetDevice, device_);
+}
+
+DeviceGuard::~DeviceGuard() {
+  // Restoring cannot sensibly fail after the switch succeeded; a destructor must not throw anyway.
+  if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+}
+
+}  // namespace detail
+
+bool built_with_cuda() { return true; }
+bool is_available() { return availability().count > 0; }
+int device_count() { return availability().count; }
+std::string unavailable_reason() { return availability().reason; }
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
+  constexpr const char* op = "cuda::copy";
+  if (nbytes == 0) return;
+  MT_CHECK(dst != nullptr && src != nullptr, op, "null pointer copying {} bytes from {} to {}", nbytes,
+           src_device.str(), dst_device.str());
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memmove(dst, src, nbytes);
+    return;
+  }
+  if (dst_device.is_cuda()) detail::require_device(op, dst_device.index);
+  if (src_device.is_cuda()) detail::require_device(op, src_device.index);
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
+    MT_CUDA_CHECK(op, cudaMemcpyPeer, dst, dst_device.index, src, src_device.index, nbytes);
+    return;
+  }
+  const cudaMemcpyKind kind = dst_device.is_cuda()
+                                  ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                  : cudaMemcpyDeviceToHost;
+  detail::DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index, op);
+  MT_CUDA_CHECK(op, cudaMemcpy, dst, src, nbytes, kind);
+}
+
+void synchronize(int device) {
+  constexpr const char* op = "cuda::synchronize";
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  MT_CUDA_CHECK(op, cudaDeviceSynchronize);
+}
+
+void fill(void* dst, DType dtype, std::size_t n, double value, int device) {
+  constexpr const char* op = "cuda::fill";
+  if (n == 0) return;
+  MT_CHECK(dst != nullptr, op, "null pointer for {} elements of {}", n, dtype_name(dtype));
+  detail::require_device(op, device);
+  // The value is converted once on the host, by the CPU rules (rounding, saturation, clamping), and the
+  // kernel copies its bit pattern; little-endian, so the low bytes of `pattern` hold it.
+  std::uint64_t pattern = 0;
+  cpu::write_from_double(&pattern, dtype, value);
+  detail::DeviceGuard guard(device, op);
+  switch (dtype_size(dtype)) {
+    case 1:
+      MT_CUDA_CHECK(op, launch_fill_u8, out<std::uint8_t>(dst), static_cast<std::uint8_t>(pattern), n, kStream);
+      break;
+    case 2:
+      MT_CUDA_CHECK(op, launch_fill_u16, out<std::uint16_t>(dst), static_cast<std::uint16_t>(pattern), n, kStream);
+      break;
+    case 4:
+      MT_CUDA_CHECK(op, launch_fill_u32, out<std::uint32_t>(dst), static_cast<std::uint32_t>(pattern), n, kStream);
+      break;
+    case 8:
+      MT_CUDA_CHECK(op, launch_fill_u64, out<std::uint64_t>(dst), pattern, n, kStream);
+      break;
+    default:
+      throw_error(op, fmt::format("unexpected element size {} of {}", dtype_size(dtype), dtype_name(dtype)));
+  }
+}
+
+void add(const void* a, const void* b, void* c, DType dtype, std::size_t n, int device) {
+  constexpr const char* op = "cuda::add";
+  if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
+  detail::DeviceGuard guard(device, op);
+  if (dtype == DType::f32) {
+    MT_CUDA_CHECK(op, launch_add_f32, in<float>(a), in<float>(b), out<float>(c), n, kStream);
+  } else if (dtype == DType::f16) {
+    MT_CUDA_CHECK(op, launch_add_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, kStream);
+  } else {
+    MT_CUDA_CHECK(op, launch_add_bf16, in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n,
+                  kStream);
+  }
+}
+
+void mul(const void* a, const void* b, void* c, DType dtype, std::size_t n, int device) {
+  constexpr const char* op = "cuda::mul";
+  if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
+  detail::DeviceGuard guard(device, op);
+  if (dtype == DType::f32) {
+    MT_CUDA_CHECK(op, launch_mul_f32, in<float>(a), in<float>(b), out<float>(c), n, kStream);
+  } else if (dtype == DType::f16) {
+    MT_CUDA_CHECK(op, launch_mul_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, kStream);
+  } else {
+    MT_CUDA_CHECK(op, launch_mul_bf16, in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n,
+                  kStream);
+  }
+}
+
+}  // namespace memtrain::cuda

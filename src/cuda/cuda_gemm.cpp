@@ -1,0 +1,94 @@
+// Row-major gemm through cuBLAS (cublasGemmEx, f32 accumulation), one cuBLAS handle per device.
+//
+// Row-major <-> column-major: a row-major [r, c] matrix with row stride ld is, to cuBLAS, the
+// column-major [c, r] matrix with leading dimension ld, i.e. its transpose. So row-major
+// C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: call cuBLAS with B first, A second, and
+// the sizes (n, m, k); each operand keeps its own transpose flag.
+#include "memtrain/cuda/cuda.h"
+
+#include "memtrain/core/allocator.h"
+#include "cuda/cuda_common.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <vector>
+
+namespace memtrain::cuda {
+
+namespace {
+
+// cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB elsewhere. We hand it memory from our
+// allocator (category workspace) so it shows up in the memory report instead of being a hidden
+// cudaMalloc inside cuBLAS.
+std::size_t workspace_bytes(int device) {
+  int major = 0;
+  detail::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cuda::gemm",
+                     "cudaDeviceGetAttribute");
+  return major >= 9 ? (std::size_t{32} << 20) : (std::size_t{4} << 20);
+}
+
+// Created on first use with `device` current. Handles and their workspaces are never destroyed: at
+// process exit cuBLAS and the CUDA runtime may already be torn down, and the driver frees everything.
+cublasHandle_t handle_for(int device) {
+  constexpr const char* op = "cuda::gemm";
+  static std::mutex mutex;
+  static std::vector<cublasHandle_t> handles;
+  std::lock_guard lock(mutex);
+  if (handles.empty()) handles.resize(static_cast<std::size_t>(device_count()), nullptr);
+  cublasHandle_t& h = handles.at(static_cast<std::size_t>(device));
+  if (h != nullptr) return h;
+  cublasHandle_t created = nullptr;
+  MT_CUBLAS_CHECK(op, cublasCreate, &created);
+  try {
+    // Split-K partial sums stay in f32 even when C is bf16: the default would add them in bf16.
+    MT_CUBLAS_CHECK(op, cublasSetMathMode, created,
+                    static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    const std::size_t bytes = workspace_bytes(device);
+    const Block ws = Allocator::get(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace);
+    MT_CUBLAS_CHECK(op, cublasSetWorkspace, created, ws.ptr, bytes);
+  } catch (...) {
+    cublasDestroy(created);
+    throw;
+  }
+  h = created;
+  return h;
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+}  // namespace
+
+void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c, std::int64_t ldc,
+          int device) {
+  constexpr const char* op = "cuda::gemm";
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, "dtype {} is not supported (f32, bf16)",
+           dtype_name(dtype));
+  MT_CHECK(m >= 0 && n >= 0 && k >= 0, op, "negative size m={} n={} k={}", m, n, k);
+  // Stored (row-major) shapes: A is [m, k], or [k, m] when trans_a; B is [k, n], or [n, k] when trans_b.
+  const std::int64_t a_cols = trans_a ? m : k;
+  const std::int64_t b_cols = trans_b ? k : n;
+  MT_CHECK(lda >= std::max<std::int64_t>(1, a_cols), op, "lda={} is less than the {} columns of A ({}x{}{})", lda,
+           a_cols, trans_a ? k : m, a_cols, trans_a ? ", transposed" : "");
+  MT_CHECK(ldb >= std::max<std::int64_t>(1, b_cols), op, "ldb={} is less than the {} columns of B ({}x{}{})", ldb,
+           b_cols, trans_b ? n : k, b_cols, trans_b ? ", transposed" : "");
+  MT_CHECK(ldc >= std::max<std::int64_t>(1, n), op, "ldc={} is less than the {} columns of C ({}x{})", ldc, n, m, n);
+  MT_CHECK(std::max({m, n, k, lda, ldb, ldc}) <= INT_MAX, op,
+           "sizes beyond 32 bits are not supported (m={} n={} k={} lda={} ldb={} ldc={})", m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  MT_CHECK(c != nullptr && (k == 0 || (a != nullptr && b != nullptr)), op, "null pointer (m={} n={} k={})", m, n,
+           k);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  const cublasHandle_t handle = handle_for(device);
+  const cudaDataType_t type = cuda_type(dtype);
+  MT_CUBLAS_CHECK(op, cublasGemmEx, handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type,
+                  static_cast<int>(ldb), a, type, static_cast<int>(lda), &beta, c, type, static_cast<int>(ldc),
+                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+}  // namespace memtrain::cuda

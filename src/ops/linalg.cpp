@@ -1,0 +1,155 @@
+// matmul and linear. Operands are handed to the GEMM as (pointer, transposed?, leading dim, batch stride)
+// read straight from their strides, so the transposed views backward makes cost no copies.
+#include "memtrain/ops/linalg.h"
+
+#include "cpu/gemm.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/cuda/cuda.h"
+#include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/reduce.h"
+#include "ops/op_utils.h"
+
+namespace memtrain::ops {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::SavedTensor;
+
+namespace {
+
+struct MatrixOperand {
+  Tensor tensor;  // keeps the data alive (may be a contiguous copy)
+  bool trans = false;
+  std::int64_t ld = 0;
+  std::int64_t batch_stride = 0;
+};
+
+// Stride between consecutive matrices when the batch dims [0, rank-2) collapse into one; -1 if they don't.
+std::int64_t collapsed_batch_stride(const Tensor& t) {
+  std::int64_t stride = -1, expected = -1;
+  for (std::int64_t d = t.dim() - 3; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (stride == -1) {
+      stride = t.stride(d);
+    } else if (t.stride(d) != expected) {
+      return -1;
+    }
+    expected = t.stride(d) * t.size(d);
+  }
+  return stride == -1 ? 0 : stride;
+}
+
+MatrixOperand as_operand(const Tensor& t) {
+  const std::int64_t rows = t.size(-2), cols = t.size(-1);
+  const std::int64_t batch = collapsed_batch_stride(t);
+  // Row-major: unit column stride and rows that do not overlap; column-major (a transposed view) likewise.
+  if (batch >= 0 && (t.stride(-1) == 1 || cols == 1) && (rows == 1 || t.stride(-2) >= cols)) {
+    return {t, false, rows == 1 ? cols : t.stride(-2), batch};
+  }
+  if (batch >= 0 && (t.stride(-2) == 1 || rows == 1) && (cols == 1 || t.stride(-1) >= rows)) {
+    return {t, true, cols == 1 ? rows : t.stride(-1), batch};
+  }
+  const Tensor c = t.detach().contiguous();
+  return {c, false, cols, collapsed_batch_stride(c)};
+}
+
+// out [batch, m, n] (contiguous) = a [batch, m, k] x b [batch|1, k, n]; compute in the kernel's dtype.
+void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t batch) {
+  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const MatrixOperand A = as_operand(a), B = as_operand(b);
+  const std::int64_t stride_b = b.dim() == 2 ? 0 : B.batch_stride;
+  const std::int64_t stride_c = m * n;
+  switch (a.dtype()) {
+    case DType::f32:
+      cpu::gemm_batched_f32(A.trans, B.trans, m, n, k, 1.0f, A.tensor.data<float>(), A.ld, B.tensor.data<float>(), B.ld,
+                            0.0f, out.data<float>(), n, batch, A.batch_stride, stride_b, stride_c);
+      return;
+    case DType::f64:
+      cpu::gemm_batched_f64(A.trans, B.trans, m, n, k, 1.0, A.tensor.data<double>(), A.ld, B.tensor.data<double>(),
+                            B.ld, 0.0, out.data<double>(), n, batch, A.batch_stride, stride_b, stride_c);
+      return;
+    case DType::bf16:
+      cpu::gemm_batched_bf16(A.trans, B.trans, m, n, k, 1.0f, A.tensor.data<std::uint16_t>(), A.ld,
+                             B.tensor.data<std::uint16_t>(), B.ld, 0.0f, out.data<float>(), n, batch, A.batch_stride,
+                             stride_b, stride_c);
+      return;
+    default:
+      MT_CHECK(false, "matmul", "no CPU GEMM for {}", dtype_name(a.dtype()));
+  }
+}
+
+Tensor matmul_forward(const Tensor& a, const Tensor& b) {
+  detail::check_same("matmul", a, b);
+  detail::check_floating("matmul", a);
+  MT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul", "operands need at least 2 dims, got {} and {}",
+           shape_str(a.shape()), shape_str(b.shape()));
+  MT_CHECK(a.size(-1) == b.size(-2), "matmul", "inner dimensions differ: {} x {}", shape_str(a.shape()),
+           shape_str(b.shape()));
+  const Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+  MT_CHECK(b.dim() == 2 || batch_a == batch_b, "matmul", "batch dimensions differ: {} x {}", shape_str(a.shape()),
+           shape_str(b.shape()));
+  Shape out_shape = batch_a;
+  out_shape.push_back(a.size(-2));
+  out_shape.push_back(b.size(-1));
+  const std::int64_t batch = shape_numel(batch_a);
+
+  if (a.device().is_cuda()) {
+    MT_CHECK(a.dim() == 2 && b.dim() == 2, "matmul", "CUDA matmul takes 2-D operands so far, got {} x {}",
+             shape_str(a.shape()), shape_str(b.shape()));
+    const MatrixOperand A = as_operand(a), B = as_operand(b);
+    Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+    cuda::gemm(a.dtype(), A.trans, B.trans, a.size(0), b.size(1), a.size(1), 1.0f, A.tensor.data_ptr(), A.ld,
+               B.tensor.data_ptr(), B.ld, 0.0f, out.data_ptr(), b.size(1), a.device().index);
+    return out;
+  }
+  detail::check_cpu("matmul", a);
+  const bool native = a.dtype() == DType::f32 || a.dtype() == DType::f64 || a.dtype() == DType::bf16;
+  const Tensor x = native ? a : a.detach().to(DType::f32), y = native ? b : b.detach().to(DType::f32);
+  const DType acc = a.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor out = Tensor::empty(out_shape, acc);
+  if (out.numel() > 0) gemm_cpu(x, y, out, batch);
+  return out.dtype() == a.dtype() ? out : out.to(a.dtype());
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = matmul_forward(a, b);
+  if (needs_grad({&a, &b})) {
+    SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
+    record("matmul", {a, b}, {out}, [sa, sb, b_shape = b.shape()](const std::vector<Tensor>& g) {
+      const Tensor av = sa.unpack(), bv = sb.unpack();
+      Tensor da, db;
+      if (bv.defined()) da = matmul(g[0], bv.transpose(-1, -2));  // dA = dC B^T
+      if (av.defined()) {
+        if (b_shape.size() == 2 && av.dim() > 2) {
+          // B was shared across the batch: dB = sum_i A_i^T dC_i = A_flat^T dC_flat.
+          db = matmul(av.reshape({-1, av.size(-1)}).t(), g[0].reshape({-1, g[0].size(-1)}));
+        } else {
+          db = matmul(av.transpose(-1, -2), g[0]);  // dB = A^T dC
+        }
+      }
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_defined("linear", x);
+  detail::check_defined("linear", weight);
+  MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
+           "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.size(0);
+  Tensor out = matmul(x.reshape({-1, x.size(-1)}), weight.t());
+  if (bias.defined()) {
+    MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear", "bias {} does not match weight {}",
+             shape_str(bias.shape()), shape_str(weight.shape()));
+    out = add(out, bias);
+  }
+  return out.reshape(out_shape);
+}
+
+}  // namespace memtrain::ops

@@ -1,0 +1,59 @@
+// Helpers shared by the nn op front-ends (src/ops/nn_*.cpp): inputs in the kernel's dtype and layout,
+// integer index checks, and workspace buffers accounted to MemoryCategory::workspace.
+#pragma once
+
+#include "memtrain/core/allocator.h"
+#include "ops/op_utils.h"
+
+#include <omp.h>
+
+#include <cstdint>
+
+namespace memtrain::ops::detail {
+
+// t without autograd history, in its compute dtype, contiguous; no copy when it already is all three.
+inline Tensor compute_input(const Tensor& t) {
+  Tensor c = to_compute(t.detach());
+  return c.is_contiguous() ? c : c.contiguous();
+}
+
+// t converted to dtype (no copy when it already is); for results computed in f32 from bf16/f16 inputs.
+inline Tensor as_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+// Scratch for a kernel: freed when the returned tensor dies, counted as workspace, not activations.
+inline Tensor workspace(std::int64_t elems, DType dtype) {
+  CategoryGuard guard(MemoryCategory::workspace);
+  return Tensor::empty({elems}, dtype);
+}
+
+inline int max_threads() { return omp_get_max_threads(); }
+
+// Integer index tensors: i32 or i64 only.
+inline void check_index(const char* op, const char* what, const Tensor& t) {
+  check_defined(op, t);
+  MT_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, op, "{} must be i32 or i64, got {} {}", what,
+           dtype_name(t.dtype()), shape_str(t.shape()));
+  check_cpu(op, t);
+}
+
+template <typename F>
+decltype(auto) dispatch_index(DType t, F&& f) {
+  if (t == DType::i32) return f(std::int32_t{});
+  return f(std::int64_t{});
+}
+
+// Throws naming the op, the offending value and its (flat) position when an index lies outside [0, n)
+// and is not `ignore` (pass a value outside the range, e.g. -1 when n > 0 is not wanted, to ignore none).
+template <typename I>
+void check_index_range(const char* op, const char* what, const I* idx, std::int64_t count, std::int64_t n,
+                       bool has_ignore, std::int64_t ignore, const Shape& shape) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t v = static_cast<std::int64_t>(idx[i]);
+    if ((v < 0 || v >= n) && !(has_ignore && v == ignore)) {
+      MT_CHECK(false, op, "{} {} at flat position {} of {} is out of range [0, {})", what, v, i, shape_str(shape),
+               n);
+    }
+  }
+}
+
+}  // namespace memtrain::ops::detail

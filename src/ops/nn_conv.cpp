@@ -1,0 +1,100 @@
+// conv2d (NCHW, stride, padding, groups) by im2col + GEMM (see cpu/conv.h). The forward saves x only when
+// the weight needs a gradient and the weight only when x does (dW needs x, dx needs W). Column buffers are
+// workspace, freed on return.
+#include "cpu/conv.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/nn.h"
+#include "ops/nn_common.h"
+
+#include <algorithm>
+
+namespace memtrain::ops {
+
+using autograd::SavedTensor;
+
+namespace {
+
+struct ConvGrads {
+  Tensor dx, dw, db;
+};
+
+ConvGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const cpu::Conv2dShape& s,
+                          DType x_dtype, DType w_dtype, DType b_dtype, bool want_dx, bool want_dw, bool want_db) {
+  const Tensor g = detail::compute_input(dout);
+  const Tensor xc = want_dw ? detail::compute_input(x) : Tensor();
+  const Tensor wc = want_dx ? detail::compute_input(weight) : Tensor();
+  Tensor dx = want_dx ? Tensor::empty({s.B, s.Cin, s.H, s.W}, g.dtype()) : Tensor();
+  Tensor dw = want_dw ? Tensor::empty({s.Cout, s.Cin / s.groups, s.KH, s.KW}, g.dtype()) : Tensor();
+  Tensor db = want_db ? Tensor::empty({s.Cout}, g.dtype()) : Tensor();
+  const int nthreads = detail::max_threads();
+  const Tensor ws = detail::workspace(cpu::conv2d_backward_workspace(s, nthreads), g.dtype());
+  detail::dispatch_compute("conv2d_backward", g.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    cpu::conv2d_backward<T>(ptr(dx), ptr(dw), ptr(db), g.data<T>(), ptr(xc), ptr(wc), s, ws.data<T>(), nthreads);
+  });
+  return {want_dx ? detail::as_dtype(dx, x_dtype) : Tensor(), want_dw ? detail::as_dtype(dw, w_dtype) : Tensor(),
+          want_db ? detail::as_dtype(db, b_dtype) : Tensor()};
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,
+              std::int64_t groups) {
+  const char* op = "conv2d";
+  detail::check_floating(op, x);
+  detail::check_same(op, x, weight);
+  detail::check_cpu(op, x);
+  MT_CHECK(x.dim() == 4 && weight.dim() == 4, op, "expects x [B, Cin, H, W] and weight [Cout, Cin/groups, KH, KW], got {} and {}",
+           shape_str(x.shape()), shape_str(weight.shape()));
+  MT_CHECK(stride >= 1 && padding >= 0 && groups >= 1, op, "needs stride >= 1, padding >= 0, groups >= 1, got {}, {}, {}",
+           stride, padding, groups);
+  cpu::Conv2dShape s{x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2), weight.size(3),
+                     stride, padding, groups, 0, 0};
+  MT_CHECK(s.Cin % groups == 0 && s.Cout % groups == 0 && weight.size(1) == s.Cin / groups, op,
+           "x {} and weight {} do not fit groups={} (Cin and Cout must divide by groups, weight dim 1 = Cin/groups)",
+           shape_str(x.shape()), shape_str(weight.shape()), groups);
+  s.OH = cpu::conv_out_size(s.H, s.KH, stride, padding);
+  s.OW = cpu::conv_out_size(s.W, s.KW, stride, padding);
+  MT_CHECK(s.OH >= 1 && s.OW >= 1 && s.KH >= 1 && s.KW >= 1, op,
+           "kernel {}x{} does not fit input {} with padding {}", s.KH, s.KW, shape_str(x.shape()), padding);
+  if (bias.defined()) {
+    detail::check_same(op, x, bias);
+    MT_CHECK(bias.dim() == 1 && bias.size(0) == s.Cout, op, "bias {} does not match weight {}",
+             shape_str(bias.shape()), shape_str(weight.shape()));
+  }
+  const Tensor xc = detail::compute_input(x), wc = detail::compute_input(weight);
+  const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
+  Tensor y = Tensor::empty({s.B, s.Cout, s.OH, s.OW}, xc.dtype());
+  {
+    const int nthreads = detail::max_threads();
+    const Tensor ws = detail::workspace(std::max<std::int64_t>(cpu::conv2d_forward_workspace(s, nthreads), 1),
+                                        xc.dtype());
+    detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::conv2d_forward<T>(y.data<T>(), xc.data<T>(), wc.data<T>(), bc.defined() ? bc.data<T>() : nullptr, s,
+                             ws.data<T>(), nthreads);
+    });
+  }
+  Tensor out = detail::as_dtype(y, x.dtype());
+  std::vector<Tensor> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  if (autograd::needs_grad(inputs)) {
+    const bool want_dx = x.requires_grad(), want_dw = weight.requires_grad();
+    const bool want_db = bias.defined() && bias.requires_grad();
+    SavedTensor sx(want_dw ? x : Tensor()), sw(want_dx ? weight : Tensor());
+    autograd::record(op, inputs, {out},
+                     [sx, sw, s, want_dx, want_dw, want_db, has_b = bias.defined(), xd = x.dtype(),
+                      wd = weight.dtype()](const std::vector<Tensor>& g) {
+                       ConvGrads r = conv2d_backward(g[0], sx.unpack(), sw.unpack(), s, xd, wd, wd, want_dx, want_dw,
+                                                     want_db);
+                       std::vector<Tensor> grads{r.dx, r.dw};
+                       if (has_b) grads.push_back(r.db);
+                       return grads;
+                     });
+  }
+  return out;
+}
+
+}  // namespace memtrain::ops

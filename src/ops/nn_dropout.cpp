@@ -1,0 +1,47 @@
+// dropout: the mask is a pure function of an RngState (see cpu/dropout.h), so the forward reserves its
+// Philox blocks from the default stream and saves nothing but that state; the backward op regenerates the
+// same mask. Under checkpoint recomputation the restored stream state replays the same mask again.
+#include "cpu/dropout.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/ops/nn.h"
+#include "ops/nn_common.h"
+
+namespace memtrain::ops {
+
+namespace {
+
+Tensor dropout_backward(const Tensor& dout, double p, RngState state, DType dtype) {
+  const Tensor g = detail::compute_input(dout);
+  Tensor dx = Tensor::empty(g.shape(), g.dtype());
+  detail::dispatch_compute("dropout_backward", g.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::dropout_backward<T>(dx.data<T>(), g.data<T>(), g.numel(), p, state);
+  });
+  return detail::as_dtype(dx, dtype);
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  const char* op = "dropout";
+  detail::check_floating(op, x);
+  MT_CHECK(p >= 0.0 && p <= 1.0, op, "p must be in [0, 1], got {}", p);
+  if (!training || p == 0.0) return x;
+  detail::check_cpu(op, x);
+  const Tensor xc = detail::compute_input(x);
+  const RngState state = reserve_rng_blocks(cpu::dropout_rng_blocks(xc.numel()));
+  Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+  detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::dropout_forward<T>(y.data<T>(), xc.data<T>(), xc.numel(), p, state);
+  });
+  Tensor out = detail::as_dtype(y, x.dtype());
+  if (autograd::needs_grad({&x})) {
+    autograd::record(op, {x}, {out}, [p, state, dtype = x.dtype()](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{dropout_backward(g[0], p, state, dtype)};
+    });
+  }
+  return out;
+}
+
+}  // namespace memtrain::ops

@@ -1,0 +1,60 @@
+// embedding: gathers rows of weight [V, C] by integer indices. Saves only the indices; the backward op
+// scatters the output gradient into a zero [V, C] gradient.
+#include "cpu/embedding.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/nn.h"
+#include "ops/nn_common.h"
+
+namespace memtrain::ops {
+
+namespace {
+
+Tensor embedding_backward(const Tensor& dout, const Tensor& indices, const Shape& weight_shape, DType weight_dtype) {
+  const Tensor g = detail::compute_input(dout);
+  const Tensor idx = indices.is_contiguous() ? indices : indices.contiguous();
+  Tensor dw = zeros(weight_shape, g.dtype());
+  detail::dispatch_compute("embedding_backward", g.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    detail::dispatch_index(idx.dtype(), [&](auto izero) {
+      using I = decltype(izero);
+      cpu::embedding_backward<T, I>(dw.data<T>(), g.data<T>(), idx.data<I>(), idx.numel(), weight_shape[1]);
+    });
+  });
+  return detail::as_dtype(dw, weight_dtype);
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const char* op = "embedding";
+  detail::check_floating(op, weight);
+  detail::check_cpu(op, weight);
+  detail::check_index(op, "indices", indices);
+  MT_CHECK(weight.dim() == 2, op, "weight must be [V, C], got {}", shape_str(weight.shape()));
+  const std::int64_t V = weight.size(0), C = weight.size(1);
+  const Tensor idx = indices.is_contiguous() ? indices.detach() : indices.detach().contiguous();
+  const Tensor wc = detail::compute_input(weight);
+  Shape out_shape = indices.shape();
+  out_shape.push_back(C);
+  Tensor y = Tensor::empty(out_shape, wc.dtype());
+  detail::dispatch_index(idx.dtype(), [&](auto izero) {
+    using I = decltype(izero);
+    detail::check_index_range(op, "index", idx.data<I>(), idx.numel(), V, false, 0, indices.shape());
+    detail::dispatch_compute(op, wc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::embedding_forward<T, I>(y.data<T>(), wc.data<T>(), idx.data<I>(), idx.numel(), C);
+    });
+  });
+  Tensor out = detail::as_dtype(y, weight.dtype());
+  if (autograd::needs_grad({&weight})) {
+    autograd::SavedTensor sidx(idx);
+    autograd::record(op, {weight}, {out},
+                     [sidx, wshape = weight.shape(), wdtype = weight.dtype()](const std::vector<Tensor>& g) {
+                       return std::vector<Tensor>{embedding_backward(g[0], sidx.unpack(), wshape, wdtype)};
+                     });
+  }
+  return out;
+}
+
+}  // namespace memtrain::ops

@@ -1,0 +1,149 @@
+// layer_norm and rms_norm over the last dim. The forward saves x, the affine weight and the per-row
+// statistics (layer_norm: mean, rstd; rms_norm: rstd), not the normalised output; the backward ops
+// recompute x_hat from them. Statistics are kept in the compute dtype (f32 for bf16/f16 inputs).
+#include "cpu/norm.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/nn.h"
+#include "ops/nn_common.h"
+
+namespace memtrain::ops {
+
+using autograd::SavedTensor;
+
+namespace {
+
+// weight/bias must be [C] with the compute dtype of x (f32 weights with bf16 activations are fine).
+void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x) {
+  if (!p.defined()) return;
+  detail::check_floating(op, p);
+  MT_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), op, "{} {} does not match the last dim of input {}", what,
+           shape_str(p.shape()), shape_str(x.shape()));
+  MT_CHECK(detail::compute_dtype(p.dtype()) == detail::compute_dtype(x.dtype()) && p.device() == x.device(), op,
+           "{} {} {} cannot be combined with input {} {}", what, dtype_name(p.dtype()), shape_str(p.shape()),
+           dtype_name(x.dtype()), shape_str(x.shape()));
+}
+
+void check_input(const char* op, const Tensor& x) {
+  detail::check_floating(op, x);
+  detail::check_cpu(op, x);
+  MT_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, "needs an input with a non-empty last dim, got {}",
+           shape_str(x.shape()));
+}
+
+// Inputs to record and the gradient slots they map to: undefined weight/bias take no edge.
+std::vector<Tensor> defined_only(std::initializer_list<Tensor> ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts)
+    if (t.defined()) out.push_back(t);
+  return out;
+}
+
+struct NormGrads {
+  Tensor dx, dw, db;
+};
+
+// The layer_norm backward op (own kernel). dw/db are computed only when wanted.
+NormGrads layer_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, bool want_dw, bool want_db) {
+  const Tensor g = detail::compute_input(dout), xc = detail::compute_input(x);
+  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  Tensor dx = Tensor::empty(xc.shape(), xc.dtype());
+  Tensor dw = want_dw ? Tensor::empty({C}, xc.dtype()) : Tensor();
+  Tensor db = want_db ? Tensor::empty({C}, xc.dtype()) : Tensor();
+  detail::dispatch_compute("layer_norm_backward", xc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::layer_norm_backward<T>(dx.data<T>(), want_dw ? dw.data<T>() : nullptr, want_db ? db.data<T>() : nullptr,
+                                g.data<T>(), xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, mean.data<T>(),
+                                rstd.data<T>(), N, C);
+  });
+  return {detail::as_dtype(dx, x.dtype()), want_dw ? detail::as_dtype(dw, weight.dtype()) : Tensor(), db};
+}
+
+NormGrads rms_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            bool want_dw) {
+  const Tensor g = detail::compute_input(dout), xc = detail::compute_input(x);
+  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  Tensor dx = Tensor::empty(xc.shape(), xc.dtype());
+  Tensor dw = want_dw ? Tensor::empty({C}, xc.dtype()) : Tensor();
+  detail::dispatch_compute("rms_norm_backward", xc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::rms_norm_backward<T>(dx.data<T>(), want_dw ? dw.data<T>() : nullptr, g.data<T>(), xc.data<T>(),
+                              wc.defined() ? wc.data<T>() : nullptr, rstd.data<T>(), N, C);
+  });
+  return {detail::as_dtype(dx, x.dtype()), want_dw ? detail::as_dtype(dw, weight.dtype()) : Tensor(), Tensor()};
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  check_input(op, x);
+  check_affine(op, "weight", weight, x);
+  check_affine(op, "bias", bias, x);
+  const Tensor xc = detail::compute_input(x);
+  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
+  const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
+  Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+  Tensor mean = Tensor::empty(stat_shape, xc.dtype()), rstd = Tensor::empty(stat_shape, xc.dtype());
+  detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(),
+                               wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr, N, C,
+                               eps);
+  });
+  Tensor out = detail::as_dtype(y, x.dtype());
+  const std::vector<Tensor> inputs = defined_only({x, weight, bias});
+  if (autograd::needs_grad(inputs)) {
+    const bool want_dw = weight.defined() && weight.requires_grad();
+    const bool want_db = bias.defined() && bias.requires_grad();
+    SavedTensor sx(x), sw(weight), smean(mean), srstd(rstd);
+    autograd::record(op, inputs, {out},
+                     [sx, sw, smean, srstd, want_dw, want_db, has_w = weight.defined(), has_b = bias.defined(),
+                      bias_dtype = bias.defined() ? bias.dtype() : x.dtype()](const std::vector<Tensor>& g) {
+                       NormGrads r = layer_norm_backward(g[0], sx.unpack(), sw.unpack(), smean.unpack(),
+                                                         srstd.unpack(), want_dw, want_db);
+                       std::vector<Tensor> grads{r.dx};
+                       if (has_w) grads.push_back(r.dw);
+                       if (has_b) grads.push_back(r.db.defined() ? detail::as_dtype(r.db, bias_dtype) : Tensor());
+                       return grads;
+                     });
+  }
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  check_input(op, x);
+  check_affine(op, "weight", weight, x);
+  const Tensor xc = detail::compute_input(x);
+  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+  Tensor rstd = Tensor::empty(Shape(x.shape().begin(), x.shape().end() - 1), xc.dtype());
+  detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::rms_norm_forward<T>(y.data<T>(), rstd.data<T>(), xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, N, C,
+                             eps);
+  });
+  Tensor out = detail::as_dtype(y, x.dtype());
+  const std::vector<Tensor> inputs = defined_only({x, weight});
+  if (autograd::needs_grad(inputs)) {
+    const bool want_dw = weight.defined() && weight.requires_grad();
+    SavedTensor sx(x), sw(weight), srstd(rstd);
+    autograd::record(op, inputs, {out},
+                     [sx, sw, srstd, want_dw, has_w = weight.defined()](const std::vector<Tensor>& g) {
+                       NormGrads r = rms_norm_backward(g[0], sx.unpack(), sw.unpack(), srstd.unpack(), want_dw);
+                       std::vector<Tensor> grads{r.dx};
+                       if (has_w) grads.push_back(r.dw);
+                       return grads;
+                     });
+  }
+  return out;
+}
+
+}  // namespace memtrain::ops

@@ -1,0 +1,229 @@
+// Unary math and activations: abs, exp, log, sqrt, rsqrt, pow, tanh, sigmoid, relu, gelu, silu, clamp.
+// Each forward is one CPU map (unary_kernel). A backward that needs more than one simple op gets its own
+// small backward op below (<op>_backward: one fused map of the gradient and one saved tensor), so the
+// rule lives once and a device backend only adds that op's kernel. Where the derivative is cheaper from
+// the output (exp, sqrt, rsqrt, tanh, sigmoid, relu) the output is saved instead of the input.
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/elementwise.h"
+#include "ops/elementwise_common.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace memtrain::ops {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using detail::binary_kernel;
+using detail::unary_kernel;
+
+namespace {
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;    // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;                // GPT-2's tanh-approximation coefficient
+constexpr double kInvSqrt2 = 0.7071067811865476;       // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.3989422804014327;     // 1 / sqrt(2 pi)
+
+// 1 / (1 + e^-x) without overflow of e^-x for very negative x.
+template <typename T>
+T stable_sigmoid(T x) {
+  if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
+  const T z = std::exp(x);
+  return z / (T(1) + z);
+}
+
+template <typename T>
+T gelu_tanh(T x) {
+  const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(u));
+}
+
+template <typename T>
+T gelu_tanh_grad(T x) {
+  const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+  const T t = std::tanh(u);
+  const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+template <typename T>
+T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
+}
+
+// d/dx x Phi(x) = Phi(x) + x phi(x).
+template <typename T>
+T gelu_erf_grad(T x) {
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
+  return cdf + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+}
+
+// ---- backward ops: dx = g * f'(saved), one map each; not recorded (backward runs without grad) ----
+
+Tensor abs_backward(const Tensor& g, const Tensor& x) {
+  return binary_kernel("abs_backward", g, x, [](auto dy, auto v) {
+    using T = decltype(v);
+    return v > T(0) ? dy : (v < T(0) ? -dy : T(0));
+  });
+}
+
+Tensor pow_backward(const Tensor& g, const Tensor& x, double exponent) {
+  // d x^e = e x^(e-1); exponent 0 gives exactly 0 (not 0 * inf at x = 0).
+  return binary_kernel("pow_backward", g, x, [exponent](auto dy, auto v) {
+    using T = decltype(v);
+    if (exponent == 0.0) return T(0);
+    return dy * T(exponent) * static_cast<T>(std::pow(v, T(exponent - 1.0)));
+  });
+}
+
+Tensor tanh_backward(const Tensor& g, const Tensor& y) {
+  return binary_kernel("tanh_backward", g, y, [](auto dy, auto t) { return dy * (decltype(t)(1) - t * t); });
+}
+
+Tensor sigmoid_backward(const Tensor& g, const Tensor& y) {
+  return binary_kernel("sigmoid_backward", g, y, [](auto dy, auto s) { return dy * s * (decltype(s)(1) - s); });
+}
+
+// relu' from the output: y > 0 exactly where x > 0 (relu'(0) = 0).
+Tensor relu_backward(const Tensor& g, const Tensor& y) {
+  return binary_kernel("relu_backward", g, y, [](auto dy, auto v) { return v > decltype(v)(0) ? dy : decltype(v)(0); });
+}
+
+Tensor sqrt_backward(const Tensor& g, const Tensor& y) {
+  return binary_kernel("sqrt_backward", g, y, [](auto dy, auto s) { return dy * decltype(s)(0.5) / s; });
+}
+
+// d x^-1/2 = -1/2 x^-3/2 = -1/2 y^3.
+Tensor rsqrt_backward(const Tensor& g, const Tensor& y) {
+  return binary_kernel("rsqrt_backward", g, y, [](auto dy, auto r) { return dy * decltype(r)(-0.5) * r * r * r; });
+}
+
+Tensor clamp_backward(const Tensor& g, const Tensor& x, double lo, double hi) {
+  return binary_kernel("clamp_backward", g, x, [lo, hi](auto dy, auto v) {
+    using T = decltype(v);
+    return (v >= T(lo) && v <= T(hi)) ? dy : T(0);
+  });
+}
+
+Tensor gelu_backward(const Tensor& g, const Tensor& x, GeluApproximation approximation) {
+  if (approximation == GeluApproximation::tanh)
+    return binary_kernel("gelu_backward", g, x, [](auto dy, auto v) { return dy * gelu_tanh_grad(v); });
+  return binary_kernel("gelu_backward", g, x, [](auto dy, auto v) { return dy * gelu_erf_grad(v); });
+}
+
+// silu = x s(x); silu' = s (1 + x (1 - s)).
+Tensor silu_backward(const Tensor& g, const Tensor& x) {
+  return binary_kernel("silu_backward", g, x, [](auto dy, auto v) {
+    using T = decltype(v);
+    const T s = stable_sigmoid(v);
+    return dy * s * (T(1) + v * (T(1) - s));
+  });
+}
+
+// Records a node whose gradient is backward(g, saved): the common shape of every op in this file.
+template <typename B>
+void record_unary(const char* name, const Tensor& a, const Tensor& out, const Tensor& saved, B backward) {
+  record(name, {a}, {out}, [s = SavedTensor(saved), backward](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{backward(g[0], s.unpack())};
+  });
+}
+
+}  // namespace
+
+Tensor abs(const Tensor& a) {
+  Tensor out = unary_kernel("abs", a, [](auto x) { return std::abs(x); });
+  if (needs_grad({&a})) record_unary("abs", a, out, a, abs_backward);
+  return out;
+}
+
+Tensor exp(const Tensor& a) {
+  Tensor out = unary_kernel("exp", a, [](auto x) { return std::exp(x); });
+  if (needs_grad({&a})) record_unary("exp", a, out, out, [](const Tensor& g, const Tensor& y) { return mul(g, y); });
+  return out;
+}
+
+Tensor log(const Tensor& a) {
+  Tensor out = unary_kernel("log", a, [](auto x) { return std::log(x); });
+  if (needs_grad({&a})) record_unary("log", a, out, a, [](const Tensor& g, const Tensor& x) { return div(g, x); });
+  return out;
+}
+
+Tensor sqrt(const Tensor& a) {
+  Tensor out = unary_kernel("sqrt", a, [](auto x) { return std::sqrt(x); });
+  if (needs_grad({&a})) record_unary("sqrt", a, out, out, sqrt_backward);
+  return out;
+}
+
+Tensor rsqrt(const Tensor& a) {
+  Tensor out = unary_kernel("rsqrt", a, [](auto x) { return decltype(x)(1) / std::sqrt(x); });
+  if (needs_grad({&a})) record_unary("rsqrt", a, out, out, rsqrt_backward);
+  return out;
+}
+
+Tensor pow(const Tensor& a, double exponent) {
+  Tensor out = unary_kernel("pow", a, [exponent](auto x) {
+    using T = decltype(x);
+    if (exponent == 2.0) return x * x;  // exact and the common case (squares in norms and losses)
+    return static_cast<T>(std::pow(x, T(exponent)));
+  });
+  if (needs_grad({&a})) {
+    record_unary("pow", a, out, a,
+                 [exponent](const Tensor& g, const Tensor& x) { return pow_backward(g, x, exponent); });
+  }
+  return out;
+}
+
+Tensor tanh(const Tensor& a) {
+  Tensor out = unary_kernel("tanh", a, [](auto x) { return std::tanh(x); });
+  if (needs_grad({&a})) record_unary("tanh", a, out, out, tanh_backward);
+  return out;
+}
+
+Tensor sigmoid(const Tensor& a) {
+  Tensor out = unary_kernel("sigmoid", a, [](auto x) { return stable_sigmoid(x); });
+  if (needs_grad({&a})) record_unary("sigmoid", a, out, out, sigmoid_backward);
+  return out;
+}
+
+Tensor relu(const Tensor& a) {
+  // x < 0 ? 0 : x keeps NaN as NaN.
+  Tensor out = unary_kernel("relu", a, [](auto x) { return x < decltype(x)(0) ? decltype(x)(0) : x; });
+  if (needs_grad({&a})) record_unary("relu", a, out, out, relu_backward);
+  return out;
+}
+
+Tensor gelu(const Tensor& a, GeluApproximation approximation) {
+  Tensor out = approximation == GeluApproximation::tanh
+                   ? unary_kernel("gelu", a, [](auto x) { return gelu_tanh(x); })
+                   : unary_kernel("gelu", a, [](auto x) { return gelu_erf(x); });
+  if (needs_grad({&a})) {
+    record_unary("gelu", a, out, a, [approximation](const Tensor& g, const Tensor& x) {
+      return gelu_backward(g, x, approximation);
+    });
+  }
+  return out;
+}
+
+Tensor silu(const Tensor& a) {
+  Tensor out = unary_kernel("silu", a, [](auto x) { return x * stable_sigmoid(x); });
+  if (needs_grad({&a})) record_unary("silu", a, out, a, silu_backward);
+  return out;
+}
+
+Tensor clamp(const Tensor& a, double lo, double hi) {
+  detail::check_floating("clamp", a);
+  MT_CHECK(!(lo > hi), "clamp", "lower bound {} above upper bound {} (input {})", lo, hi, shape_str(a.shape()));
+  // Written as comparisons (not std::clamp) so NaN passes through as NaN.
+  Tensor out = unary_kernel("clamp", a, [lo, hi](auto x) {
+    using T = decltype(x);
+    return x < T(lo) ? T(lo) : (x > T(hi) ? T(hi) : x);
+  });
+  if (needs_grad({&a})) {
+    record_unary("clamp", a, out, a, [lo, hi](const Tensor& g, const Tensor& x) { return clamp_backward(g, x, lo, hi); });
+  }
+  return out;
+}
+
+}  // namespace memtrain::ops
