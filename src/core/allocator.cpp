@@ -2,6 +2,7 @@
 #include "memtrain/core/allocator.h"
 
 #include "memtrain/core/error.h"
+#include "memtrain/cuda/cuda.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -79,15 +80,16 @@ Allocator& Allocator::get(Device device) {
   constexpr int kMaxCudaDevices = 64;
   MT_CHECK(device.index >= 0 && device.index < kMaxCudaDevices, "Allocator::get", "bad device index {}",
            device.index);
+  // Asking the backend first registers its memory source (a static library may drop static initialisers).
+  MT_CHECK(cuda::is_available(), "Allocator::get", "no memory for {}: {}", device.str(), cuda::unavailable_reason());
   static std::mutex mutex;
-  static Allocator* cuda[kMaxCudaDevices] = {};
+  static Allocator* cuda_allocators[kMaxCudaDevices] = {};
   std::lock_guard lock(mutex);
-  if (cuda[device.index] == nullptr) {
-    MT_CHECK(cuda_factory() != nullptr, "Allocator::get",
-             "no memory source for {}: memtrain was built without CUDA or CUDA is unavailable", device.str());
-    cuda[device.index] = new Allocator(device, cuda_factory()(device.index));
+  if (cuda_allocators[device.index] == nullptr) {
+    MT_CHECK(cuda_factory() != nullptr, "Allocator::get", "no memory source registered for {}", device.str());
+    cuda_allocators[device.index] = new Allocator(device, cuda_factory()(device.index));
   }
-  return *cuda[device.index];
+  return *cuda_allocators[device.index];
 }
 
 std::size_t Allocator::size_class(std::size_t nbytes) {

@@ -13,6 +13,7 @@ void cross_entropy_forward(T* losses, T* lse, const T* logits, const I* targets,
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;  // (V)
     T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
     for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
     T s = 0;
 #pragma omp simd reduction(+ : s)

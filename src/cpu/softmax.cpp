@@ -13,11 +13,13 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;  // elements per outer block below which threads are not worth it
 
-// Per outer block: max and log-sum-exp of every column (o, :, i); calls emit(o, max, lse) with arrays of inner.
+// Per outer block: max and log-sum-exp of every column (o, :, i); calls emit(o, max, lse, inner) with arrays of
+// `inner` (a literal 1 on the row path, so the emitter's loops collapse).
 // max and log-sum-exp of one contiguous row.
 template <typename T>
 void row_max_lse(const T* x, int64_t C, T* mx, T* lse) {
   T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
   for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
   T s = 0;
 #pragma omp simd reduction(+ : s)
@@ -33,7 +35,7 @@ void for_each_block(const T* x, int64_t outer, int64_t C, int64_t inner, Emit em
     for (int64_t o = 0; o < outer; ++o) {
       T mx = 0, lse = 0;
       row_max_lse(x + o * C, C, &mx, &lse);
-      emit(o, &mx, &lse);
+      emit(o, &mx, &lse, int64_t{1});
     }
     return;
   }
@@ -50,7 +52,7 @@ void for_each_block(const T* x, int64_t outer, int64_t C, int64_t inner, Emit em
       for (int64_t c = 0; c < C; ++c)
         for (int64_t i = 0; i < inner; ++i) lse[i] += std::exp(xo[c * inner + i] - mx[i]);
       for (int64_t i = 0; i < inner; ++i) lse[i] = std::log(lse[i]);
-      emit(o, mx.data(), lse.data());
+      emit(o, mx.data(), lse.data(), inner);
     }
   }
 }
@@ -59,7 +61,7 @@ void for_each_block(const T* x, int64_t outer, int64_t C, int64_t inner, Emit em
 
 template <typename T>
 void softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
-  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse) {
+  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse, int64_t inner) {
     const T* xo = x + o * C * inner;
     T* yo = out + o * C * inner;
     for (int64_t c = 0; c < C; ++c)
@@ -69,7 +71,7 @@ void softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner
 
 template <typename T>
 void log_softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
-  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse) {
+  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse, int64_t inner) {
     const T* xo = x + o * C * inner;
     T* yo = out + o * C * inner;
     for (int64_t c = 0; c < C; ++c)

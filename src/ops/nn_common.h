@@ -43,7 +43,7 @@ decltype(auto) dispatch_index(DType t, F&& f) {
 }
 
 // Throws naming the op, the offending value and its (flat) position when an index lies outside [0, n)
-// and is not `ignore` (pass a value outside the range, e.g. -1 when n > 0 is not wanted, to ignore none).
+// and is not `ignore` (only consulted when has_ignore).
 template <typename I>
 void check_index_range(const char* op, const char* what, const I* idx, std::int64_t count, std::int64_t n,
                        bool has_ignore, std::int64_t ignore, const Shape& shape) {

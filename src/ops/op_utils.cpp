@@ -57,7 +57,8 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 
 Tensor to_compute(const Tensor& t) {
   const DType c = compute_dtype(t.dtype());
-  return t.dtype() == c ? t : t.to(c);
+  const Tensor data = t.detach();  // kernel inputs are never recorded: the op records its own node
+  return data.dtype() == c ? data : data.to(c);
 }
 
 }  // namespace memtrain::ops::detail

@@ -22,7 +22,7 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape);
 
 // The dtype a CPU kernel computes in: f64 stays f64, every other float type computes in f32.
 inline DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-// `t` in its compute dtype (no copy when it already is).
+// `t`, detached, in its compute dtype (no copy when it already is). For kernels: records nothing.
 Tensor to_compute(const Tensor& t);
 
 // Calls f(float{}) or f(double{}) for a compute dtype.

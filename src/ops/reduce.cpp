@@ -143,7 +143,7 @@ Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
   std::int64_t count = 1;
   for (std::size_t i = 0; i < mask.size(); ++i)
     if (mask[i]) count *= a.shape()[i];
-  return div(sum(a, dims, keepdim), static_cast<double>(std::max<std::int64_t>(count, 1)));
+  return div(sum(a, dims, keepdim), static_cast<double>(count));  // 0 / 0 = NaN over no elements, as in PyTorch
 }
 
 Tensor mean(const Tensor& a) { return mean(a, {}, false); }
