@@ -33,13 +33,20 @@ run_suite() {
 
   MEMTRAIN_SANITIZE=$sanitize MEMTRAIN_BUILD_DIR=$build_dir bash scripts/build.sh
 
+  # Both steps run even when the first fails, so one log shows every failure.
+  local failed=()
   mt_step "test: unit tests in $build_dir ($test_jobs in parallel)"
-  mt_run ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout "$test_timeout" -LE install
+  mt_run ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout "$test_timeout" -LE install ||
+    failed+=("unit tests")
 
   # Alone, because it compiles a project of its own.
   mt_step "test: install memtrain and build an outside project against it"
-  mt_run ctest --test-dir "$build_dir" --output-on-failure --timeout "$test_timeout" -L install
+  mt_run ctest --test-dir "$build_dir" --output-on-failure --timeout "$test_timeout" -L install ||
+    failed+=("install check")
 
+  if ((${#failed[@]} > 0)); then
+    mt_die "$build_dir: FAILED: ${failed[*]} (after $((SECONDS - suite_start)) s; see the output above)"
+  fi
   echo "$build_dir: built and tested in $((SECONDS - suite_start)) s"
 }
 

@@ -32,6 +32,13 @@ std::int64_t wrap_dim(const char* op, std::int64_t dim, std::int64_t rank) {
   return dim < 0 ? dim + r : dim;
 }
 
+std::int64_t wrap_dim(const char* op, std::int64_t dim, const Shape& shape) {
+  const auto rank = static_cast<std::int64_t>(shape.size());
+  const std::int64_t r = std::max<std::int64_t>(rank, 1);
+  MT_CHECK(dim >= -r && dim < r, op, "dimension {} out of range for a tensor of shape {}", dim, shape_str(shape));
+  return dim < 0 ? dim + r : dim;
+}
+
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
   const std::size_t n = std::max(a.size(), b.size());
   Shape out(n);

@@ -14,6 +14,8 @@ void check_defined(const char* op, const Tensor& a);
 void check_floating(const char* op, const Tensor& a);
 void check_cpu(const char* op, const Tensor& a);
 std::int64_t wrap_dim(const char* op, std::int64_t dim, std::int64_t rank);
+// The same, naming the tensor's shape in the error.
+std::int64_t wrap_dim(const char* op, std::int64_t dim, const Shape& shape);
 
 // numpy broadcasting of two shapes; throws naming the op when they are incompatible.
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);

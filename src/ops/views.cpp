@@ -94,7 +94,7 @@ Tensor Tensor::reshape(const Shape& requested) const {
 }
 
 Tensor Tensor::flatten(std::int64_t start_dim, std::int64_t end_dim) const {
-  const std::int64_t s = wrap_dim("flatten", start_dim, dim()), e = wrap_dim("flatten", end_dim, dim());
+  const std::int64_t s = wrap_dim("flatten", start_dim, shape()), e = wrap_dim("flatten", end_dim, shape());
   if (dim() == 0) return reshape({1});
   MT_CHECK(s <= e, "flatten", "start_dim {} after end_dim {}", start_dim, end_dim);
   Shape shape(this->shape().begin(), this->shape().begin() + s);
@@ -106,7 +106,7 @@ Tensor Tensor::flatten(std::int64_t start_dim, std::int64_t end_dim) const {
 }
 
 Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
-  const std::int64_t a = wrap_dim("transpose", d0, dim()), b = wrap_dim("transpose", d1, dim());
+  const std::int64_t a = wrap_dim("transpose", d0, shape()), b = wrap_dim("transpose", d1, shape());
   Shape dims(dim());
   std::iota(dims.begin(), dims.end(), 0);
   if (dim() > 0) std::swap(dims[a], dims[b]);
@@ -136,7 +136,7 @@ Tensor Tensor::permute(const Shape& dims) const {
 }
 
 Tensor Tensor::slice(std::int64_t dim_, std::int64_t start, std::int64_t end, std::int64_t step) const {
-  const std::int64_t d = wrap_dim("slice", dim_, dim());
+  const std::int64_t d = wrap_dim("slice", dim_, shape());
   MT_CHECK(dim() > 0, "slice", "cannot slice a scalar");
   MT_CHECK(step > 0, "slice", "step must be positive, got {}", step);
   const std::int64_t n = shape()[d];
@@ -159,7 +159,7 @@ Tensor Tensor::slice(std::int64_t dim_, std::int64_t start, std::int64_t end, st
 }
 
 Tensor Tensor::narrow(std::int64_t dim_, std::int64_t start, std::int64_t length) const {
-  const std::int64_t d = wrap_dim("narrow", dim_, dim());
+  const std::int64_t d = wrap_dim("narrow", dim_, shape());
   MT_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d], "narrow",
            "range [{}, {}) outside dimension {} of size {} (shape {})", start, start + length, d, shape()[d],
            shape_str(shape()));
@@ -167,7 +167,7 @@ Tensor Tensor::narrow(std::int64_t dim_, std::int64_t start, std::int64_t length
 }
 
 Tensor Tensor::select(std::int64_t dim_, std::int64_t index) const {
-  const std::int64_t d = wrap_dim("select", dim_, dim());
+  const std::int64_t d = wrap_dim("select", dim_, shape());
   const std::int64_t n = shape()[d];
   MT_CHECK(index >= -n && index < n, "select", "index {} out of range for dimension {} of size {}", index, d, n);
   if (index < 0) index += n;
@@ -202,7 +202,7 @@ Tensor Tensor::expand(const Shape& shape) const {
 }
 
 Tensor Tensor::squeeze(std::int64_t dim_) const {
-  const std::int64_t d = wrap_dim("squeeze", dim_, dim());
+  const std::int64_t d = wrap_dim("squeeze", dim_, shape());
   if (dim() == 0 || shape()[d] != 1) return view(shape());
   Shape shape = this->shape();
   shape.erase(shape.begin() + d);
