@@ -126,3 +126,31 @@ TEST(Tensor, BadViewsThrowNamingTheOpAndShapes) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Tensor, MixingDevicesThrowsNamingTheOp) {
+  if (!cuda::is_available()) {
+    // Without a device, asking for CUDA memory is the error, and it says why.
+    try {
+      zeros({2}, DType::f32, Device::cuda(0));
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  Tensor a = ones({4}), b = ones({4}, DType::f32, Device::cuda(0));
+  try {
+    ops::add(a, b);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device mismatch"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ops::matmul(ones({2, 2}), ones({2, 2}, DType::f32, Device::cuda(0))), Error);
+  // Round trip through the device keeps the values.
+  Tensor back = arange(0, 5).to(Device::cuda(0)).to(Device::cpu());
+  EXPECT_EQ(values(back), (std::vector<double>{0, 1, 2, 3, 4}));
+}
+
+}  // namespace
