@@ -1,0 +1,30 @@
+// AdamW with 8-bit block-wise moments (Dettmers et al. 2022). Same math as fp32 AdamW: decoupled weight
+// decay, bias correction, eps added after the square root. State per parameter of n >= min_8bit_size
+// elements: "exp_avg.codes" (u8 [n], signed map), "exp_avg.absmax" (f32 [ceil(n/block)]),
+// "exp_avg_sq.codes", "exp_avg_sq.absmax" (unsigned map) = 2n + 8 ceil(n/block) bytes; smaller parameters
+// keep "exp_avg" and "exp_avg_sq" in f32 (8n bytes). Parameters and gradients are f32.
+#pragma once
+
+#include "memtrain/optim/optimizer.h"
+
+#include <cstdint>
+
+namespace memtrain::optim {
+
+class AdamW8bit : public Optimizer {
+ public:
+  AdamW8bit(std::vector<ParamGroup> groups, std::int64_t block_size = 256, std::int64_t min_8bit_size = 4096);
+  std::string_view name() const override { return "AdamW8bit"; }
+  std::int64_t block_size() const { return block_size_; }
+  std::int64_t min_8bit_size() const { return min_8bit_size_; }
+
+ protected:
+  void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
+  void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
+
+ private:
+  std::int64_t block_size_;
+  std::int64_t min_8bit_size_;
+};
+
+}  // namespace memtrain::optim

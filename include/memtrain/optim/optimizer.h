@@ -1,0 +1,101 @@
+// Optimizer: updates parameters from their gradients, over parameter groups with their own
+// hyper-parameters. State tensors are allocated under MemoryCategory::optimizer_state, lazily at a
+// parameter's first step, and state_bytes() counts them exactly. step() updates every parameter that has
+// a gradient; step_param() updates one, so it can run inside a gradient-ready hook (layer-wise updates).
+// A parameter whose gradient holds NaN or Inf is skipped with its state untouched (and counted).
+//
+// Subclasses implement init_state (runs once, under CategoryGuard(optimizer_state): allocate every state
+// tensor there) and update (runs under NoGrad and CategoryGuard(workspace), so temporaries are not
+// counted as state). The concrete optimizers live in sgd.h, adamw.h, lion.h, adafactor.h; spec.h builds
+// one from a value.
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace memtrain::optim {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;  // decoupled (AdamW-style) where the optimizer supports it
+  double beta1 = 0.9;         // AdamW/Lion: first-moment coefficient; SGD: momentum
+  double beta2 = 0.999;       // AdamW/Lion: second coefficient
+  double eps = 1e-8;
+};
+
+// Name -> tensor; keys are "<param index>.<state name>" with params numbered across groups in order,
+// plus "<param index>.step" (an i64 scalar). Tensors are CPU copies independent of the optimizer.
+using StateDict = std::map<std::string, Tensor>;
+
+// What a step saw: parameters whose gradient held NaN or Inf were skipped, their state left untouched.
+struct StepReport {
+  std::int64_t updated = 0;
+  std::int64_t skipped_nonfinite = 0;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual std::string_view name() const = 0;
+
+  StepReport step();
+  // Updates one parameter (must belong to a group) from its current grad(); false when skipped
+  // (no gradient, or a non-finite one).
+  bool step_param(const Tensor& param);
+  void zero_grad(bool set_to_none = true);
+
+  StateDict state_dict() const;
+  // Restores state saved by the same optimizer type over the same parameter shapes; throws naming the key
+  // on a missing, unexpected or mis-shaped entry.
+  void load_state_dict(const StateDict& state);
+
+  std::size_t state_bytes() const;  // bytes of every state tensor, exactly
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+
+ protected:
+  // Per-parameter state: named tensors (allocated by the optimizer under optimizer_state) and a step count.
+  struct ParamState {
+    std::int64_t step = 0;
+    std::map<std::string, Tensor> tensors;
+  };
+  // Allocates the state of a parameter at its first step.
+  virtual void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) = 0;
+  // Applies one update; state.step has already been incremented. Runs under NoGrad. `grad` has the
+  // parameter's shape; it is finite but may be of any dtype/layout (see grad_f32).
+  virtual void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) = 0;
+
+  // Helpers for CPU fp32 kernels: throws "<who>: ..." unless `param` is a contiguous f32 CPU tensor.
+  static void check_f32_contiguous(const Tensor& param, std::string_view who);
+  // `grad` itself when it is contiguous f32 on the CPU, else a converted copy (under the current category).
+  static Tensor grad_f32(const Tensor& grad);
+
+ private:
+  struct Slot {
+    std::size_t group;
+    std::size_t index;  // position across all groups (state_dict numbering)
+    std::size_t index_in_group = 0;
+  };
+  const Slot& slot_of(const Tensor& param) const;
+  Tensor& param_at(const Slot& slot) { return groups_[slot.group].params[slot.index_in_group]; }
+  enum class Outcome { updated, no_grad, nonfinite };
+  Outcome step_slot(const Slot& slot);
+
+  std::vector<ParamGroup> groups_;
+  std::unordered_map<const TensorImpl*, Slot> slots_;
+  std::vector<ParamState> states_;  // by slot index
+};
+
+}  // namespace memtrain::optim

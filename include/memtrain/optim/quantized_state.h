@@ -1,0 +1,73 @@
+// Block-wise 8-bit state (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
+// A state tensor of n floats is split into blocks of `block_size` elements; each block keeps n 8-bit codes
+// and one fp32 absmax. A code indexes a 256-entry dynamic tree map (values in [-1, 1] or [0, 1], sorted
+// ascending), so value = map[code] * absmax. The stored absmax is the block's largest-magnitude value
+// WITH its sign, so that element is exact whichever its sign (the signed map has +1 but no -1). Optimizers dequantize a block into a small fp32 scratch,
+// update it and requantize it, so fp32 state for a whole tensor never exists. Reusable by any optimizer
+// (AdamW8bit, Lion8bit, GaLore's projected state, offloaded state).
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <array>
+#include <cstdint>
+
+namespace memtrain::optim {
+
+// The two dynamic tree maps. Signed (first moments): a sign, then k zero bits give the decade 10^-k
+// (k = 0..6), a 1 indicator bit, and the remaining 6-k bits a linear fraction in [0.1, 1]; 127 values a
+// sign, plus 0 and exactly 1.0 (so a block's absmax element is stored exactly). Unsigned (second moments):
+// no sign, so each decade gets one more fraction bit: 254 values, plus 0 and 1.0.
+enum class QuantMap : std::uint8_t { signed_dynamic, unsigned_dynamic };
+const std::array<float, 256>& dynamic_map(QuantMap map);
+
+namespace detail {
+// Nearest code of x (already divided by absmax) in a sorted 256-entry map; ties go to the lower code.
+std::uint8_t quantize_nearest(float x, const float* map);
+// One block of `len` floats: absmax of the block (0 for an all-zero block) and its codes. NaN is not
+// expected (the optimizers skip non-finite gradients before they reach the state).
+float quantize_block(const float* src, std::int64_t len, const float* map, std::uint8_t* codes);
+void dequantize_block(const std::uint8_t* codes, std::int64_t len, float absmax, const float* map, float* dst);
+}  // namespace detail
+
+class QuantizedState {
+ public:
+  QuantizedState() = default;
+  // Allocates codes (u8 [n]) and absmax (f32 [ceil(n / block_size)]) under MemoryCategory::optimizer_state,
+  // holding all zeros.
+  QuantizedState(std::int64_t numel, QuantMap map, std::int64_t block_size = 256);
+  // Wraps existing tensors (e.g. taken from an optimizer's ParamState); checks dtypes and sizes.
+  QuantizedState(Tensor codes, Tensor absmax, QuantMap map, std::int64_t block_size = 256);
+
+  std::int64_t numel() const { return numel_; }
+  std::int64_t block_size() const { return block_size_; }
+  std::int64_t num_blocks() const { return (numel_ + block_size_ - 1) / block_size_; }
+  std::int64_t block_length(std::int64_t b) const;  // block_size, or less for the last block
+  QuantMap map_kind() const { return map_kind_; }
+  const float* map() const { return map_; }
+  const Tensor& codes() const { return codes_; }
+  const Tensor& absmax() const { return absmax_; }
+  std::size_t nbytes() const { return codes_.nbytes() + absmax_.nbytes(); }
+
+  // dst/src hold block_length(b) floats.
+  void dequantize_block(std::int64_t b, float* dst) const;
+  void quantize_block(std::int64_t b, const float* src);
+
+  // Whole-tensor conversions over n floats (tests, checkpoint inspection); OpenMP over blocks.
+  void quantize(const float* src);
+  void dequantize(float* dst) const;
+
+  static std::int64_t num_blocks_for(std::int64_t numel, std::int64_t block_size) {
+    return (numel + block_size - 1) / block_size;
+  }
+
+ private:
+  Tensor codes_;
+  Tensor absmax_;
+  std::int64_t numel_ = 0;
+  std::int64_t block_size_ = 256;
+  QuantMap map_kind_ = QuantMap::signed_dynamic;
+  const float* map_ = nullptr;
+};
+
+}  // namespace memtrain::optim

@@ -1,0 +1,184 @@
+// Optimizer base: parameter slots over groups, lazy state, finite-gradient gate, state_dict round trip.
+#include "memtrain/optim/optimizer.h"
+
+#include "memtrain/autograd/engine.h"
+#include "memtrain/autograd/grad_mode.h"
+#include "memtrain/core/allocator.h"
+
+#include <cmath>
+#include <set>
+#include <utility>
+
+namespace memtrain::optim {
+namespace {
+
+// True when every element of `g` is finite. Works on an f32 view (converting other dtypes once).
+bool all_finite(const Tensor& g) {
+  const Tensor f = g.dtype() == DType::f32 && g.is_contiguous() && g.device().type == DeviceType::cpu
+                       ? g
+                       : g.to(Device::cpu()).to(DType::f32).contiguous();
+  const float* x = f.data<float>();
+  const std::int64_t n = f.numel();
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+  return bad == 0;
+}
+
+Tensor cpu_copy(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  out.copy_(t);
+  return out;
+}
+
+std::string key_of(std::size_t index, const std::string& name) { return fmt::format("{}.{}", index, name); }
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  std::size_t index = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
+      MT_CHECK(p.defined(), "Optimizer", "group {} param {} is an undefined tensor", g, i);
+      const bool fresh = slots_.emplace(p.impl_ptr().get(), Slot{g, index, i}).second;
+      MT_CHECK(fresh, "Optimizer", "group {} param {} (shape {}) appears more than once", g, i,
+               shape_str(p.shape()));
+      ++index;
+    }
+  }
+  states_.resize(index);
+}
+
+const Optimizer::Slot& Optimizer::slot_of(const Tensor& param) const {
+  MT_CHECK(param.defined(), "Optimizer::step_param", "undefined tensor");
+  auto it = slots_.find(param.impl_ptr().get());
+  MT_CHECK(it != slots_.end(), "Optimizer::step_param", "tensor of shape {} is not in any parameter group",
+           shape_str(param.shape()));
+  return it->second;
+}
+
+Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
+  Tensor& param = param_at(slot);
+  const Tensor grad = param.grad();
+  if (!grad.defined()) return Outcome::no_grad;
+  MT_CHECK(grad.shape() == param.shape(), name(), "param {} has shape {} but its grad has shape {}", slot.index,
+           shape_str(param.shape()), shape_str(grad.shape()));
+  autograd::NoGradGuard no_grad;
+  // The gate runs before any state exists, so a skipped parameter is left exactly as it was.
+  if (!all_finite(grad)) return Outcome::nonfinite;
+  ParamState& state = states_[slot.index];
+  const ParamGroup& group = groups_[slot.group];
+  if (state.step == 0) {
+    CategoryGuard category(MemoryCategory::optimizer_state);
+    state.tensors.clear();
+    try {
+      init_state(param, group, state);
+    } catch (...) {
+      state.tensors.clear();
+      throw;
+    }
+  }
+  ++state.step;
+  CategoryGuard category(MemoryCategory::workspace);
+  update(param, grad, group, state);
+  return Outcome::updated;
+}
+
+StepReport Optimizer::step() {
+  StepReport report;
+  // Walk slots in state_dict order so that a step is reproducible whatever the hash-map order.
+  std::vector<const Slot*> order(states_.size());
+  for (const auto& [impl, slot] : slots_) order[slot.index] = &slot;
+  for (const Slot* slot : order) {
+    switch (step_slot(*slot)) {
+      case Outcome::updated: ++report.updated; break;
+      case Outcome::nonfinite: ++report.skipped_nonfinite; break;
+      case Outcome::no_grad: break;
+    }
+  }
+  return report;
+}
+
+bool Optimizer::step_param(const Tensor& param) { return step_slot(slot_of(param)) == Outcome::updated; }
+
+void Optimizer::zero_grad(bool set_to_none) {
+  std::vector<Tensor> all;
+  all.reserve(states_.size());
+  for (const auto& group : groups_) all.insert(all.end(), group.params.begin(), group.params.end());
+  autograd::zero_grad(all, set_to_none);
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict out;
+  for (const auto& [impl, slot] : slots_) {
+    const ParamState& state = states_[slot.index];
+    out.emplace(key_of(slot.index, "step"), tensor<std::int64_t>({state.step}, {}));
+    for (const auto& [name, t] : state.tensors) out.emplace(key_of(slot.index, name), cpu_copy(t));
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  const std::string where = fmt::format("{}::load_state_dict", name());
+  std::vector<ParamState> fresh(states_.size());
+  std::set<std::string> used;
+  for (const auto& [impl, slot] : slots_) {
+    const std::string step_key = key_of(slot.index, "step");
+    auto it = dict.find(step_key);
+    MT_CHECK(it != dict.end(), where, "missing key '{}'", step_key);
+    MT_CHECK(it->second.numel() == 1, where, "key '{}' should hold one step count, got shape {}", step_key,
+             shape_str(it->second.shape()));
+    used.insert(step_key);
+    ParamState& state = fresh[slot.index];
+    state.step = static_cast<std::int64_t>(it->second.item());
+    MT_CHECK(state.step >= 0, where, "key '{}' holds a negative step {}", step_key, state.step);
+    if (state.step == 0) continue;  // never stepped: no state tensors expected
+    const Tensor& param = groups_[slot.group].params[slot.index_in_group];
+    {
+      // The expected names, shapes and dtypes are what init_state allocates for this parameter.
+      CategoryGuard category(MemoryCategory::optimizer_state);
+      autograd::NoGradGuard no_grad;
+      init_state(param, groups_[slot.group], state);
+    }
+    for (auto& [name, t] : state.tensors) {
+      const std::string key = key_of(slot.index, name);
+      auto found = dict.find(key);
+      MT_CHECK(found != dict.end(), where, "missing key '{}' (expected shape {} {})", key, shape_str(t.shape()),
+               dtype_name(t.dtype()));
+      const Tensor& src = found->second;
+      MT_CHECK(src.shape() == t.shape() && src.dtype() == t.dtype(), where,
+               "key '{}' has shape {} {} but this optimizer expects {} {} (param shape {})", key,
+               shape_str(src.shape()), dtype_name(src.dtype()), shape_str(t.shape()), dtype_name(t.dtype()),
+               shape_str(param.shape()));
+      t.copy_(src);
+      used.insert(key);
+    }
+  }
+  for (const auto& [key, t] : dict) {
+    MT_CHECK(used.count(key) != 0, where, "unexpected key '{}' (shape {}); this optimizer has {} parameters", key,
+             shape_str(t.shape()), states_.size());
+  }
+  states_ = std::move(fresh);
+}
+
+std::size_t Optimizer::state_bytes() const {
+  std::size_t total = 0;
+  for (const auto& state : states_)
+    for (const auto& [name, t] : state.tensors) total += t.nbytes();
+  return total;
+}
+
+void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who) {
+  MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous() && param.device().type == DeviceType::cpu, who,
+           "needs contiguous f32 CPU parameters, got shape {} dtype {} on {}{}", shape_str(param.shape()),
+           dtype_name(param.dtype()), param.device().type == DeviceType::cpu ? "cpu" : "a non-CPU device",
+           param.is_contiguous() ? "" : " (non-contiguous)");
+}
+
+Tensor Optimizer::grad_f32(const Tensor& grad) {
+  if (grad.dtype() == DType::f32 && grad.is_contiguous() && grad.device().type == DeviceType::cpu) return grad;
+  return grad.to(Device::cpu()).to(DType::f32).contiguous();
+}
+
+}  // namespace memtrain::optim
