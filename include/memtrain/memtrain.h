@@ -17,3 +17,4 @@
 #include "memtrain/ops/nn.h"
 #include "memtrain/ops/reduce.h"
 #include "memtrain/ops/shape.h"
+#include "memtrain/optim/optim.h"
