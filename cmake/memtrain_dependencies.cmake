@@ -3,6 +3,8 @@ find_package(fmt REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(ZLIB REQUIRED)
 
 set(MEMTRAIN_HAVE_ONEDNN OFF)
 if(MEMTRAIN_ONEDNN)

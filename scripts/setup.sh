@@ -11,7 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # build would quietly fall back to Eigen.
 packages=(
   cmake ninja-build g++ pkg-config
-  libeigen3-dev libfmt-dev libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libopenblas-dev
+  libeigen3-dev libfmt-dev libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libopenblas-dev zlib1g-dev
   libgtest-dev libbenchmark-dev
 )
 

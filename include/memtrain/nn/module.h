@@ -1,0 +1,79 @@
+// Module: the base of every nn layer. A module owns named parameters (leaf tensors that require grad,
+// allocated as MemoryCategory::parameters), named buffers (state that is saved but not trained) and named
+// submodules. Names nest with dots, e.g. "h.0.attn.c_attn.weight", in registration order, as in PyTorch.
+//
+// Layers keep their own Tensor handles to what they register; a handle shares storage with the registry's,
+// so load_state_dict (which copies values into the existing storage) is seen by both.
+// Forward signatures differ per layer, so there is no virtual forward here.
+#pragma once
+
+#include "memtrain/core/dtype.h"
+#include "memtrain/core/tensor.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace memtrain::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using StateDict = std::map<std::string, Tensor>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Parameters of this module and (recursively) its submodules, each once even when shared (tied weights).
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
+
+  // Training mode (dropout active) is the default; both calls recurse into submodules.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  std::int64_t num_parameters() const;  // elements over unique parameters
+  void zero_grad();                     // clears every parameter's gradient
+
+  // name -> tensor for every parameter and buffer; the tensors are detached views of the live storage.
+  StateDict state_dict() const;
+  // Copies values (converting dtype) into the existing parameters and buffers, preserving their storage.
+  // Every entry is checked before anything is copied: a shape mismatch always throws memtrain::Error; with
+  // strict, so do keys the model has but `dict` lacks (missing) and keys `dict` has but the model lacks
+  // (unexpected). The message names each offending key (and both shapes for a mismatch).
+  void load_state_dict(const StateDict& dict, bool strict = true);
+
+ protected:
+  // A new parameter of `shape` allocated under MemoryCategory::parameters (uninitialised contents).
+  static Tensor new_parameter(const Shape& shape, DType dtype);
+  // Registers t (made a leaf that requires grad) under `name` and returns the same handle.
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  void collect(const std::string& prefix, bool buffers, NamedTensors& out) const;
+
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// Initialisers used by the layers (GPT-2 style), in place and not recorded by autograd.
+void init_normal_(Tensor& t, double std);  // normal(0, std) from the default RNG stream
+
+}  // namespace memtrain::nn

@@ -1,0 +1,36 @@
+#include "memtrain/nn/causal_self_attention.h"
+
+#include "memtrain/core/error.h"
+#include "memtrain/ops/nn.h"
+#include "memtrain/ops/shape.h"
+
+#include <cmath>
+#include <vector>
+
+namespace memtrain::nn {
+
+CausalSelfAttention::CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, std::int64_t n_layer, bool bias,
+                                         double dropout, DType dtype)
+    : n_embd_(n_embd), n_head_(n_head) {
+  MT_CHECK(n_head > 0 && n_embd % n_head == 0, "nn::CausalSelfAttention",
+           "n_embd {} must be a positive multiple of n_head {}", n_embd, n_head);
+  MT_CHECK(n_layer > 0, "nn::CausalSelfAttention", "n_layer must be positive, got {}", n_layer);
+  c_attn_ = register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, bias, dtype));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, bias, dtype,
+                                                               0.02 / std::sqrt(2.0 * static_cast<double>(n_layer))));
+  resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  MT_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "nn::CausalSelfAttention",
+           "expected x [B, T, {}], got {}", n_embd_, shape_str(x.shape()));
+  const std::int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
+  Tensor qkv = c_attn_->forward(x);  // (B,T,3C)
+  std::vector<Tensor> parts = ops::split(qkv, {C, C, C}, -1);
+  auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };  // (B,H,T,D)
+  Tensor y = ops::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true);
+  y = y.transpose(1, 2).reshape({B, T, C});  // (B,T,C)
+  return resid_dropout_->forward(c_proj_->forward(y));
+}
+
+}  // namespace memtrain::nn

@@ -1,0 +1,46 @@
+#include "memtrain/nn/gpt.h"
+
+#include "memtrain/core/error.h"
+#include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/linalg.h"
+#include "memtrain/ops/nn.h"
+
+#include <fmt/format.h>
+
+namespace memtrain::nn {
+
+GPT::GPT(const GPTConfig& config, DType dtype) : config_(config) {
+  config_.validate();
+  const auto& c = config_;
+  wte_ = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype));
+  wpe_ = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, dtype));
+  drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
+  // Blocks register as "h.0", "h.1", ... directly, which yields HF's dotted names without a list module.
+  for (std::int64_t i = 0; i < c.n_layer; ++i)
+    h_.push_back(register_module(fmt::format("h.{}", i),
+                                 std::make_shared<TransformerBlock>(c.n_embd, c.n_head, c.n_layer, c.bias, c.dropout,
+                                                                    dtype)));
+  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(c.n_embd, c.bias, 1e-5, dtype));
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
+  MT_CHECK(idx.dim() == 2, "GPT::forward", "expected idx [B, T], got {}", shape_str(idx.shape()));
+  const std::int64_t T = idx.size(1);
+  MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
+           config_.block_size);
+  Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);            // (T)
+  Tensor x = drop_->forward(wte_->forward(idx) + wpe_->forward(pos));           // (B,T,C)
+  for (const auto& block : h_) x = block->forward(x);
+  return ops::matmul(ln_f_->forward(x), wte_->weight().t());                   // (B,T,V), tied head
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
+  MT_CHECK(targets.shape() == idx.shape(), "GPT::loss", "targets {} must match idx {}", shape_str(targets.shape()),
+           shape_str(idx.shape()));
+  Tensor logits = forward(idx);
+  const std::int64_t N = idx.numel();
+  return ops::cross_entropy(logits.reshape({N, config_.vocab_size}), targets.reshape({N}), ops::Reduction::mean,
+                            -100);
+}
+
+}  // namespace memtrain::nn

@@ -1,0 +1,138 @@
+// Module registry, traversal and state_dict loading.
+#include "memtrain/nn/module.h"
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/error.h"
+#include "memtrain/ops/elementwise.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+namespace memtrain::nn {
+
+namespace {
+bool has_name(const NamedTensors& v, const std::string& name) {
+  for (const auto& [n, t] : v)
+    if (n == name) return true;
+  return false;
+}
+}  // namespace
+
+Tensor Module::new_parameter(const Shape& shape, DType dtype) {
+  CategoryGuard guard(MemoryCategory::parameters);
+  return Tensor::empty(shape, dtype);
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  MT_CHECK(t.defined(), "Module::register_parameter", "parameter '{}' is undefined", name);
+  MT_CHECK(is_floating(t.dtype()), "Module::register_parameter", "parameter '{}' needs a floating dtype, got {}",
+           name, dtype_name(t.dtype()));
+  MT_CHECK(!has_name(params_, name) && !has_name(buffers_, name), "Module::register_parameter",
+           "name '{}' is already registered", name);
+  t.set_requires_grad(true);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  MT_CHECK(t.defined(), "Module::register_buffer", "buffer '{}' is undefined", name);
+  MT_CHECK(!has_name(params_, name) && !has_name(buffers_, name), "Module::register_buffer",
+           "name '{}' is already registered", name);
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  MT_CHECK(m != nullptr, "Module::register_module", "submodule '{}' is null", name);
+  for (const auto& [n, c] : children_)
+    MT_CHECK(n != name, "Module::register_module", "submodule '{}' is already registered", name);
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect(const std::string& prefix, bool buffers, NamedTensors& out) const {
+  for (const auto& [n, t] : buffers ? buffers_ : params_) out.emplace_back(prefix + n, t);
+  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", buffers, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors all, unique;
+  collect("", false, all);
+  // A tied weight is registered once; this also guards against a module registered under two names.
+  std::set<const TensorImpl*> seen;
+  for (auto& nt : all)
+    if (seen.insert(nt.second.impl_ptr().get()).second) unique.push_back(std::move(nt));
+  return unique;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", true, out);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+std::int64_t Module::num_parameters() const {
+  std::int64_t n = 0;
+  for (const auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& t : parameters()) t.set_grad(Tensor());
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (const auto& [n, t] : named_parameters()) out.emplace(n, t.detach());
+  for (const auto& [n, t] : named_buffers()) out.emplace(n, t.detach());
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& dict, bool strict) {
+  StateDict own = state_dict();
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [n, t] : own) {
+    auto it = dict.find(n);
+    if (it == dict.end()) {
+      missing.push_back(n);
+    } else if (!it->second.defined() || it->second.shape() != t.shape()) {
+      mismatched.push_back(fmt::format("{} (checkpoint {} vs model {})", n,
+                                       it->second.defined() ? shape_str(it->second.shape()) : "undefined",
+                                       shape_str(t.shape())));
+    }
+  }
+  for (const auto& [n, t] : dict)
+    if (own.count(n) == 0) unexpected.push_back(n);
+  std::string problems;
+  auto add = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    problems += fmt::format("{}{}: {}", problems.empty() ? "" : "; ", what, fmt::join(names, ", "));
+  };
+  if (strict) add("missing keys", missing);
+  if (strict) add("unexpected keys", unexpected);
+  add("shape mismatch", mismatched);
+  MT_CHECK(problems.empty(), "load_state_dict", "{}", problems);
+  for (auto& [n, t] : own) {
+    auto it = dict.find(n);
+    if (it != dict.end()) t.copy_(it->second);  // t is a detached view: the parameter's storage is kept
+  }
+}
+
+void init_normal_(Tensor& t, double std) {
+  Tensor r = randn(t.shape(), t.dtype(), t.device());
+  t.copy_(r);
+  ops::mul_(t, std);
+}
+
+}  // namespace memtrain::nn
