@@ -8,12 +8,14 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   GPTConfig c;
   if (name == "tiny") {
     c.vocab_size = 512, c.block_size = 64, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
+  } else if (name == "mini") {
+    c.vocab_size = 4096, c.block_size = 128, c.n_layer = 4, c.n_head = 4, c.n_embd = 256;
   } else if (name == "small") {
     c.vocab_size = 8192, c.block_size = 256, c.n_layer = 6, c.n_head = 6, c.n_embd = 384;
   } else if (name == "gpt2-124M") {
     c.vocab_size = 50257, c.block_size = 1024, c.n_layer = 12, c.n_head = 12, c.n_embd = 768;
   } else {
-    MT_CHECK(false, "GPTConfig::preset", "unknown preset '{}' (known: tiny, small, gpt2-124M)", name);
+    MT_CHECK(false, "GPTConfig::preset", "unknown preset '{}' (known: tiny, mini, small, gpt2-124M)", name);
   }
   return c;
 }

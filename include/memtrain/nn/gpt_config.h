@@ -1,5 +1,6 @@
 // GPTConfig: the sizes of a GPT-2-style model, with named presets.
 //   "tiny"       V 512,   T 64,   L 2,  H 2,  C 64   (tests and smoke runs; a step well under a second)
+//   "mini"       V 4096,  T 128,  L 4,  H 4,  C 256  (the train_gpt default: minutes on 2 CPU cores)
 //   "small"      V 8192,  T 256,  L 6,  H 6,  C 384
 //   "gpt2-124M"  V 50257, T 1024, L 12, H 12, C 768  (OpenAI GPT-2 small; loads Hugging Face checkpoints)
 #pragma once
