@@ -1,0 +1,150 @@
+// Trainer: runs the loop a training program would otherwise write by hand.
+//
+//   for step in [step(), max_steps):
+//     lr = schedule(step); grad_accum micro-batches: loss_i = loss_fn(batch_i);
+//     backward(loss_i * count_i / sum_j count_j)     // exact mean over the whole effective batch,
+//                                                     // also when the last micro-batch is partial
+//     clip by global norm; optimizer step; zero grads; metrics; eval / checkpoint when due
+//
+// Progress: on a terminal one live line (step/total, loss, lr, tokens/s or samples/s, peak memory, ETA);
+// otherwise a plain line every log_interval steps. Per-step metrics go to config.metrics_path (JSONL). At
+// the end of fit(): the memory report and the run summary (config, final train/val loss, throughput, step
+// time, peak bytes per category and in total, peak RSS), written to config.summary_path when set.
+//
+// Checkpoints are one safetensors file, ckpt_<step, 8 digits>.safetensors in checkpoint_dir, written
+// atomically: "model.<name>" and "optim.<key>" tensors, and metadata with the step, the RNG state, the
+// loader position and the config JSON. load_checkpoint() restores all of it, so a run stopped at step k
+// and resumed continues bit for bit as if it had not stopped (CPU).
+//   metadata keys: format ("memtrain-checkpoint"), format_version ("1"), step, rng_seed, rng_offset,
+//   loader_epoch, loader_batch, optimizer (its kind_name), config (TrainerConfig JSON)
+//
+// Randomness: the Trainer does not reseed the default RNG stream (dropout draws from it); call
+// manual_seed(config.seed) before building the model. The loaders are seeded from config.seed.
+// Memory: the allocator's peak is reset when the Trainer is made and when fit() starts, so reported peaks
+// cover training (live parameters included). memory_budget_bytes, when set, is the CPU allocator's budget
+// while the Trainer lives; the previous budget is restored by the destructor.
+#pragma once
+
+#include "memtrain/data/loader.h"
+#include "memtrain/nn/module.h"
+#include "memtrain/optim/optimizer.h"
+#include "memtrain/train/trainer_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memtrain::train {
+
+// Mean loss over batch.targets_count target elements (a one-element tensor that requires grad). Called in
+// training mode for training batches; evaluate() calls it in eval mode under NoGrad.
+using LossFn = std::function<Tensor(const data::Batch&)>;
+
+struct StepMetrics {
+  std::int64_t step = 0;  // optimizer steps done, this one included
+  double loss = 0.0;      // mean over the effective batch
+  double lr = 0.0;
+  double grad_norm = 0.0;  // global L2 norm before clipping
+  std::int64_t samples = 0;
+  std::int64_t tokens = 0;  // target elements (tokens for LMs, samples for classifiers)
+  double step_seconds = 0.0;
+  std::size_t peak_bytes = 0;  // allocator total peak so far
+  std::optional<double> val_loss;  // when an eval ran after this step
+  // {"step", "loss", "lr", "grad_norm", "samples", "tokens", "step_seconds", "tokens_per_s", "peak_bytes"
+  //  [, "val_loss"]}: one line of the metrics JSONL.
+  nlohmann::json to_json() const;
+};
+
+// What fit() reports at the end, over the steps that fit() call ran.
+struct RunSummary {
+  nlohmann::json config;
+  std::int64_t steps = 0;  // optimizer steps this fit() ran
+  double final_train_loss = 0.0;
+  std::optional<double> final_val_loss;
+  double tokens_per_second = 0.0;
+  double median_step_seconds = 0.0;
+  std::map<std::string, std::size_t> peak_bytes_by_category;  // what was live per category at the total peak
+  std::size_t peak_bytes_total = 0;
+  std::size_t optimizer_state_bytes = 0;
+  std::size_t peak_rss_bytes = 0;
+  // Field names as above; peak_bytes_by_category keyed by category_name; final_val_loss null when absent.
+  nlohmann::json to_json() const;
+};
+
+class Trainer {
+ public:
+  // Validates config, builds the optimizer from config.optimizer over decay groups of model's parameters
+  // (no decay for rank < 2), and the loaders (seeded from config.seed; train: micro_batch, data.shuffle,
+  // data.drop_last; val: in order, the last batch may be partial). val may be null (no evaluation).
+  Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
+          std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains from step() to config.max_steps: evaluates every eval_interval steps and after the last one
+  // (when val was given), checkpoints every checkpoint_interval steps and after the last one (when set),
+  // writes metrics and progress, and at the end prints the memory report and writes the summary.
+  RunSummary fit();
+  // One optimizer step (grad_accum micro-batches); appends to history(). No eval, metrics file or progress.
+  StepMetrics train_step();
+  // Mean loss (weighted by targets_count) over the first min(eval_batches, one pass) val batches, in eval
+  // mode under NoGrad; leaves the model in training mode and the default RNG stream as it was.
+  double evaluate();
+
+  std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
+  void save_checkpoint(const std::string& path) const;
+  void load_checkpoint(const std::string& path);  // throws naming the file and what does not match
+  // Loads the newest checkpoint of config.checkpoint_dir; false when there is none.
+  bool resume_latest();
+
+  std::int64_t step() const { return step_; }
+  const TrainerConfig& config() const { return config_; }
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  data::Loader& train_loader() { return *train_loader_; }
+  const std::vector<StepMetrics>& history() const { return history_; }
+
+  // Called after every optimizer step (after eval/checkpoint of that step), e.g. to print samples.
+  std::function<void(const StepMetrics&)> on_step;
+
+ private:
+  TrainerConfig config_;
+  std::shared_ptr<nn::Module> model_;
+  LossFn loss_fn_;
+  std::shared_ptr<const data::Dataset> val_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<data::Loader> train_loader_;
+  std::unique_ptr<data::Loader> val_loader_;
+  std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them
+  std::int64_t step_ = 0;
+  std::vector<StepMetrics> history_;
+  Device device_ = Device::cpu();  // of the model's parameters: whose allocator the budget and peaks are
+  bool budget_set_ = false;
+  std::optional<std::size_t> previous_budget_;
+};
+
+// "ckpt_00000042.safetensors" for step 42.
+std::string checkpoint_filename(std::int64_t step);
+// Newest "ckpt_<digits>.safetensors" regular file in dir (by step), or empty (also when dir does not exist).
+// Temp files of an interrupted write ("...safetensors.tmp.<pid>") never match.
+std::string latest_checkpoint(const std::string& dir);
+// Deletes all but the `keep` newest checkpoints of dir; returns the paths removed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep);
+
+// Global L2 norm over the gradients of params (those without a gradient count as zero), summed in double.
+double global_grad_norm(const std::vector<Tensor>& params);
+// Scales every gradient by max_norm / (norm + 1e-6) when the global norm exceeds max_norm (as PyTorch's
+// clip_grad_norm_); a non-finite norm leaves them as they are (the optimizer skips non-finite gradients).
+// Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+// Peak resident set size of this process (from /proc/self/status VmHWM), in bytes.
+std::size_t peak_rss_bytes();
+
+}  // namespace memtrain::train

@@ -1,0 +1,89 @@
+// TrainerConfig: everything that defines a training run, as one value that round-trips through JSON, so a
+// run can be reproduced from its file (`--config run.json`). Options that later issues add (precision,
+// activation checkpointing, GaLore, world_size > 1) have their fields here already; validate() refuses a
+// value the library cannot run yet, or a combination that cannot work, with the reason.
+#pragma once
+
+#include "memtrain/optim/spec.h"
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memtrain::train {
+
+// What the example programs build; the Trainer itself only records it (in checkpoints and summaries).
+struct ModelConfig {
+  std::string preset = "tiny";  // nn::GPTConfig::preset names, "llama-*" presets, or "cnn"
+  std::int64_t seq_len = 0;     // 0 = the preset's block_size
+  double dropout = 0.0;
+  std::string init_from;        // optional HF GPT-2 model.safetensors
+};
+
+struct DataConfig {
+  std::vector<std::string> train;  // token shards, or a directory (IDX files for images)
+  std::vector<std::string> val;
+  std::int64_t prefetch = 2;
+  bool shuffle = true;
+  // true: every training batch is full (the tail of an epoch is skipped); false: the last micro-batch of an
+  // epoch may be smaller, and the Trainer still averages exactly over the samples it saw.
+  bool drop_last = true;
+};
+
+// lr(step) for step = 0, 1, ... (W = warmup_steps, N = max_steps, m = lr * min_lr_ratio):
+//   step < W:        lr * (step + 1) / W                                   (linear warmup, reaching lr at W-1)
+//   "cosine":        m + (lr - m) * (1 + cos(pi * (step - W) / (N - W))) / 2  (lr at W, m at N; m past N)
+//   "constant":      lr
+struct LrSchedule {
+  std::int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;
+  std::string decay = "cosine";
+  double lr_at(std::int64_t step, double peak_lr, std::int64_t max_steps) const;
+};
+
+struct TrainerConfig {
+  ModelConfig model;
+  DataConfig data;
+  optim::Spec optimizer = optim::Spec::adamw({.lr = 6e-4, .weight_decay = 0.1});
+  LrSchedule schedule;
+  double grad_clip = 1.0;  // global L2 norm; 0 = off
+  std::int64_t micro_batch = 8;
+  std::int64_t grad_accum = 1;
+  std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
+  std::string precision = "fp32";        // "fp32" now; "bf16", "fp16", "fp8" with the precision issue
+  std::string activation_checkpointing = "none";  // "none" now; policies with the checkpointing issue
+  std::int64_t galore_rank = 0;          // 0 = off; > 0 with the GaLore issue
+  std::int64_t max_steps = 100;
+  std::int64_t eval_interval = 50;  // 0 = only at the end
+  std::int64_t eval_batches = 8;    // val batches of micro_batch samples per evaluation (at most one pass)
+  std::int64_t log_interval = 10;   // plain progress line every N steps when stderr is not a terminal
+  std::int64_t checkpoint_interval = 0;  // 0 = no periodic checkpoints
+  std::string checkpoint_dir;            // required when checkpoint_interval > 0
+  std::int64_t keep_checkpoints = 3;     // newest N kept; older ones deleted after a successful write
+  std::uint64_t seed = 1337;
+  std::optional<std::size_t> memory_budget_bytes;  // allocator budget; exceeding it is OutOfBudget
+  std::string metrics_path;  // JSONL, one line per optimizer step; empty = none
+  std::string summary_path;  // run summary JSON at the end of fit(); empty = none
+
+  std::int64_t effective_batch() const { return micro_batch * grad_accum * world_size; }
+  // Throws memtrain::Error("TrainerConfig", ...) naming the field and the reason: sizes and intervals in
+  // range, the schedule consistent with max_steps, and options whose feature is not built yet refused.
+  void validate() const;
+
+  nlohmann::json to_json() const;
+  // Unknown keys are an error (a typo must not silently fall back to a default); missing keys keep defaults.
+  static TrainerConfig from_json(const nlohmann::json& j);
+  void save(const std::string& path) const;  // atomic
+  static TrainerConfig load(const std::string& path);
+};
+
+nlohmann::json spec_to_json(const optim::Spec& spec);
+optim::Spec spec_from_json(const nlohmann::json& j);
+// "adamw", "adamw8bit", "lion", "lion8bit", "sgd", "adafactor" with the given lr and weight decay and the
+// family's defaults otherwise; throws listing the known names.
+optim::Spec spec_from_name(const std::string& name, double lr, double weight_decay);
+
+}  // namespace memtrain::train

@@ -1,0 +1,231 @@
+// Checkpoints: one safetensors file holding the model, the optimizer state and (as metadata) everything
+// else a resumed run needs to continue bit for bit: the step, the RNG stream, the loader position.
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/io/safetensors.h"
+#include "memtrain/train/trainer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+namespace memtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "memtrain-checkpoint";
+constexpr const char* kFormatVersion = "1";
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kOptimPrefix = "optim.";
+
+// (step, path) of every checkpoint file in dir, oldest first.
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  static const std::regex pattern(R"(ckpt_(\d+)\.safetensors)");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, pattern) || !entry.is_regular_file(ec)) continue;
+    std::int64_t step = 0;
+    const std::string digits = m[1].str();
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), step).ec != std::errc()) continue;
+    out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::uint64_t meta_u64(const std::map<std::string, std::string>& meta, const std::string& key,
+                       const std::string& path) {
+  auto it = meta.find(key);
+  MT_CHECK(it != meta.end(), "load_checkpoint", "'{}': metadata has no '{}'", path, key);
+  std::uint64_t v = 0;
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  MT_CHECK(ec == std::errc() && end == s.data() + s.size(), "load_checkpoint",
+           "'{}': metadata '{}' should be a non-negative integer, got '{}'", path, key, s);
+  return v;
+}
+
+std::int64_t meta_i64(const std::map<std::string, std::string>& meta, const std::string& key,
+                      const std::string& path) {
+  const std::uint64_t v = meta_u64(meta, key, path);
+  MT_CHECK(v <= static_cast<std::uint64_t>(INT64_MAX), "load_checkpoint", "'{}': metadata '{}' = {} is too large",
+           path, key, v);
+  return static_cast<std::int64_t>(v);
+}
+
+// The loader position (epoch, batch) names the same samples only under the same batching and seed: say
+// so when the checkpoint's run batched differently (a warning: changing them on purpose is allowed).
+void warn_on_batching_change(const std::map<std::string, std::string>& meta, const TrainerConfig& now,
+                             const std::string& path) {
+  auto it = meta.find("config");
+  if (it == meta.end()) return;
+  nlohmann::json then;
+  try {
+    then = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception&) {
+    return;
+  }
+  const nlohmann::json current = now.to_json();
+  for (const char* key : {"micro_batch", "grad_accum", "seed"}) {
+    if (then.contains(key) && then[key] != current[key])
+      fmt::print(stderr, "load_checkpoint: warning: '{}' was written with {} {}, this run uses {}: the resumed "
+                 "data order differs from the original run's\n", path, key, then[key].dump(), current[key].dump());
+  }
+  for (const char* key : {"train", "shuffle", "drop_last"}) {
+    if (then.contains("data") && then["data"].contains(key) && then["data"][key] != current["data"][key])
+      fmt::print(stderr, "load_checkpoint: warning: '{}' was written with data.{} {}, this run uses {}: the "
+                 "resumed data order differs from the original run's\n", path, key, then["data"][key].dump(),
+                 current["data"][key].dump());
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_filename(std::int64_t step) { return fmt::format("ckpt_{:08d}.safetensors", step); }
+
+std::string latest_checkpoint(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  return all.empty() ? std::string() : all.back().second;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep) {
+  MT_CHECK(keep >= 1, "prune_checkpoints", "keep must be >= 1, got {}", keep);
+  auto all = list_checkpoints(dir);
+  std::vector<std::string> removed;
+  const std::size_t n_remove = all.size() > static_cast<std::size_t>(keep) ? all.size() - keep : 0;
+  for (std::size_t i = 0; i < n_remove; ++i) {
+    std::error_code ec;
+    fs::remove(all[i].second, ec);
+    MT_CHECK(!ec, "prune_checkpoints", "cannot remove '{}': {}", all[i].second, ec.message());
+    removed.push_back(all[i].second);
+  }
+  return removed;
+}
+
+std::string Trainer::save_checkpoint() {
+  MT_CHECK(!config_.checkpoint_dir.empty(), "Trainer::save_checkpoint", "config.checkpoint_dir is empty");
+  std::error_code ec;
+  fs::create_directories(config_.checkpoint_dir, ec);
+  MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", config_.checkpoint_dir,
+           ec.message());
+  const std::string path = (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
+  save_checkpoint(path);
+  // Only after the new file is complete may old ones go.
+  prune_checkpoints(config_.checkpoint_dir, config_.keep_checkpoints);
+  return path;
+}
+
+void Trainer::save_checkpoint(const std::string& path) const {
+  // The optimizer's state_dict and the file's staging copies are transient: count them as workspace.
+  CategoryGuard category(MemoryCategory::workspace);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : model_->state_dict()) tensors.emplace_back(kModelPrefix + name, t);
+  for (auto& [key, t] : optimizer_->state_dict()) tensors.emplace_back(kOptimPrefix + key, t);
+
+  const RngState rng = get_rng_state();
+  const data::LoaderPosition pos = train_loader_->position();
+  std::map<std::string, std::string> meta = {
+      {"format", kFormat},
+      {"format_version", kFormatVersion},
+      {"step", std::to_string(step_)},
+      {"rng_seed", std::to_string(rng.seed)},
+      {"rng_offset", std::to_string(rng.offset)},
+      {"loader_epoch", std::to_string(pos.epoch)},
+      {"loader_batch", std::to_string(pos.batch)},
+      {"optimizer", std::string(optim::kind_name(config_.optimizer.kind))},
+      {"config", config_.to_json().dump()},
+  };
+  io::save_safetensors(path, tensors, meta);
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  const char* where = "load_checkpoint";
+  const auto meta = io::load_safetensors_metadata(path);
+  auto format = meta.find("format");
+  MT_CHECK(format != meta.end() && format->second == kFormat, where, "'{}' is not a memtrain checkpoint (no "
+           "metadata format = \"{}\")", path, kFormat);
+  auto version = meta.find("format_version");
+  MT_CHECK(version != meta.end() && version->second == kFormatVersion, where,
+           "'{}' has checkpoint format version '{}'; this build reads version {}", path,
+           version == meta.end() ? std::string("none") : version->second, kFormatVersion);
+  const std::string kind(optim::kind_name(config_.optimizer.kind));
+  auto opt_name = meta.find("optimizer");
+  MT_CHECK(opt_name != meta.end() && opt_name->second == kind, where,
+           "'{}' holds state of optimizer '{}' but this trainer uses '{}'", path,
+           opt_name == meta.end() ? std::string("none") : opt_name->second, kind);
+  const std::int64_t step = meta_i64(meta, "step", path);
+  const RngState rng{meta_u64(meta, "rng_seed", path), meta_u64(meta, "rng_offset", path)};
+  const data::LoaderPosition pos{meta_i64(meta, "loader_epoch", path), meta_i64(meta, "loader_batch", path)};
+
+  MT_CHECK(pos.batch < train_loader_->batches_per_epoch(), where,
+           "'{}': the loader position (epoch {}, batch {}) does not exist with this run's batching ({} batches of "
+           "{} per epoch); were micro_batch or the dataset changed?",
+           path, pos.epoch, pos.batch, train_loader_->batches_per_epoch(), config_.micro_batch);
+
+  std::map<std::string, Tensor> all;
+  {
+    CategoryGuard category(MemoryCategory::workspace);
+    all = io::load_safetensors(path);
+  }
+  nn::StateDict model_sd;
+  optim::StateDict optim_sd;
+  for (auto& [name, t] : all) {
+    if (name.rfind(kModelPrefix, 0) == 0) {
+      model_sd.emplace(name.substr(std::char_traits<char>::length(kModelPrefix)), t);
+    } else if (name.rfind(kOptimPrefix, 0) == 0) {
+      optim_sd.emplace(name.substr(std::char_traits<char>::length(kOptimPrefix)), t);
+    } else {
+      MT_CHECK(false, where, "'{}': unexpected tensor '{}' (expected 'model.*' or 'optim.*')", path, name);
+    }
+  }
+
+  // Check the whole model before changing anything, naming the tensor (Module::load_state_dict would too,
+  // but without the file).
+  const nn::StateDict current = model_->state_dict();
+  for (const auto& [name, t] : current) {
+    auto it = model_sd.find(name);
+    MT_CHECK(it != model_sd.end(), where, "'{}': missing tensor 'model.{}' (shape {})", path, name,
+             shape_str(t.shape()));
+    MT_CHECK(it->second.shape() == t.shape(), where, "'{}': tensor 'model.{}' has shape {} but the model's is {}",
+             path, name, shape_str(it->second.shape()), shape_str(t.shape()));
+  }
+  for (const auto& [name, t] : model_sd) {
+    MT_CHECK(current.count(name) != 0, where, "'{}': tensor 'model.{}' (shape {}) is not in the model", path, name,
+             shape_str(t.shape()));
+  }
+  try {
+    // Optimizer first: it checks every key before it replaces its state, and the model is untouched if it throws.
+    optimizer_->load_state_dict(optim_sd);
+    model_->load_state_dict(model_sd, /*strict=*/true);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: '{}': {}", where, path, e.what()));
+  }
+  all.clear();
+  model_sd.clear();
+  optim_sd.clear();
+
+  warn_on_batching_change(meta, config_, path);
+  step_ = step;
+  set_rng_state(rng);
+  train_loader_->seek(pos);
+}
+
+bool Trainer::resume_latest() {
+  const std::string path = latest_checkpoint(config_.checkpoint_dir);
+  if (path.empty()) return false;
+  load_checkpoint(path);
+  return true;
+}
+
+}  // namespace memtrain::train

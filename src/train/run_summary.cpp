@@ -1,0 +1,78 @@
+// RunSummary: what a run cost and reached, as JSON, plus the process's peak RSS.
+#include "train/run_summary.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace memtrain::train {
+
+nlohmann::json RunSummary::to_json() const {
+  nlohmann::json by_category = nlohmann::json::object();
+  for (const auto& [name, bytes] : peak_bytes_by_category) by_category[name] = bytes;
+  return {
+      {"config", config},
+      {"steps", steps},
+      {"final_train_loss", final_train_loss},
+      {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json(nullptr)},
+      {"tokens_per_second", tokens_per_second},
+      {"median_step_seconds", median_step_seconds},
+      {"peak_bytes_by_category", by_category},
+      {"peak_bytes_total", peak_bytes_total},
+      {"optimizer_state_bytes", optimizer_state_bytes},
+      {"peak_rss_bytes", peak_rss_bytes},
+  };
+}
+
+std::size_t peak_rss_bytes() {
+  // "VmHWM:     12345 kB": the high-water mark of the resident set. 0 where /proc is absent.
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    std::size_t kib = 0;
+    fields >> kib;
+    return kib * 1024;
+  }
+  return 0;
+}
+
+namespace detail {
+
+RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>& steps, const MemoryStats& memory,
+                     std::size_t optimizer_state_bytes) {
+  RunSummary s;
+  s.config = config.to_json();
+  s.steps = static_cast<std::int64_t>(steps.size());
+  double seconds = 0.0;
+  double tokens = 0.0;
+  std::vector<double> times;
+  for (const StepMetrics& m : steps) {
+    seconds += m.step_seconds;
+    tokens += static_cast<double>(m.tokens);
+    times.push_back(m.step_seconds);
+    if (m.val_loss) s.final_val_loss = m.val_loss;
+  }
+  if (!steps.empty()) s.final_train_loss = steps.back().loss;
+  s.tokens_per_second = seconds > 0.0 ? tokens / seconds : 0.0;
+  if (!times.empty()) {
+    std::sort(times.begin(), times.end());
+    const std::size_t n = times.size();
+    s.median_step_seconds = n % 2 == 1 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  }
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    s.peak_bytes_by_category[std::string(category_name(static_cast<MemoryCategory>(c)))] =
+        memory.by_category[c].at_total_peak;
+  }
+  s.peak_bytes_total = memory.peak_bytes;
+  s.optimizer_state_bytes = optimizer_state_bytes;
+  s.peak_rss_bytes = peak_rss_bytes();
+  return s;
+}
+
+}  // namespace detail
+}  // namespace memtrain::train

@@ -1,0 +1,216 @@
+// Trainer: the training loop (accumulation, clipping, schedule, eval) and fit()'s reporting around it.
+#include "memtrain/train/trainer.h"
+
+#include "io/atomic_file.h"
+#include "memtrain/autograd/engine.h"
+#include "memtrain/autograd/grad_mode.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/optim/spec.h"
+#include "train/progress.h"
+#include "train/run_summary.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace memtrain::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Puts the model back in training mode however evaluate() leaves.
+struct TrainModeRestorer {
+  nn::Module& model;
+  ~TrainModeRestorer() { model.train(); }
+};
+
+}  // namespace
+
+Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
+                 std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
+    : config_(std::move(config)), model_(std::move(model)), loss_fn_(std::move(loss_fn)), val_(std::move(val)) {
+  config_.validate();
+  MT_CHECK(model_ != nullptr, "Trainer", "model is null");
+  MT_CHECK(static_cast<bool>(loss_fn_), "Trainer", "loss_fn is empty");
+  MT_CHECK(train != nullptr, "Trainer", "the training dataset is null");
+  const nn::NamedTensors named = model_->named_parameters();
+  MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train");
+  device_ = named.front().second.device();
+
+  optimizer_ = config_.optimizer.make(optim::decay_groups(named, config_.optimizer.lr, config_.optimizer.weight_decay));
+  for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
+
+  data::LoaderOptions options;
+  options.batch_size = config_.micro_batch;
+  options.seed = config_.seed;
+  options.shuffle = config_.data.shuffle;
+  options.drop_last = config_.data.drop_last;
+  options.prefetch = config_.data.prefetch;
+  train_loader_ = std::make_unique<data::Loader>(std::move(train), options);
+  if (val_) {
+    // Evaluation sees the val set in order and every sample of it, so runs compare on the same numbers.
+    options.shuffle = false;
+    options.drop_last = false;
+    val_loader_ = std::make_unique<data::Loader>(val_, options);
+  }
+
+  Allocator& allocator = Allocator::get(device_);
+  if (config_.memory_budget_bytes) {
+    previous_budget_ = allocator.budget();
+    allocator.set_budget(config_.memory_budget_bytes);
+    budget_set_ = true;
+  }
+  allocator.reset_peak();
+  model_->train();
+}
+
+Trainer::~Trainer() {
+  if (budget_set_) Allocator::get(device_).set_budget(previous_budget_);
+}
+
+StepMetrics Trainer::train_step() {
+  const char* where = "Trainer::train_step";
+  const auto t0 = Clock::now();
+  model_->train();
+
+  // The schedule scales each group's own lr, so groups set up with different lrs keep their ratio.
+  const double scale = config_.schedule.lr_at(step_, 1.0, config_.max_steps);
+  auto& groups = optimizer_->param_groups();
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].lr = base_lrs_[i] * scale;
+  std::vector<Tensor> params;
+  for (const auto& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
+  optimizer_->zero_grad();
+
+  // All micro-batches first: each one's weight count_i / sum_j count_j needs the total before any backward.
+  std::vector<data::Batch> batches;
+  batches.reserve(static_cast<std::size_t>(config_.grad_accum));
+  std::int64_t total = 0;
+  std::int64_t samples = 0;
+  for (std::int64_t i = 0; i < config_.grad_accum; ++i) {
+    batches.push_back(train_loader_->next());
+    total += batches.back().targets_count;
+    samples += batches.back().samples;
+  }
+  MT_CHECK(total > 0, where, "step {}: the {} micro-batches hold no target elements", step_, config_.grad_accum);
+
+  double loss_value = 0.0;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    data::Batch batch = std::move(batches[i]);
+    if (batch.targets_count == 0) continue;  // its mean loss is 0/0 and its weight 0: nothing to add
+    Tensor loss;
+    {
+      // What the forward pass allocates (and keeps for backward) is activation memory.
+      autograd::EnableGradGuard grad_on;
+      CategoryGuard category(MemoryCategory::activations);
+      loss = loss_fn_(batch);
+    }
+    MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",
+             loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
+    MT_CHECK(loss.requires_grad(), where, "the loss of micro-batch {} does not require grad (no parameter took part?)",
+             i);
+    const double weight = static_cast<double>(batch.targets_count) / static_cast<double>(total);
+    loss_value += loss.item() * weight;
+    Tensor seed_grad;
+    {
+      CategoryGuard category(MemoryCategory::gradients);
+      seed_grad = full(loss.shape(), weight, loss.dtype(), loss.device());
+    }
+    autograd::backward({loss}, {seed_grad});
+  }
+  batches.clear();
+
+  const double grad_norm =
+      config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  ++step_;
+
+  StepMetrics m;
+  m.step = step_;
+  m.loss = loss_value;
+  m.lr = config_.optimizer.lr * scale;
+  m.grad_norm = grad_norm;
+  m.samples = samples;
+  m.tokens = total;
+  m.step_seconds = seconds_since(t0);
+  m.peak_bytes = Allocator::get(device_).stats().peak_bytes;
+  history_.push_back(m);
+  return m;
+}
+
+double Trainer::evaluate() {
+  MT_CHECK(val_loader_ != nullptr, "Trainer::evaluate", "no validation dataset was given");
+  // Evaluation must not move the training RNG stream, or eval_interval would change the training run.
+  RngStateGuard rng;
+  autograd::NoGradGuard no_grad;
+  TrainModeRestorer restore{*model_};
+  model_->eval();
+  val_loader_->seek({0, 0});
+  const std::int64_t n = std::min(config_.eval_batches, val_loader_->batches_per_epoch());
+  double sum = 0.0;
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    data::Batch batch = val_loader_->next();
+    if (batch.targets_count == 0) continue;
+    CategoryGuard category(MemoryCategory::activations);
+    const Tensor loss = loss_fn_(batch);
+    MT_CHECK(loss.defined() && loss.numel() == 1, "Trainer::evaluate", "loss_fn must return a one-element tensor");
+    sum += loss.item() * static_cast<double>(batch.targets_count);
+    count += batch.targets_count;
+  }
+  return count > 0 ? sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+}
+
+RunSummary Trainer::fit() {
+  Allocator& allocator = Allocator::get(device_);
+  allocator.reset_peak();
+  std::optional<detail::MetricsWriter> metrics;
+  // A resumed run continues the metrics file of the run it resumes.
+  if (!config_.metrics_path.empty()) metrics.emplace(config_.metrics_path, /*append=*/step_ > 0);
+  detail::ProgressPrinter progress(config_.max_steps, config_.log_interval, ::isatty(STDERR_FILENO) == 1);
+
+  const std::size_t first = history_.size();
+  const std::int64_t start_step = step_;
+  const auto start = Clock::now();
+  while (step_ < config_.max_steps) {
+    StepMetrics m = train_step();
+    const bool last = step_ == config_.max_steps;
+    if (val_loader_ && ((config_.eval_interval > 0 && step_ % config_.eval_interval == 0) || last)) {
+      m.val_loss = evaluate();
+      history_.back().val_loss = m.val_loss;
+    }
+    if (metrics) metrics->write(m);
+    const double per_step = seconds_since(start) / static_cast<double>(step_ - start_step);
+    progress.update(m, per_step * static_cast<double>(config_.max_steps - step_));
+    if (config_.checkpoint_interval > 0 && (step_ % config_.checkpoint_interval == 0 || last)) save_checkpoint();
+    if (on_step) on_step(m);
+  }
+  progress.finish();
+
+  const std::vector<StepMetrics> ran(history_.begin() + static_cast<std::ptrdiff_t>(first), history_.end());
+  RunSummary summary = detail::summarize(config_, ran, allocator.stats(), optimizer_->state_bytes());
+  std::fprintf(stderr, "%s", allocator.report().c_str());
+  fmt::print(stderr, "{} steps, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
+             summary.steps, summary.final_train_loss,
+             summary.final_val_loss ? fmt::format(" (val {:.4f})", *summary.final_val_loss) : std::string(),
+             detail::format_rate(summary.tokens_per_second), summary.median_step_seconds,
+             detail::format_bytes(summary.peak_bytes_total), detail::format_bytes(summary.peak_rss_bytes));
+  if (!config_.summary_path.empty()) {
+    const std::string text = summary.to_json().dump(2) + "\n";
+    ::memtrain::detail::AtomicFileWriter out(config_.summary_path, "Trainer::fit (summary)");
+    out.write(text.data(), text.size());
+    out.commit();
+  }
+  return summary;
+}
+
+}  // namespace memtrain::train

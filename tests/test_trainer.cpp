@@ -1,0 +1,831 @@
+// Trainer and TrainerConfig: JSON round trip and refusals, the LR schedule against its closed form,
+// clipping against a float64 reference, k x b accumulation == 1 x kb batch, resume == uninterrupted (bit
+// for bit), checkpoint pruning / crash safety / shape checks, and fit()'s metrics and summary files.
+#include "memtrain/autograd/grad_mode.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/io/safetensors.h"
+#include "memtrain/nn/gpt.h"
+#include "memtrain/nn/linear.h"
+#include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/nn.h"
+#include "memtrain/ops/reduce.h"
+#include "memtrain/train/train.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+
+namespace mt = memtrain;
+namespace fs = std::filesystem;
+using mt::Tensor;
+using mt::train::Trainer;
+using mt::train::TrainerConfig;
+using nlohmann::json;
+
+namespace {
+
+// ---- fixtures: tiny datasets and models ----------------------------------------------------------------
+
+// Regression samples x [D] -> y [O], deterministic; targets_count = B * O (the loss is a mean over those).
+class RegressionDataset : public mt::data::Dataset {
+ public:
+  RegressionDataset(std::int64_t n, std::int64_t d, std::int64_t o) : n_(n), d_(d), o_(o) {}
+  std::int64_t size() const override { return n_; }
+  mt::data::Batch collate(const std::vector<std::int64_t>& idx) const override {
+    const auto b = static_cast<std::int64_t>(idx.size());
+    std::vector<float> x, y;
+    for (std::int64_t i : idx) {
+      for (std::int64_t k = 0; k < d_; ++k) x.push_back(static_cast<float>(std::sin(0.7 * i + 1.3 * k)));
+      for (std::int64_t k = 0; k < o_; ++k) y.push_back(static_cast<float>(std::cos(0.3 * i * (k + 1) + k)));
+    }
+    mt::CategoryGuard category(mt::MemoryCategory::data);
+    mt::data::Batch batch;
+    batch.inputs = mt::tensor(x, {b, d_});
+    batch.targets = mt::tensor(y, {b, o_});
+    batch.samples = b;
+    batch.targets_count = b * o_;
+    return batch;
+  }
+  std::string describe() const override { return "regression"; }
+
+ private:
+  std::int64_t n_, d_, o_;
+};
+
+// Token windows over a fixed pseudo-random stream: sample i = stream[i*T, i*T + T] (T+1 tokens).
+class TokenDataset : public mt::data::Dataset {
+ public:
+  TokenDataset(std::int64_t n, std::int64_t t, std::int64_t vocab) : n_(n), t_(t), vocab_(vocab) {}
+  std::int64_t size() const override { return n_; }
+  mt::data::Batch collate(const std::vector<std::int64_t>& idx) const override {
+    const auto b = static_cast<std::int64_t>(idx.size());
+    std::vector<std::int64_t> in, tg;
+    for (std::int64_t i : idx) {
+      for (std::int64_t k = 0; k < t_; ++k) {
+        in.push_back(token(i * t_ + k));
+        tg.push_back(token(i * t_ + k + 1));
+      }
+    }
+    mt::CategoryGuard category(mt::MemoryCategory::data);
+    mt::data::Batch batch;
+    batch.inputs = mt::tensor(in, {b, t_});
+    batch.targets = mt::tensor(tg, {b, t_});
+    batch.samples = b;
+    batch.targets_count = b * t_;
+    return batch;
+  }
+  std::string describe() const override { return "tokens"; }
+
+ private:
+  std::int64_t token(std::int64_t j) const { return (j * j * 31 + j * 7 + 3) % vocab_; }
+  std::int64_t n_, t_, vocab_;
+};
+
+class TinyNet : public mt::nn::Module {
+ public:
+  TinyNet(std::int64_t in, std::int64_t hidden, std::int64_t out, double dropout = 0.0) : dropout_(dropout) {
+    fc1_ = register_module("fc1", std::make_shared<mt::nn::Linear>(in, hidden, true, mt::DType::f32, 0.5));
+    fc2_ = register_module("fc2", std::make_shared<mt::nn::Linear>(hidden, out, true, mt::DType::f32, 0.5));
+  }
+  Tensor forward(const Tensor& x) const {
+    Tensor h = mt::ops::dropout(mt::ops::tanh(fc1_->forward(x)), dropout_, is_training());
+    return fc2_->forward(h);
+  }
+
+ private:
+  double dropout_;
+  std::shared_ptr<mt::nn::Linear> fc1_, fc2_;
+};
+
+mt::train::LossFn mse_loss(const std::shared_ptr<TinyNet>& net) {
+  return [net](const mt::data::Batch& b) {
+    Tensor d = net->forward(b.inputs) - b.targets;
+    return mt::ops::mean(d * d);
+  };
+}
+
+mt::nn::GPTConfig tiny_gpt(double dropout) {
+  mt::nn::GPTConfig c;
+  c.vocab_size = 32;
+  c.block_size = 8;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.dropout = dropout;
+  return c;
+}
+
+mt::train::LossFn gpt_loss(const std::shared_ptr<mt::nn::GPT>& gpt) {
+  return [gpt](const mt::data::Batch& b) { return gpt->loss(b.inputs, b.targets); };
+}
+
+// A config for fast tests: no files, constant lr unless a test sets a schedule.
+TrainerConfig base_config() {
+  TrainerConfig c;
+  c.data.prefetch = 1;
+  c.data.shuffle = false;
+  c.schedule.decay = "constant";
+  c.grad_clip = 0.0;
+  c.micro_batch = 2;
+  c.max_steps = 4;
+  c.eval_interval = 0;
+  c.log_interval = 1000;
+  return c;
+}
+
+// A fresh, empty directory under the temp dir, removed by the destructor.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path = fs::temp_directory_path() / fmt::format("memtrain_{}_{}", name, ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string str(const std::string& leaf = "") const { return leaf.empty() ? path.string() : (path / leaf).string(); }
+};
+
+std::vector<float> values(const Tensor& t) {
+  Tensor c = t.detach().contiguous();
+  return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const mt::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// ---- TrainerConfig --------------------------------------------------------------------------------------
+
+TEST(TrainerConfig, JsonRoundTripsEveryField) {
+  TrainerConfig c;
+  c.model = {.preset = "small", .seq_len = 128, .dropout = 0.1, .init_from = "gpt2.safetensors"};
+  c.data.train = {"a.bin", "b.bin"};
+  c.data.val = {"v.bin"};
+  c.data.prefetch = 4;
+  c.data.shuffle = false;
+  c.data.drop_last = false;
+  c.optimizer = mt::optim::Spec::adamw8bit({.lr = 3e-4, .weight_decay = 0.05, .beta1 = 0.8, .beta2 = 0.95,
+                                            .eps = 1e-6, .block_size = 128, .min_8bit_size = 1000});
+  c.schedule = {.warmup_steps = 7, .min_lr_ratio = 0.25, .decay = "constant"};
+  c.grad_clip = 0.5;
+  c.micro_batch = 3;
+  c.grad_accum = 5;
+  c.max_steps = 77;
+  c.eval_interval = 11;
+  c.eval_batches = 2;
+  c.log_interval = 3;
+  c.checkpoint_interval = 9;
+  c.checkpoint_dir = "ckpts";
+  c.keep_checkpoints = 4;
+  c.seed = 18446744073709551557ull;  // needs all 64 bits
+  c.memory_budget_bytes = std::size_t{123456789};
+  c.metrics_path = "m.jsonl";
+  c.summary_path = "s.json";
+
+  TempDir dir("config");
+  c.save(dir.str("run.json"));
+  const TrainerConfig r = TrainerConfig::load(dir.str("run.json"));
+  EXPECT_EQ(r.to_json(), c.to_json());
+  EXPECT_EQ(r.model.preset, "small");
+  EXPECT_EQ(r.model.seq_len, 128);
+  EXPECT_EQ(r.model.dropout, 0.1);
+  EXPECT_EQ(r.model.init_from, "gpt2.safetensors");
+  EXPECT_EQ(r.data.train, c.data.train);
+  EXPECT_EQ(r.data.val, c.data.val);
+  EXPECT_EQ(r.data.prefetch, 4);
+  EXPECT_FALSE(r.data.shuffle);
+  EXPECT_FALSE(r.data.drop_last);
+  EXPECT_EQ(r.optimizer.kind, mt::optim::OptimizerKind::adamw8bit);
+  EXPECT_EQ(r.optimizer.lr, 3e-4);
+  EXPECT_EQ(r.optimizer.weight_decay, 0.05);
+  EXPECT_EQ(r.optimizer.beta1, 0.8);
+  EXPECT_EQ(r.optimizer.beta2, 0.95);
+  EXPECT_EQ(r.optimizer.eps, 1e-6);
+  EXPECT_EQ(r.optimizer.block_size, 128);
+  EXPECT_EQ(r.optimizer.min_8bit_size, 1000);
+  EXPECT_EQ(r.schedule.warmup_steps, 7);
+  EXPECT_EQ(r.schedule.min_lr_ratio, 0.25);
+  EXPECT_EQ(r.schedule.decay, "constant");
+  EXPECT_EQ(r.grad_clip, 0.5);
+  EXPECT_EQ(r.micro_batch, 3);
+  EXPECT_EQ(r.grad_accum, 5);
+  EXPECT_EQ(r.effective_batch(), 15);
+  EXPECT_EQ(r.max_steps, 77);
+  EXPECT_EQ(r.eval_interval, 11);
+  EXPECT_EQ(r.eval_batches, 2);
+  EXPECT_EQ(r.log_interval, 3);
+  EXPECT_EQ(r.checkpoint_interval, 9);
+  EXPECT_EQ(r.checkpoint_dir, "ckpts");
+  EXPECT_EQ(r.keep_checkpoints, 4);
+  EXPECT_EQ(r.seed, 18446744073709551557ull);
+  EXPECT_EQ(r.memory_budget_bytes, std::optional<std::size_t>(123456789));
+  EXPECT_EQ(r.metrics_path, "m.jsonl");
+  EXPECT_EQ(r.summary_path, "s.json");
+
+  // Missing keys keep their defaults; null means no budget.
+  const TrainerConfig d = TrainerConfig::from_json(json{{"max_steps", 5}, {"memory_budget_bytes", nullptr}});
+  EXPECT_EQ(d.max_steps, 5);
+  EXPECT_EQ(d.micro_batch, TrainerConfig{}.micro_batch);
+  EXPECT_FALSE(d.memory_budget_bytes.has_value());
+}
+
+TEST(TrainerConfig, OptimizerSpecsRoundTripPerFamily) {
+  using mt::optim::Spec;
+  const std::vector<Spec> specs = {
+      Spec::sgd({.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true}),
+      Spec::adamw({.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.85, .beta2 = 0.98, .eps = 1e-7}),
+      Spec::adamw8bit({.lr = 2e-3, .block_size = 64}),
+      Spec::lion({.lr = 1e-4, .weight_decay = 0.2, .beta1 = 0.95, .beta2 = 0.98}),
+      Spec::lion8bit({.lr = 3e-5, .min_8bit_size = 10}),
+      Spec::adafactor({.lr = 0.02, .beta1 = 0.9, .decay_rate = -0.7, .eps1 = 1e-29, .clip_threshold = 2.0}),
+  };
+  for (const Spec& s : specs) {
+    const Spec r = mt::train::spec_from_json(mt::train::spec_to_json(s));
+    EXPECT_EQ(r.to_string(), s.to_string());
+    EXPECT_EQ(r.kind, s.kind);
+    EXPECT_EQ(r.lr, s.lr);
+    EXPECT_EQ(r.weight_decay, s.weight_decay);
+    EXPECT_EQ(r.beta1, s.beta1);
+    EXPECT_EQ(r.beta2, s.beta2);
+    EXPECT_EQ(r.eps, s.eps);
+    EXPECT_EQ(r.nesterov, s.nesterov);
+    EXPECT_EQ(r.block_size, s.block_size);
+    EXPECT_EQ(r.min_8bit_size, s.min_8bit_size);
+    EXPECT_EQ(r.decay_rate, s.decay_rate);
+    EXPECT_EQ(r.eps1, s.eps1);
+    EXPECT_EQ(r.clip_threshold, s.clip_threshold);
+  }
+  EXPECT_EQ(mt::train::spec_to_json(specs[0])["momentum"], 0.9);  // SGD's beta1 is written as momentum
+  const Spec named = mt::train::spec_from_name("lion", 1e-4, 0.3);
+  EXPECT_EQ(named.kind, mt::optim::OptimizerKind::lion);
+  EXPECT_EQ(named.lr, 1e-4);
+  EXPECT_EQ(named.weight_decay, 0.3);
+  EXPECT_EQ(named.beta2, mt::optim::LionOptions{}.beta2);
+  EXPECT_NE(error_of([] { mt::train::spec_from_name("adam", 1, 0); }).find("adamw8bit"), std::string::npos);
+}
+
+TEST(TrainerConfig, UnknownKeysAndWrongTypesAreNamed) {
+  auto msg = [](const json& j) { return error_of([&] { TrainerConfig::from_json(j); }); };
+  EXPECT_NE(msg(json{{"max_step", 5}}).find("unknown key 'max_step'"), std::string::npos) << msg(json{{"max_step", 5}});
+  EXPECT_NE(msg(json{{"schedule", {{"warmup", 5}}}}).find("'schedule.warmup'"), std::string::npos);
+  EXPECT_NE(msg(json{{"model", {{"layers", 5}}}}).find("'model.layers'"), std::string::npos);
+  EXPECT_NE(msg(json{{"data", {{"shufle", true}}}}).find("'data.shufle'"), std::string::npos);
+  // An option the optimizer family does not have is as wrong as a typo.
+  const std::string opt = msg(json{{"optimizer", {{"kind", "adamw"}, {"momentum", 0.9}}}});
+  EXPECT_NE(opt.find("'optimizer.momentum'"), std::string::npos) << opt;
+  EXPECT_NE(msg(json{{"optimizer", {{"kind", "adamax"}}}}).find("unknown optimizer 'adamax'"), std::string::npos);
+  EXPECT_NE(msg(json{{"micro_batch", "8"}}).find("'micro_batch' must be an integer"), std::string::npos);
+  EXPECT_NE(msg(json{{"micro_batch", 8.5}}).find("'micro_batch' must be an integer"), std::string::npos);
+  EXPECT_NE(msg(json{{"grad_clip", true}}).find("'grad_clip' must be a number"), std::string::npos);
+  EXPECT_NE(msg(json{{"seed", -1}}).find("'seed'"), std::string::npos);
+  EXPECT_NE(msg(json::array()).find("must be a JSON object"), std::string::npos);
+
+  TempDir dir("badjson");
+  {
+    std::ofstream(dir.str("bad.json")) << "{\"max_steps\": 5,";
+  }
+  const std::string parse = error_of([&] { TrainerConfig::load(dir.str("bad.json")); });
+  EXPECT_NE(parse.find(dir.str("bad.json")), std::string::npos) << parse;
+  {
+    std::ofstream(dir.str("typo.json")) << "{\"max_stepz\": 5}";
+  }
+  const std::string typo = error_of([&] { TrainerConfig::load(dir.str("typo.json")); });
+  EXPECT_NE(typo.find("typo.json"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("max_stepz"), std::string::npos) << typo;
+}
+
+TEST(TrainerConfig, ValidateRefusesWithTheReason) {
+  EXPECT_NO_THROW(TrainerConfig{}.validate());
+  struct Case {
+    std::function<void(TrainerConfig&)> edit;
+    std::vector<std::string> expect;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      {[](TrainerConfig& c) { c.micro_batch = 0; }, {"micro_batch"}},
+      {[](TrainerConfig& c) { c.grad_accum = 0; }, {"grad_accum"}},
+      {[](TrainerConfig& c) { c.max_steps = 0; }, {"max_steps"}},
+      {[](TrainerConfig& c) { c.world_size = 2; }, {"world_size", "distributed issue"}},
+      {[](TrainerConfig& c) { c.precision = "bf16"; }, {"precision", "mixed precision is not built yet"}},
+      {[](TrainerConfig& c) { c.precision = "fp16"; }, {"precision", "mixed precision is not built yet"}},
+      {[](TrainerConfig& c) { c.precision = "fp64"; }, {"unknown precision 'fp64'"}},
+      {[](TrainerConfig& c) { c.activation_checkpointing = "full"; }, {"activation_checkpointing", "not built yet"}},
+      {[](TrainerConfig& c) { c.galore_rank = 64; }, {"galore_rank", "GaLore is not built yet"}},
+      {[](TrainerConfig& c) { c.checkpoint_interval = 10; }, {"checkpoint_interval", "checkpoint_dir"}},
+      {[](TrainerConfig& c) { c.keep_checkpoints = 0; }, {"keep_checkpoints"}},
+      {[](TrainerConfig& c) { c.eval_batches = 0; }, {"eval_batches"}},
+      {[](TrainerConfig& c) { c.eval_interval = -1; }, {"eval_interval"}},
+      {[](TrainerConfig& c) { c.log_interval = 0; }, {"log_interval"}},
+      {[](TrainerConfig& c) { c.schedule.warmup_steps = c.max_steps; }, {"schedule.warmup_steps"}},
+      {[](TrainerConfig& c) { c.schedule.min_lr_ratio = 1.5; }, {"schedule.min_lr_ratio"}},
+      {[](TrainerConfig& c) { c.schedule.min_lr_ratio = -0.1; }, {"schedule.min_lr_ratio"}},
+      {[](TrainerConfig& c) { c.schedule.decay = "linear"; }, {"schedule.decay 'linear'"}},
+      {[](TrainerConfig& c) { c.grad_clip = -1; }, {"grad_clip"}},
+      {[](TrainerConfig& c) { c.model.dropout = 1.0; }, {"model.dropout"}},
+      {[](TrainerConfig& c) { c.optimizer.lr = -1e-3; }, {"optimizer.lr"}},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    TrainerConfig c;
+    cases[i].edit(c);
+    const std::string msg = error_of([&] { c.validate(); });
+    EXPECT_EQ(msg.rfind("TrainerConfig: ", 0), 0u) << "case " << i << ": " << msg;
+    for (const auto& s : cases[i].expect) EXPECT_NE(msg.find(s), std::string::npos) << "case " << i << ": " << msg;
+  }
+}
+
+// ---- LR schedule and clipping ---------------------------------------------------------------------------
+
+TEST(TrainerSchedule, WarmupThenCosineMatchesClosedForm) {
+  const double peak = 6e-4;
+  const std::int64_t W = 3, N = 10;
+  mt::train::LrSchedule s{.warmup_steps = W, .min_lr_ratio = 0.1, .decay = "cosine"};
+  for (std::int64_t step = 0; step <= N + 2; ++step) {
+    double expect;
+    if (step < W) {
+      expect = peak * (step + 1) / 3.0;
+    } else if (step >= N) {
+      expect = 0.1 * peak;
+    } else {
+      const double t = (step - 3) / 7.0;
+      expect = 0.1 * peak + 0.9 * peak * 0.5 * (1 + std::cos(std::numbers::pi * t));
+    }
+    EXPECT_NEAR(s.lr_at(step, peak, N), expect, 1e-15) << "step " << step;
+  }
+  EXPECT_DOUBLE_EQ(s.lr_at(W, peak, N), peak);       // the peak right after warmup
+  EXPECT_DOUBLE_EQ(s.lr_at(0, peak, N), peak / 3);   // step 0 trains already
+  mt::train::LrSchedule c{.warmup_steps = 2, .min_lr_ratio = 0.1, .decay = "constant"};
+  EXPECT_DOUBLE_EQ(c.lr_at(0, 1.0, 10), 0.5);
+  EXPECT_DOUBLE_EQ(c.lr_at(9, 1.0, 10), 1.0);
+  mt::train::LrSchedule none{.warmup_steps = 0, .min_lr_ratio = 0.0, .decay = "cosine"};
+  EXPECT_DOUBLE_EQ(none.lr_at(0, 2.0, 4), 2.0);
+  EXPECT_NEAR(none.lr_at(2, 2.0, 4), 1.0, 1e-15);
+}
+
+TEST(TrainerSchedule, TrainerWritesTheScheduledLrIntoEveryGroup) {
+  mt::manual_seed(1);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
+  c.schedule = {.warmup_steps = 2, .min_lr_ratio = 0.2, .decay = "cosine"};
+  c.max_steps = 6;
+  Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(16, 4, 3));
+  ASSERT_EQ(t.optimizer().param_groups().size(), 2u);  // weights (decay) and biases (no decay)
+  for (std::int64_t step = 0; step < c.max_steps; ++step) {
+    const double expect = c.schedule.lr_at(step, 1e-2, c.max_steps);
+    const auto m = t.train_step();
+    EXPECT_DOUBLE_EQ(m.lr, expect);
+    for (const auto& g : t.optimizer().param_groups()) EXPECT_DOUBLE_EQ(g.lr, expect);
+  }
+}
+
+TEST(TrainerClip, GlobalNormMatchesFloat64AndScales) {
+  mt::manual_seed(3);
+  std::vector<Tensor> params = {mt::randn({5, 7}), mt::randn({11}), mt::randn({2, 3, 4}), mt::randn({3})};
+  for (auto& p : params) p.set_requires_grad(true);
+  for (std::size_t i = 0; i + 1 < params.size(); ++i) params[i].set_grad(mt::randn(params[i].shape()) * 3.0);
+  // params[3] has no gradient: it counts as zero.
+  double ref = 0.0;
+  std::vector<std::vector<float>> before;
+  for (std::size_t i = 0; i + 1 < params.size(); ++i) {
+    before.push_back(values(params[i].grad()));
+    for (float g : before.back()) ref += static_cast<double>(g) * g;
+  }
+  ref = std::sqrt(ref);
+  EXPECT_NEAR(mt::train::global_grad_norm(params), ref, 1e-12 * ref);
+
+  // Above the threshold: every gradient scaled by max / (norm + 1e-6), the norm returned is the one before.
+  const double max_norm = ref / 4;
+  EXPECT_NEAR(mt::train::clip_grad_norm(params, max_norm), ref, 1e-12 * ref);
+  const double scale = max_norm / (ref + 1e-6);
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const auto after = values(params[i].grad());
+    for (std::size_t k = 0; k < after.size(); ++k)
+      EXPECT_NEAR(after[k], before[i][k] * scale, 1e-6 * std::abs(before[i][k] * scale) + 1e-30);
+  }
+  EXPECT_NEAR(mt::train::global_grad_norm(params), max_norm, 1e-6 * max_norm);
+  EXPECT_FALSE(params[3].grad().defined());
+
+  // Below the threshold: untouched, bit for bit.
+  const auto kept = values(params[0].grad());
+  mt::train::clip_grad_norm(params, ref);
+  EXPECT_EQ(values(params[0].grad()), kept);
+}
+
+// ---- accumulation ---------------------------------------------------------------------------------------
+
+struct AccumCase {
+  std::int64_t n, micro, accum;
+};
+
+// One step with (micro, accum) and one with (micro * accum, 1) over the same samples (no shuffle) from the
+// same initial weights; returns the largest |difference| of the parameters after the step.
+template <typename MakeModel, typename MakeLoss>
+double accumulation_gap(const std::shared_ptr<mt::data::Dataset>& ds, AccumCase k, const mt::optim::Spec& spec,
+                        MakeModel make_model, MakeLoss make_loss, double* loss_gap = nullptr) {
+  TrainerConfig c = base_config();
+  c.optimizer = spec;
+  c.data.drop_last = false;
+  c.max_steps = 1;
+  std::vector<std::vector<float>> params[2];
+  double losses[2];
+  for (int run = 0; run < 2; ++run) {
+    mt::manual_seed(11);
+    auto model = make_model();
+    c.micro_batch = run == 0 ? k.micro : k.micro * k.accum;
+    c.grad_accum = run == 0 ? k.accum : 1;
+    Trainer t(c, model, make_loss(model), ds);
+    const auto m = t.train_step();
+    EXPECT_EQ(m.samples, std::min(k.n, k.micro * k.accum));
+    losses[run] = m.loss;
+    for (auto& [name, p] : model->named_parameters()) params[run].push_back(values(p));
+  }
+  if (loss_gap) *loss_gap = std::abs(losses[0] - losses[1]);
+  double gap = 0.0;
+  for (std::size_t i = 0; i < params[0].size(); ++i)
+    for (std::size_t j = 0; j < params[0][i].size(); ++j)
+      gap = std::max(gap, static_cast<double>(std::abs(params[0][i][j] - params[1][i][j])));
+  return gap;
+}
+
+// Tolerance: the two runs sum the same per-sample gradients in a different order and scale them by
+// count_i / sum count (rounded to fp32) instead of 1 / count, so gradients agree to a few fp32 ulps
+// (~1e-7 relative). SGD moves a parameter by lr * g (lr <= 0.5, |g| < 10: < 1e-6). AdamW's first step
+// moves it by lr * g / (|g| + eps): insensitive to a relative error in g, but an absolute one (delta) is
+// amplified up to lr * delta / (4 eps) where |g| ~ eps, so the GPT case, whose rarely seen embedding rows
+// have gradients near 1e-8, uses eps 1e-6. 2e-6 is ~20 ulps of the weights.
+constexpr double kAccumTol = 2e-6;
+
+TEST(TrainerAccumulation, MicroBatchesEqualOneBatchMlp) {
+  auto make = [] { return std::make_shared<TinyNet>(4, 8, 3); };
+  const std::vector<mt::optim::Spec> specs = {mt::optim::Spec::sgd({.lr = 0.1}),
+                                              mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1})};
+  // Full micro-batches, and a dataset of 10 whose third micro-batch of 4 holds only 2 samples.
+  for (AccumCase k : {AccumCase{12, 2, 3}, AccumCase{10, 4, 3}, AccumCase{7, 2, 4}}) {
+    auto ds = std::make_shared<RegressionDataset>(k.n, 4, 3);
+    for (const auto& spec : specs) {
+      double loss_gap = 0;
+      const double gap = accumulation_gap(ds, k, spec, make, mse_loss, &loss_gap);
+      EXPECT_LT(gap, kAccumTol) << spec.to_string() << " n " << k.n << " micro " << k.micro << " accum " << k.accum;
+      EXPECT_LT(loss_gap, 1e-6);
+    }
+  }
+}
+
+TEST(TrainerAccumulation, MicroBatchesEqualOneBatchGptPartial) {
+  auto make = [] { return std::make_shared<mt::nn::GPT>(tiny_gpt(0.0)); };
+  auto ds = std::make_shared<TokenDataset>(5, 8, 32);  // micro-batches of 2, 2, 1
+  const auto adamw = mt::optim::Spec::adamw({.lr = 1e-2, .eps = 1e-6});
+  const double gap = accumulation_gap(ds, AccumCase{5, 2, 3}, adamw, make, gpt_loss);
+  EXPECT_LT(gap, kAccumTol);
+  const double sgd = accumulation_gap(ds, AccumCase{5, 2, 3}, mt::optim::Spec::sgd({.lr = 0.5}), make, gpt_loss);
+  EXPECT_LT(sgd, kAccumTol);
+}
+
+// A plain mean of micro-batch means would weigh the partial micro-batch's samples double: make sure the
+// test above could see that, i.e. the accumulated loss is the mean over samples, not over micro-batches.
+TEST(TrainerAccumulation, PartialMicroBatchIsWeightedByItsCount) {
+  mt::manual_seed(5);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  auto ds = std::make_shared<RegressionDataset>(10, 4, 3);
+  TrainerConfig c = base_config();
+  c.data.drop_last = false;
+  c.micro_batch = 4;
+  c.grad_accum = 3;
+  c.optimizer = mt::optim::Spec::sgd({.lr = 0.0});
+  Trainer t(c, net, mse_loss(net), ds);
+  double per_batch[3];
+  double weighted = 0;
+  {
+    mt::autograd::NoGradGuard no_grad;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::int64_t> idx;
+      for (int j = 4 * i; j < std::min(10, 4 * i + 4); ++j) idx.push_back(j);
+      per_batch[i] = mse_loss(net)(ds->collate(idx)).item();
+      weighted += per_batch[i] * static_cast<double>(idx.size()) / 10.0;
+    }
+  }
+  const double naive = (per_batch[0] + per_batch[1] + per_batch[2]) / 3;
+  ASSERT_GT(std::abs(naive - weighted), 1e-3);
+  EXPECT_NEAR(t.train_step().loss, weighted, 1e-6);
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------------------
+
+TrainerConfig resume_config(const std::string& dir) {
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::adamw({.lr = 3e-3, .weight_decay = 0.1});
+  c.schedule = {.warmup_steps = 2, .min_lr_ratio = 0.1, .decay = "cosine"};
+  c.grad_clip = 0.5;
+  c.data.shuffle = true;  // 10 samples, 4 per step: epochs end mid-step, permutations change per epoch
+  c.micro_batch = 2;
+  c.grad_accum = 2;
+  c.max_steps = 6;
+  c.seed = 42;
+  c.checkpoint_dir = dir;
+  return c;
+}
+
+TEST(TrainerCheckpoint, ResumedRunEqualsUninterruptedBitForBit) {
+  TempDir dir("resume");
+  auto ds = std::make_shared<TokenDataset>(10, 8, 32);
+  const TrainerConfig c = resume_config(dir.str());
+  const std::int64_t k = 3;
+
+  // Uninterrupted.
+  mt::manual_seed(7);
+  auto a = std::make_shared<mt::nn::GPT>(tiny_gpt(0.2));  // dropout: the RNG stream must be restored
+  std::vector<double> losses_a;
+  {
+    Trainer t(c, a, gpt_loss(a), ds);
+    for (std::int64_t s = 0; s < c.max_steps; ++s) losses_a.push_back(t.train_step().loss);
+  }
+
+  // Stopped after k steps.
+  mt::manual_seed(7);
+  auto b = std::make_shared<mt::nn::GPT>(tiny_gpt(0.2));
+  std::string path;
+  {
+    Trainer t(c, b, gpt_loss(b), ds);
+    for (std::int64_t s = 0; s < k; ++s) EXPECT_EQ(t.train_step().loss, losses_a[s]);
+    path = t.save_checkpoint();
+    EXPECT_EQ(path, dir.str(mt::train::checkpoint_filename(k)));
+    EXPECT_EQ(fs::path(path).filename(), "ckpt_00000003.safetensors");
+    mt::randn({1000});  // move the RNG on: the checkpoint must bring it back
+  }
+
+  // A fresh model with another init resumes from the file.
+  mt::manual_seed(12345);
+  auto r = std::make_shared<mt::nn::GPT>(tiny_gpt(0.2));
+  Trainer t(c, r, gpt_loss(r), ds);
+  ASSERT_TRUE(t.resume_latest());
+  EXPECT_EQ(t.step(), k);
+  std::vector<double> losses_r;
+  for (std::int64_t s = k; s < c.max_steps; ++s) losses_r.push_back(t.train_step().loss);
+  for (std::int64_t s = k; s < c.max_steps; ++s) EXPECT_EQ(losses_r[s - k], losses_a[s]) << "step " << s + 1;
+  const auto pa = a->named_parameters();
+  const auto pr = r->named_parameters();
+  ASSERT_EQ(pa.size(), pr.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(values(pa[i].second), values(pr[i].second)) << pa[i].first;
+}
+
+TEST(TrainerCheckpoint, FileHoldsModelOptimizerAndMetadata) {
+  TempDir dir("ckptfile");
+  mt::manual_seed(2);
+  auto net = std::make_shared<TinyNet>(4, 8, 3, 0.1);
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2});
+  c.data.shuffle = true;
+  Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(10, 4, 3));
+  t.train_step();
+  t.train_step();
+  const std::string path = dir.str("x.safetensors");
+  t.save_checkpoint(path);
+  const auto meta = mt::io::load_safetensors_metadata(path);
+  EXPECT_EQ(meta.at("format"), "memtrain-checkpoint");
+  EXPECT_EQ(meta.at("format_version"), "1");
+  EXPECT_EQ(meta.at("step"), "2");
+  EXPECT_EQ(meta.at("rng_seed"), std::to_string(mt::get_rng_state().seed));
+  EXPECT_EQ(meta.at("rng_offset"), std::to_string(mt::get_rng_state().offset));
+  EXPECT_EQ(meta.at("loader_epoch"), "0");
+  EXPECT_EQ(meta.at("loader_batch"), "2");  // 2 micro-batches of 2 handed out
+  EXPECT_EQ(meta.at("optimizer"), "adamw");
+  EXPECT_EQ(TrainerConfig::from_json(json::parse(meta.at("config"))).to_json(), c.to_json());
+  const auto tensors = mt::io::load_safetensors(path);
+  for (const auto& [name, p] : net->named_parameters()) {
+    ASSERT_TRUE(tensors.count("model." + name)) << name;
+    EXPECT_EQ(values(tensors.at("model." + name)), values(p));
+  }
+  for (const auto& [key, s] : t.optimizer().state_dict()) EXPECT_TRUE(tensors.count("optim." + key)) << key;
+  EXPECT_EQ(tensors.size(), net->state_dict().size() + t.optimizer().state_dict().size());
+}
+
+TEST(TrainerCheckpoint, KeepsNewestAndSurvivesAFailedWrite) {
+  TempDir dir("prune");
+  mt::manual_seed(4);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2});
+  c.max_steps = 6;
+  c.checkpoint_interval = 1;
+  c.keep_checkpoints = 2;
+  c.checkpoint_dir = dir.str();
+  // The step-6 write cannot land: a directory holds its name, so the rename fails after the data is written.
+  fs::create_directories(dir.str("ckpt_00000006.safetensors"));
+  // Leftover temp file of a write that crashed: never a checkpoint.
+  { std::ofstream(dir.str("ckpt_00000009.safetensors.tmp.999")) << "partial"; }
+  {
+    Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(12, 4, 3));
+    const std::string msg = error_of([&] { t.fit(); });
+    EXPECT_NE(msg.find("ckpt_00000006.safetensors"), std::string::npos) << msg;
+    EXPECT_EQ(t.step(), 6);
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  // Steps 1..3 pruned after the writes of 4 and 5; no temp file of the failed write is left.
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt_00000004.safetensors", "ckpt_00000005.safetensors",
+                                             "ckpt_00000006.safetensors", "ckpt_00000009.safetensors.tmp.999"}));
+  EXPECT_EQ(mt::train::latest_checkpoint(dir.str()), dir.str("ckpt_00000005.safetensors"));
+  EXPECT_EQ(mt::train::latest_checkpoint(dir.str("missing")), "");
+
+  auto fresh = std::make_shared<TinyNet>(4, 8, 3);
+  Trainer t(c, fresh, mse_loss(fresh), std::make_shared<RegressionDataset>(12, 4, 3));
+  ASSERT_TRUE(t.resume_latest());
+  EXPECT_EQ(t.step(), 5);
+
+  EXPECT_EQ(mt::train::prune_checkpoints(dir.str(), 1),
+            std::vector<std::string>{dir.str("ckpt_00000004.safetensors")});
+}
+
+TEST(TrainerCheckpoint, LoadIntoAnotherShapeNamesFileAndTensor) {
+  TempDir dir("shape");
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2});
+  mt::manual_seed(6);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  const std::string path = dir.str("a.safetensors");
+  {
+    Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(8, 4, 3));
+    t.train_step();
+    t.save_checkpoint(path);
+  }
+  auto wide = std::make_shared<TinyNet>(4, 8, 5);
+  Trainer t(c, wide, mse_loss(wide), std::make_shared<RegressionDataset>(8, 4, 5));
+  const auto before = values(wide->named_parameters()[0].second);
+  const std::string msg = error_of([&] { t.load_checkpoint(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'model.fc2.bias'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[5]"), std::string::npos) << msg;
+  EXPECT_EQ(values(wide->named_parameters()[0].second), before);  // nothing was loaded
+  EXPECT_EQ(t.step(), 0);
+
+  // Another optimizer's state is refused too.
+  TrainerConfig s = c;
+  s.optimizer = mt::optim::Spec::sgd({.lr = 0.1, .momentum = 0.9});
+  auto same = std::make_shared<TinyNet>(4, 8, 3);
+  Trainer u(s, same, mse_loss(same), std::make_shared<RegressionDataset>(8, 4, 3));
+  const std::string opt = error_of([&] { u.load_checkpoint(path); });
+  EXPECT_NE(opt.find("'adamw'"), std::string::npos) << opt;
+}
+
+// ---- fit(): metrics, summary, eval, budget ----------------------------------------------------------------
+
+TEST(TrainerFit, WritesMetricsJsonlAndSummary) {
+  TempDir dir("fit");
+  mt::manual_seed(8);
+  auto net = std::make_shared<TinyNet>(4, 16, 3);
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2});
+  c.max_steps = 5;
+  c.eval_interval = 2;
+  c.eval_batches = 2;
+  c.metrics_path = dir.str("metrics.jsonl");
+  c.summary_path = dir.str("summary.json");
+  auto val = std::make_shared<RegressionDataset>(5, 4, 3);
+  Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(20, 4, 3), val);
+  std::int64_t callbacks = 0;
+  t.on_step = [&](const mt::train::StepMetrics& m) { EXPECT_EQ(m.step, ++callbacks); };
+  const auto summary = t.fit();
+  EXPECT_EQ(callbacks, 5);
+
+  std::ifstream in(c.metrics_path);
+  std::string line;
+  std::int64_t n = 0;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    ++n;
+    EXPECT_EQ(j.at("step"), n);
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens", "samples", "step_seconds", "tokens_per_s",
+                            "peak_bytes"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j.at("tokens"), 2 * 3);  // micro_batch 2, 3 outputs each
+    EXPECT_GT(j.at("peak_bytes").get<double>(), 0);
+    EXPECT_EQ(j.contains("val_loss"), n == 2 || n == 4 || n == 5) << line;  // every 2 steps and at the end
+  }
+  EXPECT_EQ(n, c.max_steps);
+
+  // evaluate(): mean over the first min(eval_batches, one pass) val batches = samples 0..3 of 5.
+  double expect_val = 0;
+  {
+    mt::autograd::NoGradGuard no_grad;
+    net->eval();
+    expect_val = mse_loss(net)(val->collate({0, 1, 2, 3})).item();
+    net->train();
+  }
+  ASSERT_TRUE(summary.final_val_loss.has_value());
+  EXPECT_NEAR(*summary.final_val_loss, expect_val, 1e-6);
+  EXPECT_NEAR(t.evaluate(), expect_val, 1e-6);
+  EXPECT_TRUE(net->is_training());
+
+  std::ifstream sin(c.summary_path);
+  const json s = json::parse(sin);
+  for (const char* key : {"config", "steps", "final_train_loss", "final_val_loss", "tokens_per_second",
+                          "median_step_seconds", "peak_bytes_by_category", "peak_bytes_total",
+                          "optimizer_state_bytes", "peak_rss_bytes"})
+    EXPECT_TRUE(s.contains(key)) << key;
+  EXPECT_EQ(TrainerConfig::from_json(s.at("config")).to_json(), c.to_json());
+  EXPECT_EQ(s.at("steps"), 5);
+  EXPECT_EQ(s.at("final_train_loss").get<double>(), t.history().back().loss);
+  std::size_t param_bytes = 0;
+  for (const auto& [name, p] : net->named_parameters()) param_bytes += p.nbytes();
+  EXPECT_GE(s.at("peak_bytes_total").get<std::size_t>(), param_bytes);
+  EXPECT_GE(s.at("peak_bytes_by_category").at("parameters").get<std::size_t>(), param_bytes);
+  std::size_t sum_at_peak = 0;
+  for (const auto& [k, v] : s.at("peak_bytes_by_category").items()) sum_at_peak += v.get<std::size_t>();
+  EXPECT_EQ(sum_at_peak, s.at("peak_bytes_total").get<std::size_t>());
+  // AdamW: two fp32 moments per parameter (plus nothing else counted as state).
+  EXPECT_EQ(s.at("optimizer_state_bytes").get<std::size_t>(), t.optimizer().state_bytes());
+  EXPECT_GE(t.optimizer().state_bytes(), 2 * param_bytes);
+  EXPECT_GT(s.at("peak_rss_bytes").get<std::size_t>(), std::size_t{1} << 20);
+  EXPECT_GT(s.at("tokens_per_second").get<double>(), 0);
+  EXPECT_GT(s.at("median_step_seconds").get<double>(), 0);
+  EXPECT_LT(s.at("median_step_seconds").get<double>(), 1.0);
+}
+
+TEST(TrainerFit, ResumedFitAppendsMetrics) {
+  TempDir dir("append");
+  TrainerConfig c = base_config();
+  c.optimizer = mt::optim::Spec::sgd({.lr = 0.05});
+  c.max_steps = 3;
+  c.checkpoint_interval = 2;
+  c.checkpoint_dir = dir.str("ck");
+  c.metrics_path = dir.str("m.jsonl");
+  auto ds = std::make_shared<RegressionDataset>(8, 4, 3);
+  mt::manual_seed(9);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  {
+    Trainer t(c, net, mse_loss(net), ds);
+    t.fit();
+  }
+  EXPECT_EQ(mt::train::latest_checkpoint(c.checkpoint_dir), dir.str("ck/ckpt_00000003.safetensors"));
+  c.max_steps = 5;
+  Trainer t(c, net, mse_loss(net), ds);
+  fs::remove(dir.str("ck/ckpt_00000003.safetensors"));
+  testing::internal::CaptureStderr();
+  ASSERT_TRUE(t.resume_latest());  // step 2
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("warning"), std::string::npos);  // only max_steps changed
+  {
+    // Other batching: allowed, with a warning that the data order will not match the original run's.
+    TrainerConfig other = c;
+    other.micro_batch = 1;
+    Trainer u(other, net, mse_loss(net), ds);
+    testing::internal::CaptureStderr();
+    u.resume_latest();
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("micro_batch 2, this run uses 1"), std::string::npos) << err;
+    // ... unless the saved position (epoch 0, batch 2) does not exist in an epoch of 2 batches of 4.
+    other.micro_batch = 4;
+    Trainer v(other, net, mse_loss(net), ds);
+    const std::string msg = error_of([&] { v.resume_latest(); });
+    EXPECT_NE(msg.find("ckpt_00000002.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("loader position (epoch 0, batch 2)"), std::string::npos) << msg;
+    EXPECT_EQ(v.step(), 0);
+  }
+  const auto summary = t.fit();
+  EXPECT_EQ(summary.steps, 3);
+  std::ifstream in(c.metrics_path);
+  std::vector<std::int64_t> steps;
+  for (std::string line; std::getline(in, line);) steps.push_back(json::parse(line).at("step"));
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{1, 2, 3, 3, 4, 5}));
+}
+
+TEST(TrainerFit, MemoryBudgetIsSetAndRestored) {
+  mt::Allocator& a = mt::Allocator::get(mt::Device::cpu());
+  const auto previous = a.budget();
+  mt::manual_seed(10);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  TrainerConfig c = base_config();
+  c.memory_budget_bytes = std::size_t{1} << 40;
+  {
+    Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(8, 4, 3));
+    EXPECT_EQ(a.budget(), c.memory_budget_bytes);
+  }
+  EXPECT_EQ(a.budget(), previous);
+}
+
+TEST(TrainerFit, ConstructorChecksItsInputs) {
+  mt::manual_seed(10);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  auto ds = std::make_shared<RegressionDataset>(8, 4, 3);
+  TrainerConfig bad = base_config();
+  bad.precision = "bf16";
+  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("mixed precision"), std::string::npos);
+  EXPECT_NE(error_of([&] { Trainer t(base_config(), nullptr, mse_loss(net), ds); }).find("model is null"),
+            std::string::npos);
+  Trainer t(base_config(), net, mse_loss(net), ds);
+  EXPECT_NE(error_of([&] { t.evaluate(); }).find("no validation dataset"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.save_checkpoint(); }).find("checkpoint_dir"), std::string::npos);
+}
+
+}  // namespace
