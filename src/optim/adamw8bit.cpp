@@ -1,6 +1,7 @@
 // AdamW8bit: each OpenMP thread owns a scratch of one block per moment; a block is dequantized, updated
 // in fp32 together with its parameters, and requantized with a fresh absmax, so no fp32 copy of the
-// whole state ever exists.
+// whole state ever exists. The update pass also tracks each moment's max and min, so requantizing is one
+// more pass over the (L1-resident) block: the table encoder, no separate absmax pass.
 #include "memtrain/optim/adamw8bit.h"
 
 #include "memtrain/core/allocator.h"
@@ -40,6 +41,29 @@ inline void adamw_span(float* p, const float* g, float* m, float* v, std::int64_
     const float denom = std::sqrt(v[i]) * c.inv_sqrt_bc2 + c.eps;
     p[i] = p[i] * c.decay - c.step_size * m[i] / denom;
   }
+}
+
+// The same update (the same expressions, so the same rounding) on a dequantized block, also returning
+// max(0, m), min(0, m), max(0, v) and min(0, v) for the block scales. Max and min are exact whatever the
+// order, so the vectorized reductions give the scales detail::block_scale would.
+struct BlockRange {
+  float m_hi = 0.0f, m_lo = 0.0f, v_hi = 0.0f, v_lo = 0.0f;
+};
+inline BlockRange adamw_block(float* __restrict p, const float* __restrict g, float* __restrict m,
+                              float* __restrict v, std::int64_t n, const AdamCoeffs& c) {
+  float m_hi = 0.0f, m_lo = 0.0f, v_hi = 0.0f, v_lo = 0.0f;
+#pragma omp simd reduction(max : m_hi, v_hi) reduction(min : m_lo, v_lo)
+  for (std::int64_t i = 0; i < n; ++i) {
+    m[i] = c.beta1 * m[i] + c.one_minus_beta1 * g[i];
+    v[i] = c.beta2 * v[i] + c.one_minus_beta2 * g[i] * g[i];
+    const float denom = std::sqrt(v[i]) * c.inv_sqrt_bc2 + c.eps;
+    p[i] = p[i] * c.decay - c.step_size * m[i] / denom;
+    m_hi = std::max(m_hi, m[i]);
+    m_lo = std::min(m_lo, m[i]);
+    v_hi = std::max(v_hi, v[i]);
+    v_lo = std::min(v_lo, v[i]);
+  }
+  return {m_hi, m_lo, v_hi, v_lo};
 }
 
 }  // namespace
@@ -92,17 +116,26 @@ void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& grou
                     QuantMap::unsigned_dynamic, block_size_);
   const std::int64_t bs = block_size_;
   const std::int64_t nb = qm.num_blocks();
-#pragma omp parallel
+  std::uint8_t* m_codes = qm.codes().data<std::uint8_t>();
+  std::uint8_t* v_codes = qv.codes().data<std::uint8_t>();
+  float* m_absmax = qm.absmax().data<float>();
+  float* v_absmax = qv.absmax().data<float>();
+  const float* m_map = qm.map();
+  const float* v_map = qv.map();
+#pragma omp parallel if (nb > 1)
   {
     std::vector<float> m(static_cast<std::size_t>(bs)), v(static_cast<std::size_t>(bs));
 #pragma omp for schedule(static)
     for (std::int64_t b = 0; b < nb; ++b) {
-      const std::int64_t len = qm.block_length(b);
-      qm.dequantize_block(b, m.data());
-      qv.dequantize_block(b, v.data());
-      adamw_span(p + b * bs, g + b * bs, m.data(), v.data(), len, c);
-      qm.quantize_block(b, m.data());
-      qv.quantize_block(b, v.data());
+      const std::int64_t off = b * bs, len = std::min(bs, n - off);
+      detail::dequantize_block(m_codes + off, len, m_absmax[b], m_map, m.data());
+      detail::dequantize_block(v_codes + off, len, v_absmax[b], v_map, v.data());
+      const BlockRange r = adamw_block(p + off, g + off, m.data(), v.data(), len, c);
+      const float m_scale = detail::block_scale(r.m_hi, r.m_lo), v_scale = detail::block_scale(r.v_hi, r.v_lo);
+      detail::encode_block(m.data(), len, m_scale, m_map, m_codes + off);
+      detail::encode_block(v.data(), len, v_scale, v_map, v_codes + off);
+      m_absmax[b] = m_scale == 0.0f ? 0.0f : m_scale;  // as quantize_block: an all-zero block stores +0
+      v_absmax[b] = v_scale == 0.0f ? 0.0f : v_scale;
     }
   }
 }

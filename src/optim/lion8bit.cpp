@@ -1,5 +1,6 @@
 // Lion8bit: like AdamW8bit, OpenMP over blocks with a one-block fp32 scratch per thread; the moment is
-// dequantized, used for the sign update, advanced and requantized block by block.
+// dequantized, used for the sign update, advanced and requantized block by block. The update pass also
+// tracks the new moment's max and min, so requantizing is one table-encoder pass.
 #include "memtrain/optim/lion8bit.h"
 
 #include "memtrain/core/allocator.h"
@@ -24,6 +25,24 @@ inline void lion_span(float* p, const float* g, float* m, std::int64_t n, const 
     p[i] = p[i] * c.decay - c.lr * s;
     m[i] = c.beta2 * m[i] + c.one_minus_beta2 * g[i];
   }
+}
+
+// lion_span on a dequantized block (the same expressions, so the same rounding), also returning
+// max(0, m) and min(0, m) of the new moment for its block scale; max and min are exact in any order.
+inline void lion_block(float* __restrict p, const float* __restrict g, float* __restrict m, std::int64_t n,
+                       const LionCoeffs& c, float& m_hi, float& m_lo) {
+  float hi = 0.0f, lo = 0.0f;
+#pragma omp simd reduction(max : hi) reduction(min : lo)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float u = c.beta1 * m[i] + c.one_minus_beta1 * g[i];
+    const float s = static_cast<float>((u > 0.0f) - (u < 0.0f));
+    p[i] = p[i] * c.decay - c.lr * s;
+    m[i] = c.beta2 * m[i] + c.one_minus_beta2 * g[i];
+    hi = std::max(hi, m[i]);
+    lo = std::min(lo, m[i]);
+  }
+  m_hi = hi;
+  m_lo = lo;
 }
 
 }  // namespace
@@ -68,16 +87,24 @@ void Lion8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group
     return;
   }
   QuantizedState qm(codes->second, state.tensors.at("exp_avg.absmax"), QuantMap::signed_dynamic, block_size_);
+  const std::int64_t n = param.numel();
   const std::int64_t bs = block_size_;
   const std::int64_t nb = qm.num_blocks();
-#pragma omp parallel
+  std::uint8_t* m_codes = qm.codes().data<std::uint8_t>();
+  float* m_absmax = qm.absmax().data<float>();
+  const float* map = qm.map();
+#pragma omp parallel if (nb > 1)
   {
     std::vector<float> m(static_cast<std::size_t>(bs));
 #pragma omp for schedule(static)
     for (std::int64_t b = 0; b < nb; ++b) {
-      qm.dequantize_block(b, m.data());
-      lion_span(p + b * bs, g + b * bs, m.data(), qm.block_length(b), c);
-      qm.quantize_block(b, m.data());
+      const std::int64_t off = b * bs, len = std::min(bs, n - off);
+      detail::dequantize_block(m_codes + off, len, m_absmax[b], map, m.data());
+      float hi = 0.0f, lo = 0.0f;
+      lion_block(p + off, g + off, m.data(), len, c, hi, lo);
+      const float scale = detail::block_scale(hi, lo);
+      detail::encode_block(m.data(), len, scale, map, m_codes + off);
+      m_absmax[b] = scale == 0.0f ? 0.0f : scale;  // as quantize_block: an all-zero block stores +0
     }
   }
 }

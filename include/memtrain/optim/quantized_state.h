@@ -23,11 +23,24 @@ const std::array<float, 256>& dynamic_map(QuantMap map);
 
 namespace detail {
 // Nearest code of x (already divided by absmax) in a sorted 256-entry map; ties go to the lower code.
+// The reference the fast encoder is tested against.
 std::uint8_t quantize_nearest(float x, const float* map);
 // One block of `len` floats: absmax of the block (0 for an all-zero block) and its codes. NaN is not
-// expected (the optimizers skip non-finite gradients before they reach the state).
+// expected (the optimizers skip non-finite gradients before they reach the state). `map` must be one of
+// the two dynamic_map()s. Same result as quantize_block_reference, bit for bit.
 float quantize_block(const float* src, std::int64_t len, const float* map, std::uint8_t* codes);
 void dequantize_block(const std::uint8_t* codes, std::int64_t len, float absmax, const float* map, float* dst);
+
+// The pieces of quantize_block, for kernels that track a block's max and min while they compute it.
+// The block scale from max(0, values) and min(0, values): the larger-magnitude one, with its sign.
+inline float block_scale(float hi, float lo) { return -lo > hi ? lo : hi; }
+float block_scale(const float* src, std::int64_t len);
+// Codes of src[i] / scale for i < len (all the zero code when scale is 0), by the table encoder: AVX2
+// when built for it, else encode_block_scalar.
+void encode_block(const float* src, std::int64_t len, float scale, const float* map, std::uint8_t* codes);
+void encode_block_scalar(const float* src, std::int64_t len, float scale, const float* map, std::uint8_t* codes);
+// quantize_block by a plain max/min loop and a binary search per element (quantize_nearest).
+float quantize_block_reference(const float* src, std::int64_t len, const float* map, std::uint8_t* codes);
 }  // namespace detail
 
 class QuantizedState {
