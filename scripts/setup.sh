@@ -12,7 +12,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 packages=(
   cmake ninja-build g++ pkg-config
   libeigen3-dev libfmt-dev libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libopenblas-dev zlib1g-dev
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev libcli11-dev
+  # Data: the GPT example's default corpus and the CNN example's data set (tests skip without them).
+  fortunes dataset-fashion-mnist
 )
 
 mt_step "setup: checking ${#packages[@]} Debian packages"

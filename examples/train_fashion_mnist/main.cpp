@@ -1,0 +1,93 @@
+// Trains a small CNN (two conv-BN-ReLU-pool stages, two linear layers) on Fashion-MNIST and reports the
+// test accuracy and the time it took. Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist).
+//
+//   memtrain_train_fashion_mnist --help
+#include <memtrain/memtrain.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+using namespace memtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Fraction of the test set whose argmax logit is the label.
+double accuracy(nn::CNN& model, const data::Dataset& test, std::int64_t batch) {
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  std::int64_t correct = 0;
+  for (std::int64_t start = 0; start < test.size(); start += batch) {
+    std::vector<std::int64_t> idx;
+    for (std::int64_t i = start; i < std::min(test.size(), start + batch); ++i) idx.push_back(i);
+    const data::Batch b = test.collate(idx);
+    const Tensor pred = ops::argmax(model.forward(b.inputs), 1).contiguous();
+    const Tensor labels = b.targets.contiguous();
+    for (std::int64_t i = 0; i < b.samples; ++i)
+      correct += pred.data<std::int64_t>()[i] == labels.data<std::int64_t>()[i];
+  }
+  model.train();
+  return static_cast<double>(correct) / static_cast<double>(test.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a small CNN on Fashion-MNIST with memtrain"};
+  std::string data_dir = "/usr/share/datasets/fashion-mnist", optimizer = "adamw", out_dir = "runs/fashion_mnist";
+  std::int64_t epochs = 2, batch = 64;
+  double lr = 2e-3;
+  std::uint64_t seed = 1;
+  app.add_option("--data", data_dir, "directory with the four IDX files (.gz or raw)")->capture_default_str();
+  app.add_option("--epochs", epochs, "passes over the 60k training images")->capture_default_str();
+  app.add_option("--batch", batch, "images per step")->capture_default_str();
+  app.add_option("--lr", lr, "peak learning rate")->capture_default_str();
+  app.add_option("--optimizer", optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor")->capture_default_str();
+  app.add_option("--out-dir", out_dir, "metrics and summary")->capture_default_str();
+  app.add_option("--seed", seed, "seed for init, data order and dropout")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    auto train_set = data::ImageDataset::from_idx_dir(data_dir, "train");
+    auto test_set = data::ImageDataset::from_idx_dir(data_dir, "t10k");
+    fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
+
+    train::TrainerConfig config;
+    config.model.preset = "cnn";
+    config.optimizer = train::spec_from_name(optimizer, lr, 1e-4);
+    config.micro_batch = batch;
+    config.max_steps = epochs * (train_set->size() / batch);
+    config.schedule = {.warmup_steps = 50, .min_lr_ratio = 0.05, .decay = "cosine"};
+    config.grad_clip = 0.0;
+    config.eval_interval = 0;
+    config.eval_batches = 20;
+    config.log_interval = 50;
+    config.seed = seed;
+    fs::create_directories(out_dir);
+    config.metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
+    config.summary_path = (fs::path(out_dir) / "summary.json").string();
+
+    manual_seed(seed);
+    auto model = std::make_shared<nn::CNN>(nn::CNNConfig{});
+    fmt::print("model: CNN with {} parameters, optimizer {}, {} steps of {} images\n", model->num_parameters(),
+               config.optimizer.to_string(), config.max_steps, batch);
+    auto loss_fn = [model](const data::Batch& b) { return ops::cross_entropy(model->forward(b.inputs), b.targets); };
+    train::Trainer trainer(config, model, loss_fn, train_set, test_set);
+
+    const auto start = std::chrono::steady_clock::now();
+    const train::RunSummary summary = trainer.fit();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double acc = accuracy(*model, *test_set, 500);
+    fmt::print("\ntest accuracy {:.2f}% after {} epochs in {:.0f} s ({:.0f} images/s), final train loss {:.4f}\n",
+               100.0 * acc, epochs, seconds, summary.tokens_per_second, summary.final_train_loss);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

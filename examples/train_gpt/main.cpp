@@ -1,0 +1,216 @@
+// Trains a GPT language model on a text corpus and ends with a generated sample and the memory report.
+//
+// With no flags it prepares Debian's fortunes corpus (a byte-level BPE tokenizer and llm.c token shards
+// under --data-dir), trains the "mini" GPT with the memory-efficient defaults (8-bit AdamW), evaluates,
+// prints a sample and the memory report. Everything a run used is written under --out-dir: config.json
+// (rerun it with --config), metrics.jsonl, summary.json and the checkpoints.
+//
+//   memtrain_train_gpt --help
+#include <memtrain/memtrain.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace memtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Flags {
+  std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
+  std::vector<std::string> data, val_data;
+  std::optional<std::string> model, optimizer, precision, checkpoint, device = "cpu";
+  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, vocab_size;
+  std::optional<double> lr;
+  std::optional<std::uint64_t> seed;
+  std::int64_t sample_tokens = 96;
+  bool eval_only = false, resume = false;
+};
+
+// The defaults of a run without --config: small enough for minutes on 2 CPU cores.
+train::TrainerConfig default_config() {
+  train::TrainerConfig c;
+  c.model.preset = "mini";
+  c.optimizer = optim::Spec::adamw8bit({.lr = 1e-3, .weight_decay = 0.1});
+  c.schedule = {.warmup_steps = 20, .min_lr_ratio = 0.1, .decay = "cosine"};
+  c.micro_batch = 16;
+  c.max_steps = 400;
+  c.eval_interval = 100;
+  c.eval_batches = 8;
+  c.log_interval = 10;
+  c.checkpoint_interval = 200;
+  return c;
+}
+
+// Flags given on the command line override the config file (or the defaults).
+train::TrainerConfig resolve_config(const Flags& f) {
+  train::TrainerConfig c = f.config_file.empty() ? default_config() : train::TrainerConfig::load(f.config_file);
+  if (f.model) c.model.preset = *f.model;
+  if (f.seq_len) c.model.seq_len = *f.seq_len;
+  if (!f.init_from.empty()) c.model.init_from = f.init_from;
+  if (f.steps) {
+    c.max_steps = *f.steps;
+    // A short run keeps a proportionate warmup rather than failing validation.
+    if (c.schedule.warmup_steps >= c.max_steps) c.schedule.warmup_steps = c.max_steps / 10;
+  }
+  if (f.micro_batch) c.micro_batch = *f.micro_batch;
+  if (f.grad_accum) c.grad_accum = *f.grad_accum;
+  if (f.optimizer || f.lr)
+    c.optimizer = train::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
+                                        f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
+  if (f.precision) c.precision = *f.precision;
+  if (f.checkpoint) c.activation_checkpointing = *f.checkpoint;
+  if (f.galore_rank) c.galore_rank = *f.galore_rank;
+  if (f.seed) c.seed = *f.seed;
+  if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
+  if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
+  c.summary_path = !f.summary_json.empty()       ? f.summary_json
+                   : c.summary_path.empty() ? (fs::path(f.out_dir) / "summary.json").string()
+                                            : c.summary_path;
+  c.validate();
+  return c;
+}
+
+bool is_shard(const std::string& path) { return fs::path(path).extension() == ".bin"; }
+
+// Token shards and the tokenizer that made them: given .bin shards are used as they are (tokenizer.json
+// beside them when present); text (a file or a fortunes-style directory, default Debian's fortunes) is
+// tokenized into --data-dir once and reused by later runs.
+struct Corpus {
+  std::vector<std::string> train, val;
+  std::optional<data::BpeTokenizer> tokenizer;
+};
+
+Corpus prepare_data(const Flags& f, std::int64_t vocab_size) {
+  Corpus corpus;
+  if (!f.data.empty() && is_shard(f.data.front())) {
+    corpus.train = f.data;
+    corpus.val = f.val_data.empty() ? f.data : f.val_data;
+    const fs::path tok = fs::path(f.data.front()).parent_path() / "tokenizer.json";
+    if (fs::exists(tok)) corpus.tokenizer = data::BpeTokenizer::load(tok.string());
+    return corpus;
+  }
+  const std::string source = f.data.empty() ? "/usr/share/games/fortunes" : f.data.front();
+  const std::vector<std::string> documents = data::read_documents(source);
+  fmt::print("data: {} documents from {}\n", documents.size(), source);
+  const data::PreparedCorpus prepared =
+      data::prepare_corpus(documents, f.data_dir, {.vocab_size = vocab_size, .val_fraction = 0.05, .seed = 1});
+  fmt::print("data: {} train / {} val tokens in {} (tokenizer: {} tokens)\n", prepared.train_tokens,
+             prepared.val_tokens, f.data_dir, vocab_size);
+  corpus.train = prepared.train_shards;
+  corpus.val = prepared.val_shards;
+  corpus.tokenizer = data::BpeTokenizer::load(prepared.tokenizer_path);
+  return corpus;
+}
+
+std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t vocab_size) {
+  if (!c.model.init_from.empty()) return nn::gpt2_from_pretrained(c.model.init_from);
+  nn::GPTConfig g = nn::GPTConfig::preset(c.model.preset);
+  g.vocab_size = vocab_size;
+  if (c.model.seq_len > 0) g.block_size = c.model.seq_len;
+  g.dropout = c.model.dropout;
+  manual_seed(c.seed);
+  return std::make_shared<nn::GPT>(g);
+}
+
+void print_sample(nn::GPT& model, const data::BpeTokenizer& tokenizer, std::int64_t tokens, std::uint64_t seed) {
+  const nn::SampleOptions options{.max_new_tokens = tokens, .temperature = 0.8, .top_k = 40, .seed = seed,
+                                  .stop_token = tokenizer.eot_token()};
+  const auto ids = nn::sample_tokens(model, [&](const Tensor& idx) { return model.forward(idx); },
+                                     model.config().block_size, {tokenizer.eot_token()}, options);
+  std::vector<std::int32_t> generated(ids.begin() + 1, ids.end());
+  if (!generated.empty() && generated.back() == tokenizer.eot_token()) generated.pop_back();
+  fmt::print("\n--- sample ({} tokens, temperature 0.8, top-k 40) ---\n{}\n---\n", generated.size(),
+             tokenizer.decode(generated));
+}
+
+void print_scale_up_hints() {
+  fmt::print(
+      "To scale up: --model small (or gpt2-124M) --seq-len 256 --steps 5000 --grad-accum 4;\n"
+      "a bigger corpus with --data FILE.txt (or llm.c .bin shards); start from OpenAI's weights with\n"
+      "--init-from DIR/model.safetensors; compare optimizers with --optimizer adamw|adamw8bit|lion8bit|adafactor\n"
+      "and read the optimizer_state line of the memory report.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a GPT on a text corpus with memtrain (default: Debian's fortunes, the mini model, 8-bit AdamW)"};
+  Flags f;
+  app.add_option("--config", f.config_file, "TrainerConfig JSON (as written to <out-dir>/config.json); flags override it");
+  app.add_option("--data", f.data, "train data: .bin token shards, a text file, or a fortunes-style directory");
+  app.add_option("--val-data", f.val_data, "validation .bin shards (text data is split automatically)");
+  app.add_option("--data-dir", f.data_dir, "where prepared shards and the tokenizer are kept")->capture_default_str();
+  app.add_option("--out-dir", f.out_dir, "config, metrics, summary and checkpoints")->capture_default_str();
+  app.add_option("--model", f.model, "preset: tiny, mini, small, gpt2-124M");
+  app.add_option("--seq-len", f.seq_len, "sequence length (default: the preset's block size)");
+  app.add_option("--vocab-size", f.vocab_size, "tokenizer size when preparing text (default: the preset's)");
+  app.add_option("--steps", f.steps, "optimizer steps");
+  app.add_option("--micro-batch", f.micro_batch, "sequences per micro-batch");
+  app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step");
+  app.add_option("--lr", f.lr, "peak learning rate");
+  app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
+  app.add_option("--precision", f.precision, "fp32 (bf16/fp16/fp8 come with mixed precision)");
+  app.add_option("--checkpoint", f.checkpoint, "activation checkpointing policy (none)");
+  app.add_option("--galore-rank", f.galore_rank, "GaLore projection rank (0 = off)");
+  app.add_option("--device", f.device, "cpu")->capture_default_str();
+  app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
+  app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training");
+  app.add_flag("--resume", f.resume, "continue from the newest checkpoint in <out-dir>/checkpoints");
+  app.add_option("--summary-json", f.summary_json, "run summary path (default <out-dir>/summary.json)");
+  app.add_option("--seed", f.seed, "seed for init, data order and dropout");
+  app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end (0 = none)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  // Progress and the report go to stderr; line-buffered stdout keeps both in order in a log file.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+
+  try {
+    MT_CHECK(*f.device == "cpu", "train_gpt", "--device {}: only the CPU trainer exists so far", *f.device);
+    train::TrainerConfig config = resolve_config(f);
+    const std::int64_t vocab = f.vocab_size.value_or(nn::GPTConfig::preset(config.model.preset).vocab_size);
+    Corpus corpus = prepare_data(f, vocab);
+    config.data.train = corpus.train;
+    config.data.val = corpus.val;
+    auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab);
+    const std::int64_t T = model->config().block_size;
+    fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), optimizer {}\n", model->num_parameters(),
+               model->config().n_layer, model->config().n_head, model->config().n_embd, model->config().vocab_size,
+               T, config.optimizer.to_string());
+
+    auto train_set = std::make_shared<data::TokenWindowDataset>(corpus.train, T, model->config().vocab_size);
+    auto val_set = std::make_shared<data::TokenWindowDataset>(corpus.val, T, model->config().vocab_size);
+    fs::create_directories(f.out_dir);
+    config.save((fs::path(f.out_dir) / "config.json").string());
+
+    auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
+    train::Trainer trainer(config, model, loss_fn, train_set, val_set);
+    if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
+
+    auto sample = [&] {
+      if (corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
+    };
+    if (f.eval_only) {
+      fmt::print("val loss {:.4f} over {} batches\n", trainer.evaluate(), config.eval_batches);
+      sample();
+      fmt::print("\n{}", memory_report());
+    } else {
+      // The sample comes right after the last step, so fit()'s memory report stays the last thing printed.
+      trainer.on_step = [&](const train::StepMetrics& m) {
+        if (m.step != config.max_steps) return;
+        sample();
+        print_scale_up_hints();
+      };
+      trainer.fit();  // ends with the memory report and the run summary (also in <out-dir>/summary.json)
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
