@@ -96,6 +96,18 @@ Corpus prepare_data(const Flags& f, std::int64_t vocab_size) {
     if (fs::exists(tok)) corpus.tokenizer = data::BpeTokenizer::load(tok.string());
     return corpus;
   }
+  // A model started from GPT-2's weights needs GPT-2's tokenizer: its files beside the checkpoint become
+  // the tokenizer.json that prepare_corpus uses (a separate data dir keeps it apart from trained ones).
+  if (!f.init_from.empty()) {
+    const fs::path dir = fs::is_directory(f.init_from) ? fs::path(f.init_from) : fs::path(f.init_from).parent_path();
+    MT_CHECK(fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"), "train_gpt",
+             "--init-from {} with text data needs GPT-2's encoder.json and vocab.bpe beside it (or pass .bin shards)",
+             f.init_from);
+    const auto gpt2 = data::BpeTokenizer::from_gpt2_files((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
+    fs::create_directories(f.data_dir);
+    gpt2.save((fs::path(f.data_dir) / "tokenizer.json").string());
+    vocab_size = gpt2.vocab_size();
+  }
   const std::string source = f.data.empty() ? "/usr/share/games/fortunes" : f.data.front();
   const std::vector<std::string> documents = data::read_documents(source);
   fmt::print("data: {} documents from {}\n", documents.size(), source);
@@ -146,7 +158,8 @@ int main(int argc, char** argv) {
   app.add_option("--config", f.config_file, "TrainerConfig JSON (as written to <out-dir>/config.json); flags override it");
   app.add_option("--data", f.data, "train data: .bin token shards, a text file, or a fortunes-style directory");
   app.add_option("--val-data", f.val_data, "validation .bin shards (text data is split automatically)");
-  app.add_option("--data-dir", f.data_dir, "where prepared shards and the tokenizer are kept")->capture_default_str();
+  app.add_option("--data-dir", f.data_dir, "where prepared shards and the tokenizer are kept (use another one with --init-from)")
+      ->capture_default_str();
   app.add_option("--out-dir", f.out_dir, "config, metrics, summary and checkpoints")->capture_default_str();
   app.add_option("--model", f.model, "preset: tiny, mini, small, gpt2-124M");
   app.add_option("--seq-len", f.seq_len, "sequence length (default: the preset's block size)");
