@@ -1,5 +1,6 @@
 #include "cpu/attention.h"
 
+#include "cpu/fast_exp.h"
 #include "cpu/gemm_typed.h"
 
 #include <omp.h>
@@ -20,9 +21,16 @@ int64_t attention_backward_workspace(int64_t T_len, int64_t, int nthreads) {
   return nthreads * (T_len + 2 * Br * Bc);
 }
 
+namespace {
+// First element of head (b, h) = bh of an operand.
+inline int64_t head_offset(const HeadLayout& l, int64_t bh, int64_t H) { return (bh / H) * l.batch + (bh % H) * l.head; }
+}  // namespace
+
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t BH, int64_t T_len, int64_t D,
-                       double scale, bool causal, T* workspace, int nthreads) {
+void attention_forward(T* out, const HeadLayout& lo, T* lse, const T* q, const HeadLayout& lq, const T* k,
+                       const HeadLayout& lk, const T* v, const HeadLayout& lv, int64_t B, int64_t H, int64_t T_len,
+                       int64_t D, double scale, bool causal, T* workspace, int nthreads) {
+  const int64_t BH = B * H;
   const int64_t tiles = (T_len + Br - 1) / Br;
   const T inf = std::numeric_limits<T>::infinity();
 #pragma omp parallel num_threads(nthreads)
@@ -33,16 +41,16 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
     for (int64_t bh = 0; bh < BH; ++bh) {
       for (int64_t it = 0; it < tiles; ++it) {
         const int64_t i0 = it * Br, rows = std::min(Br, T_len - i0);
-        const T* qi = q + (bh * T_len + i0) * D;  // (rows, D)
-        T* oi = out + (bh * T_len + i0) * D;      // (rows, D) accumulator
-        const T* kh = k + bh * T_len * D;         // (T, D)
-        const T* vh = v + bh * T_len * D;
-        std::fill(oi, oi + rows * D, T(0));
+        const T* qi = q + head_offset(lq, bh, H) + i0 * lq.row;  // (rows, D), row stride lq.row
+        T* oi = out + head_offset(lo, bh, H) + i0 * lo.row;      // (rows, D) accumulator
+        const T* kh = k + head_offset(lk, bh, H);                // (T, D)
+        const T* vh = v + head_offset(lv, bh, H);
+        for (int64_t r = 0; r < rows; ++r) std::fill(oi + r * lo.row, oi + r * lo.row + D, T(0));
         for (int64_t r = 0; r < rows; ++r) m[r] = -inf, l[r] = 0;
         const int64_t kend = causal ? i0 + rows : T_len;
         for (int64_t j0 = 0; j0 < kend; j0 += Bc) {
           const int64_t cols = std::min(Bc, kend - j0);
-          gemm(false, true, rows, cols, D, static_cast<T>(scale), qi, D, kh + j0 * D, D, T(0), S, Bc);
+          gemm(false, true, rows, cols, D, static_cast<T>(scale), qi, lq.row, kh + j0 * lk.row, lk.row, T(0), S, Bc);
           for (int64_t r = 0; r < rows; ++r) {
             T* s = S + r * Bc;
             // Causal: query i0 + r sees keys <= i0 + r.
@@ -54,24 +62,20 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
             T mx = m[r];
             for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, s[c]);
             const T alpha = std::exp(m[r] - mx);  // 0 on the first tile (m = -inf)
-            T sum = 0;
-            for (int64_t c = 0; c < visible; ++c) {
-              s[c] = std::exp(s[c] - mx);
-              sum += s[c];
-            }
+            const T sum = exp_shifted(s, mx, s, visible);  // s <- e^(s - mx), vectorized
             for (int64_t c = visible; c < cols; ++c) s[c] = 0;
             l[r] = l[r] * alpha + sum;
             m[r] = mx;
             if (alpha != T(1)) {
-              T* o = oi + r * D;
+              T* o = oi + r * lo.row;
               for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
             }
           }
-          gemm(false, false, rows, D, cols, T(1), S, Bc, vh + j0 * D, D, T(1), oi, D);
+          gemm(false, false, rows, D, cols, T(1), S, Bc, vh + j0 * lv.row, lv.row, T(1), oi, lo.row);
         }
         for (int64_t r = 0; r < rows; ++r) {
           const T inv = T(1) / l[r];
-          T* o = oi + r * D;
+          T* o = oi + r * lo.row;
           for (int64_t d = 0; d < D; ++d) o[d] *= inv;
           lse[bh * T_len + i0 + r] = m[r] + std::log(l[r]);
         }
@@ -81,57 +85,59 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 }
 
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const T* lse, int64_t BH, int64_t T_len, int64_t D, double scale, bool causal, T* workspace,
-                        int nthreads) {
+void attention_backward(T* dq, const HeadLayout& ldq, T* dk, const HeadLayout& ldk, T* dv, const HeadLayout& ldv,
+                        const T* dout, const HeadLayout& ldo, const T* q, const HeadLayout& lq, const T* k,
+                        const HeadLayout& lk, const T* v, const HeadLayout& lv, const T* out, const HeadLayout& lo,
+                        const T* lse, int64_t B, int64_t H, int64_t T_len, int64_t D, double scale, bool causal,
+                        T* workspace, int nthreads) {
+  const int64_t BH = B * H;
   const T sc = static_cast<T>(scale);
 #pragma omp parallel num_threads(nthreads)
   {
     T* ws = workspace + omp_get_thread_num() * (T_len + 2 * Br * Bc);
-    T* delta = ws;               // (T) rowsum(dO * O)
-    T* P = ws + T_len;           // (Br, Bc)
+    T* delta = ws;                 // (T) rowsum(dO * O)
+    T* P = ws + T_len;             // (Br, Bc)
     T* dS = ws + T_len + Br * Bc;  // (Br, Bc)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const int64_t base = bh * T_len * D;
-      const T *qh = q + base, *kh = k + base, *vh = v + base, *oh = out + base, *gh = dout + base;
+      const T *qh = q + head_offset(lq, bh, H), *kh = k + head_offset(lk, bh, H), *vh = v + head_offset(lv, bh, H);
+      const T *oh = out + head_offset(lo, bh, H), *gh = dout + head_offset(ldo, bh, H);
       const T* lh = lse + bh * T_len;
-      T *dqh = dq + base, *dkh = dk + base, *dvh = dv + base;
+      T *dqh = dq + head_offset(ldq, bh, H), *dkh = dk + head_offset(ldk, bh, H), *dvh = dv + head_offset(ldv, bh, H);
       for (int64_t t = 0; t < T_len; ++t) {
         T s = 0;
-        for (int64_t d = 0; d < D; ++d) s += gh[t * D + d] * oh[t * D + d];
+        for (int64_t d = 0; d < D; ++d) s += gh[t * ldo.row + d] * oh[t * lo.row + d];
         delta[t] = s;
+        std::fill(dqh + t * ldq.row, dqh + t * ldq.row + D, T(0));
+        std::fill(dkh + t * ldk.row, dkh + t * ldk.row + D, T(0));
+        std::fill(dvh + t * ldv.row, dvh + t * ldv.row + D, T(0));
       }
-      std::fill(dqh, dqh + T_len * D, T(0));
-      std::fill(dkh, dkh + T_len * D, T(0));
-      std::fill(dvh, dvh + T_len * D, T(0));
       for (int64_t j0 = 0; j0 < T_len; j0 += Bc) {
         const int64_t cols = std::min(Bc, T_len - j0);
-        const T* kj = kh + j0 * D;  // (cols, D)
-        const T* vj = vh + j0 * D;
-        T* dkj = dkh + j0 * D;
-        T* dvj = dvh + j0 * D;
+        const T* kj = kh + j0 * lk.row;  // (cols, D)
+        const T* vj = vh + j0 * lv.row;
+        T* dkj = dkh + j0 * ldk.row;
+        T* dvj = dvh + j0 * ldv.row;
         // Causal: only query rows >= j0 see this key tile.
         for (int64_t i0 = causal ? (j0 / Br) * Br : 0; i0 < T_len; i0 += Br) {
           const int64_t rows = std::min(Br, T_len - i0);
-          const T* qi = qh + i0 * D;  // (rows, D)
-          const T* gi = gh + i0 * D;
-          gemm(false, true, rows, cols, D, sc, qi, D, kj, D, T(0), P, Bc);
+          const T* qi = qh + i0 * lq.row;  // (rows, D)
+          const T* gi = gh + i0 * ldo.row;
+          gemm(false, true, rows, cols, D, sc, qi, lq.row, kj, lk.row, T(0), P, Bc);
           for (int64_t r = 0; r < rows; ++r) {
             T* p = P + r * Bc;
             const int64_t visible = causal ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols) : cols;
-            const T l = lh[i0 + r];
-            for (int64_t c = 0; c < visible; ++c) p[c] = std::exp(p[c] - l);
+            exp_shifted(p, lh[i0 + r], p, visible);  // P = e^(S - lse)
             for (int64_t c = visible; c < cols; ++c) p[c] = 0;
           }
-          gemm(true, false, cols, D, rows, T(1), P, Bc, gi, D, T(1), dvj, D);   // dV_j += P^T dO_i
-          gemm(false, true, rows, cols, D, T(1), gi, D, vj, D, T(0), dS, Bc);  // dP = dO_i V_j^T
+          gemm(true, false, cols, D, rows, T(1), P, Bc, gi, ldo.row, T(1), dvj, ldv.row);  // dV_j += P^T dO_i
+          gemm(false, true, rows, cols, D, T(1), gi, ldo.row, vj, lv.row, T(0), dS, Bc);  // dP = dO_i V_j^T
           for (int64_t r = 0; r < rows; ++r) {
             const T dl = delta[i0 + r];
             for (int64_t c = 0; c < cols; ++c) dS[r * Bc + c] = P[r * Bc + c] * (dS[r * Bc + c] - dl);
           }
-          gemm(false, false, rows, D, cols, sc, dS, Bc, kj, D, T(1), dqh + i0 * D, D);  // dQ_i += s dS K_j
-          gemm(true, false, cols, D, rows, sc, dS, Bc, qi, D, T(1), dkj, D);            // dK_j += s dS^T Q_i
+          gemm(false, false, rows, D, cols, sc, dS, Bc, kj, lk.row, T(1), dqh + i0 * ldq.row, ldq.row);  // dQ_i += s dS K_j
+          gemm(true, false, cols, D, rows, sc, dS, Bc, qi, lq.row, T(1), dkj, ldk.row);  // dK_j += s dS^T Q_i
         }
       }
     }
@@ -139,10 +145,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                                  \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, double,    \
-                                     bool, T*, int);                                                             \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,    \
-                                      int64_t, int64_t, int64_t, double, bool, T*, int);
+  template void attention_forward<T>(T*, const HeadLayout&, T*, const T*, const HeadLayout&, const T*,           \
+                                     const HeadLayout&, const T*, const HeadLayout&, int64_t, int64_t, int64_t,   \
+                                     int64_t, double, bool, T*, int);                                            \
+  template void attention_backward<T>(T*, const HeadLayout&, T*, const HeadLayout&, T*, const HeadLayout&,       \
+                                      const T*, const HeadLayout&, const T*, const HeadLayout&, const T*,        \
+                                      const HeadLayout&, const T*, const HeadLayout&, const T*, const HeadLayout&, \
+                                      const T*, int64_t, int64_t, int64_t, int64_t, double, bool, T*, int);
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(double)
 #undef MEMTRAIN_INSTANTIATE

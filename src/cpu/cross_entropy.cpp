@@ -1,5 +1,7 @@
 #include "cpu/cross_entropy.h"
 
+#include "cpu/fast_exp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,9 +17,7 @@ void cross_entropy_forward(T* losses, T* lse, const T* logits, const I* targets,
     T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
     for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
-    T s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t v = 0; v < V; ++v) s += std::exp(x[v] - m);
+    const T s = exp_shifted(x, m, static_cast<T*>(nullptr), V);  // sum of e^(x - m), vectorized
     lse[n] = m + std::log(s);
     const int64_t t = static_cast<int64_t>(targets[n]);
     losses[n] = t == ignore_index ? T(0) : lse[n] - x[t];
@@ -37,8 +37,7 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
       continue;
     }
     const T g = dloss[n * dloss_stride], l = lse[n];
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) dx[v] = g * std::exp(x[v] - l);
+    exp_shifted_scaled(x, l, g, dx, V);  // g * softmax(x)
     dx[t] -= g;
   }
 }

@@ -3,6 +3,8 @@
 // read in order.
 #include "cpu/softmax.h"
 
+#include "cpu/fast_exp.h"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -21,9 +23,7 @@ void row_max_lse(const T* x, int64_t C, T* mx, T* lse) {
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
-  T s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
+  const T s = exp_shifted(x, m, static_cast<T*>(nullptr), C);
   *mx = m;
   *lse = std::log(s);
 }

@@ -54,24 +54,33 @@ MatrixOperand as_operand(const Tensor& t) {
   return {c, false, cols, collapsed_batch_stride(c)};
 }
 
-// out [batch, m, n] (contiguous) = a [batch, m, k] x b [batch|1, k, n]; compute in the kernel's dtype.
-void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t batch) {
+// out [batch, m, n] (contiguous) = a [batch, m, k] x b [batch|1, k, n] + beta * out; compute in the kernel's
+// dtype.
+void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t batch, double beta = 0.0) {
   const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const MatrixOperand A = as_operand(a), B = as_operand(b);
-  const std::int64_t stride_b = b.dim() == 2 ? 0 : B.batch_stride;
-  const std::int64_t stride_c = m * n;
+  std::int64_t stride_b = b.dim() == 2 ? 0 : B.batch_stride;
+  std::int64_t stride_c = m * n;
+  std::int64_t rows = m;
+  // One shared B (a weight, e.g. the tied LM head) and A's matrices stacked row after row: one GEMM of
+  // batch * m rows instead of `batch` GEMMs that would each pack B again.
+  if (batch > 1 && stride_b == 0 && !A.trans && A.batch_stride == m * A.ld) {
+    rows = batch * m;
+    batch = 1;
+    stride_c = 0;
+  }
   switch (a.dtype()) {
     case DType::f32:
-      cpu::gemm_batched_f32(A.trans, B.trans, m, n, k, 1.0f, A.tensor.data<float>(), A.ld, B.tensor.data<float>(), B.ld,
-                            0.0f, out.data<float>(), n, batch, A.batch_stride, stride_b, stride_c);
+      cpu::gemm_batched_f32(A.trans, B.trans, rows, n, k, 1.0f, A.tensor.data<float>(), A.ld, B.tensor.data<float>(), B.ld,
+                            static_cast<float>(beta), out.data<float>(), n, batch, A.batch_stride, stride_b, stride_c);
       return;
     case DType::f64:
-      cpu::gemm_batched_f64(A.trans, B.trans, m, n, k, 1.0, A.tensor.data<double>(), A.ld, B.tensor.data<double>(),
-                            B.ld, 0.0, out.data<double>(), n, batch, A.batch_stride, stride_b, stride_c);
+      cpu::gemm_batched_f64(A.trans, B.trans, rows, n, k, 1.0, A.tensor.data<double>(), A.ld, B.tensor.data<double>(),
+                            B.ld, beta, out.data<double>(), n, batch, A.batch_stride, stride_b, stride_c);
       return;
     case DType::bf16:
-      cpu::gemm_batched_bf16(A.trans, B.trans, m, n, k, 1.0f, A.tensor.data<std::uint16_t>(), A.ld,
-                             B.tensor.data<std::uint16_t>(), B.ld, 0.0f, out.data<float>(), n, batch, A.batch_stride,
+      cpu::gemm_batched_bf16(A.trans, B.trans, rows, n, k, 1.0f, A.tensor.data<std::uint16_t>(), A.ld,
+                             B.tensor.data<std::uint16_t>(), B.ld, static_cast<float>(beta), out.data<float>(), n, batch, A.batch_stride,
                              stride_b, stride_c);
       return;
     default:
@@ -112,20 +121,57 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   return out.dtype() == a.dtype() ? out : out.to(a.dtype());
 }
 
+// linear with a bias on the CPU in f32/f64: the bias is written into the output rows and the GEMM adds
+// x W^T onto them (beta = 1), saving the separate pass over [N, out] that add() would make. One node:
+// dx = dY W, dW = dY^T x (computed straight in W's [out, in] layout), db = column sums of dY.
+bool fused_linear_applies(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const DType t = x.dtype();
+  return (t == DType::f32 || t == DType::f64) && weight.dtype() == t && bias.dtype() == t && x.device().is_cpu() &&
+         weight.device().is_cpu() && bias.device().is_cpu() && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+         x.numel() > 0;
+}
+
+Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Tensor x2 = x.reshape({-1, x.size(-1)});  // (N, in)
+  const std::int64_t N = x2.size(0), out_features = weight.size(0);
+  Tensor out = Tensor::empty({N, out_features}, x.dtype());  // (N, out)
+  out.detach().copy_(bias.detach().reshape({1, out_features}).expand({N, out_features}));
+  gemm_cpu(x2.detach(), weight.detach().t(), out, 1, 1.0);
+  if (needs_grad({&x2, &weight, &bias})) {
+    SavedTensor sx(weight.requires_grad() ? x2 : Tensor()), sw(x2.requires_grad() ? weight : Tensor());
+    const bool want_db = bias.requires_grad();
+    record("linear", {x2, weight, bias}, {out}, [sx, sw, want_db](const std::vector<Tensor>& g) {
+      const Tensor xv = sx.unpack(), wv = sw.unpack();
+      Tensor dx, dw, db;
+      if (wv.defined()) dx = matmul(g[0], wv);       // (N, in)
+      if (xv.defined()) dw = matmul(g[0].t(), xv);   // (out, in), the weight's layout
+      if (want_db) db = sum(g[0], {0});              // (out)
+      return std::vector<Tensor>{dx, dw, db};
+    });
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = matmul_forward(a, b);
   if (needs_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
-    record("matmul", {a, b}, {out}, [sa, sb, b_shape = b.shape()](const std::vector<Tensor>& g) {
+    // A 2-D B stored transposed is a Linear weight seen through .t(): its gradient is computed as
+    // (dC^T A)^T, i.e. stored in the weight's own [out, in] layout, so the .t() backward hands the weight a
+    // contiguous gradient it can take over instead of copying a transposed one.
+    const bool b_transposed = b.dim() == 2 && b.size(0) > 1 && b.size(1) > 1 && b.stride(0) == 1 &&
+                              b.stride(1) == b.size(0);
+    record("matmul", {a, b}, {out}, [sa, sb, b_shape = b.shape(), b_transposed](const std::vector<Tensor>& g) {
       const Tensor av = sa.unpack(), bv = sb.unpack();
       Tensor da, db;
       if (bv.defined()) da = matmul(g[0], bv.transpose(-1, -2));  // dA = dC B^T
       if (av.defined()) {
-        if (b_shape.size() == 2 && av.dim() > 2) {
+        if (b_shape.size() == 2 && (av.dim() > 2 || b_transposed)) {
           // B was shared across the batch: dB = sum_i A_i^T dC_i = A_flat^T dC_flat.
-          db = matmul(av.reshape({-1, av.size(-1)}).t(), g[0].reshape({-1, g[0].size(-1)}));
+          const Tensor a2 = av.reshape({-1, av.size(-1)}), g2 = g[0].reshape({-1, g[0].size(-1)});
+          db = b_transposed ? matmul(g2.t(), a2).t() : matmul(a2.t(), g2);
         } else {
           db = matmul(av.transpose(-1, -2), g[0]);  // dB = A^T dC
         }
@@ -143,6 +189,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
   Shape out_shape = x.shape();
   out_shape.back() = weight.size(0);
+  if (bias.defined() && fused_linear_applies(x, weight, bias)) return fused_linear(x, weight, bias).reshape(out_shape);
   Tensor out = matmul(x.reshape({-1, x.size(-1)}), weight.t());
   if (bias.defined()) {
     MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear", "bias {} does not match weight {}",

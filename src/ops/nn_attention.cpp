@@ -1,6 +1,13 @@
 // scaled_dot_product_attention: flash attention on the CPU (see cpu/attention.h). The forward saves q, k, v
 // (references to tensors that exist anyway), its output, and the per-row log-sum-exp [B, H, T]: O(T)
 // extra bytes per head, never the T x T scores. Score tiles live in a workspace buffer freed on return.
+//
+// Layouts, so a GPT block moves no activation bytes around attention: q, k, v are read through their
+// strides (the head views of a fused QKV projection need no copy). The output is stored [B, T, H, D] and
+// returned as its [B, H, T, D] transpose, so the caller's transpose(1, 2).reshape({B, T, C}) is a view.
+// The gradients dq, dk, dv are written into one [B, T, 3, H, D] buffer and returned as [B, H, T, D] views
+// of it: when q, k, v came from split(qkv), their gradients flow back through views into exactly the
+// [B, T, 3C] gradient of qkv, which split's backward then takes over without a copy.
 #include "cpu/attention.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
@@ -19,19 +26,30 @@ struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 
+// t detached in its compute dtype, copied only when its last dim is not unit-stride.
+Tensor head_input(const Tensor& t) {
+  Tensor c = detail::to_compute(t.detach());
+  return c.stride(3) == 1 || c.size(3) == 1 ? c : c.contiguous();
+}
+
+cpu::HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, bool causal) {
-  const Tensor g = detail::compute_input(dout), qc = detail::compute_input(q), kc = detail::compute_input(k),
-               vc = detail::compute_input(v), oc = detail::compute_input(out);
+  const Tensor g = head_input(dout), qc = head_input(q), kc = head_input(k), vc = head_input(v),
+               oc = head_input(out);
   const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
-  Tensor dq = Tensor::empty(qc.shape(), qc.dtype()), dk = Tensor::empty(qc.shape(), qc.dtype()),
-         dv = Tensor::empty(qc.shape(), qc.dtype());
+  // One [B, T, 3, H, D] buffer; the three gradients are its [B, H, T, D] slices.
+  const Tensor grads = Tensor::empty({B, T_len, 3, H, D}, qc.dtype());
+  const Tensor dq = grads.select(2, 0).transpose(1, 2), dk = grads.select(2, 1).transpose(1, 2),
+               dv = grads.select(2, 2).transpose(1, 2);
   const int nthreads = detail::max_threads();
   const Tensor ws = detail::workspace(cpu::attention_backward_workspace(T_len, D, nthreads), qc.dtype());
   detail::dispatch_compute("scaled_dot_product_attention_backward", qc.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    cpu::attention_backward<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), g.data<T>(), qc.data<T>(), kc.data<T>(),
-                               vc.data<T>(), oc.data<T>(), lse.data<T>(), B * H, T_len, D,
+    cpu::attention_backward<T>(dq.data<T>(), layout_of(dq), dk.data<T>(), layout_of(dk), dv.data<T>(), layout_of(dv),
+                               g.data<T>(), layout_of(g), qc.data<T>(), layout_of(qc), kc.data<T>(), layout_of(kc),
+                               vc.data<T>(), layout_of(vc), oc.data<T>(), layout_of(oc), lse.data<T>(), B, H, T_len, D,
                                1.0 / std::sqrt(static_cast<double>(D)), causal, ws.data<T>(), nthreads);
   });
   return {detail::as_dtype(dq, q.dtype()), detail::as_dtype(dk, k.dtype()), detail::as_dtype(dv, v.dtype())};
@@ -50,15 +68,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
            shape_str(k.shape()), shape_str(v.shape()));
   MT_CHECK(q.size(3) > 0, op, "head dim must be positive, got q {}", shape_str(q.shape()));
   const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
-  const Tensor qc = detail::compute_input(q), kc = detail::compute_input(k), vc = detail::compute_input(v);
-  Tensor y = Tensor::empty(q.shape(), qc.dtype());
+  const Tensor qc = head_input(q), kc = head_input(k), vc = head_input(v);
+  // Stored [B, T, H, D], seen as [B, H, T, D] (see the top of this file).
+  Tensor y = Tensor::empty({B, T_len, H, D}, qc.dtype()).transpose(1, 2);
   Tensor lse = Tensor::empty({B, H, T_len}, qc.dtype());
   {
     const int nthreads = detail::max_threads();
     const Tensor ws = detail::workspace(cpu::attention_forward_workspace(T_len, D, nthreads), qc.dtype());
     detail::dispatch_compute(op, qc.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      cpu::attention_forward<T>(y.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), B * H, T_len, D,
+      cpu::attention_forward<T>(y.data<T>(), layout_of(y), lse.data<T>(), qc.data<T>(), layout_of(qc), kc.data<T>(),
+                                layout_of(kc), vc.data<T>(), layout_of(vc), B, H, T_len, D,
                                 1.0 / std::sqrt(static_cast<double>(D)), causal, ws.data<T>(), nthreads);
     });
   }

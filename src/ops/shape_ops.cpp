@@ -1,5 +1,6 @@
 // Joining and splitting: concat copies its inputs into one new tensor (backward hands each input its
-// slice of the gradient); split and chunk return narrow() views, so their autograd is narrow's.
+// slice of the gradient); split and chunk return narrow() views of the input, recorded as one split node
+// whose backward assembles the input's gradient once.
 #include "memtrain/autograd/node.h"
 #include "memtrain/ops/shape.h"
 #include "ops/op_utils.h"
@@ -19,6 +20,35 @@ std::int64_t checked_dim(const char* op, std::int64_t dim, const Tensor& a) {
   MT_CHECK(dim >= -a.dim() && dim < a.dim(), op, "dimension {} out of range for input {} of rank {}", dim,
            shape_str(a.shape()), a.dim());
   return dim < 0 ? dim + a.dim() : dim;
+}
+
+// The gradient of split's input from its pieces' gradients g (the engine has zero-filled missing ones).
+// When the pieces' gradients already are consecutive slices of one tensor laid out like a contiguous
+// `shape` (scaled_dot_product_attention writes dq, dk, dv so), that tensor is handed back as it is.
+Tensor split_backward(const std::vector<Tensor>& g, const Shape& shape, const Shape& sizes, std::int64_t d) {
+  const Shape dense = contiguous_strides(shape);
+  const std::int64_t base_offset = g.front().offset();
+  bool in_place = true;
+  std::int64_t start = 0;
+  for (std::size_t i = 0; i < g.size() && in_place; ++i) {
+    Shape piece_shape = shape;
+    piece_shape[d] = sizes[i];
+    // Strides of a size-1 dim do not matter; compare the others.
+    for (std::size_t k = 0; k < shape.size() && in_place; ++k)
+      in_place = piece_shape[k] == 1 || g[i].strides()[k] == dense[k];
+    in_place = in_place && g[i].shape() == piece_shape && g[i].dtype() == g.front().dtype() &&
+               g[i].device() == g.front().device() && g[i].shares_storage_with(g.front()) &&
+               g[i].offset() == base_offset + start * dense[d];
+    start += sizes[i];
+  }
+  if (in_place) return Tensor::make_view(g.front().storage(), shape, dense, base_offset, g.front().dtype());
+  Tensor dx = Tensor::empty(shape, g.front().dtype(), g.front().device());
+  start = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (sizes[i] > 0) dx.narrow(d, start, sizes[i]).copy_(g[i]);
+    start += sizes[i];
+  }
+  return dx;
 }
 
 }  // namespace
@@ -75,12 +105,20 @@ std::vector<Tensor> split(const Tensor& a, const Shape& sizes, std::int64_t dim)
   }
   MT_CHECK(total == a.shape()[d], "split", "sizes {} add up to {}, but dimension {} of input {} has size {}",
            shape_str(sizes), total, d, shape_str(a.shape()), a.shape()[d]);
+  // Views of `a` recorded as one node (not one narrow node per piece), so the backward builds a's gradient
+  // once instead of zero-filling and summing one full-size tensor per piece.
+  const Tensor base = a.detach();
   std::vector<Tensor> pieces;
   pieces.reserve(sizes.size());
   std::int64_t start = 0;
   for (auto s : sizes) {
-    pieces.push_back(a.narrow(d, start, s));
+    pieces.push_back(base.narrow(d, start, s));
     start += s;
+  }
+  if (needs_grad({&a})) {
+    record("split", {a}, pieces, [shape = a.shape(), sizes, d](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{split_backward(g, shape, sizes, d)};
+    });
   }
   return pieces;
 }

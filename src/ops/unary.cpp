@@ -1,8 +1,10 @@
 // Unary math and activations: abs, exp, log, sqrt, rsqrt, pow, tanh, sigmoid, relu, gelu, silu, clamp.
-// Each forward is one CPU map (unary_kernel). A backward that needs more than one simple op gets its own
+// Each forward is one CPU map (unary_kernel), except tanh-GELU, which has fused array kernels (cpu/gelu.h)
+// since it is the one activation of a GPT's MLP and libm's tanhf dominated its cost. A backward that needs more than one simple op gets its own
 // small backward op below (<op>_backward: one fused map of the gradient and one saved tensor), so the
 // rule lives once and a device backend only adds that op's kernel. Where the derivative is cheaper from
 // the output (exp, sqrt, rsqrt, tanh, sigmoid, relu) the output is saved instead of the input.
+#include "cpu/gelu.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ops/elementwise.h"
@@ -32,12 +34,6 @@ T stable_sigmoid(T x) {
   if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
   const T z = std::exp(x);
   return z / (T(1) + z);
-}
-
-template <typename T>
-T gelu_tanh(T x) {
-  const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(u));
 }
 
 template <typename T>
@@ -107,9 +103,41 @@ Tensor clamp_backward(const Tensor& g, const Tensor& x, double lo, double hi) {
   });
 }
 
-Tensor gelu_backward(const Tensor& g, const Tensor& x, GeluApproximation approximation) {
-  if (approximation == GeluApproximation::tanh)
+// gelu (tanh) and its backward on the fused array kernels of cpu/gelu.h: inputs in the compute dtype and
+// contiguous (a copy only for views or bf16/f16), the result back in the input's dtype.
+Tensor gelu_tanh_kernel(const Tensor& a) {
+  detail::check_floating("gelu", a);
+  detail::check_cpu("gelu", a);
+  Tensor x = detail::to_compute(a);
+  if (!x.is_contiguous()) x = x.contiguous();
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  detail::dispatch_compute("gelu", x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::gelu_tanh_forward<T>(y.data<T>(), x.data<T>(), x.numel());
+  });
+  return y.dtype() == a.dtype() ? y : y.to(a.dtype());
+}
+
+Tensor gelu_tanh_backward_kernel(const Tensor& g, const Tensor& x) {
+  if (g.shape() != x.shape()) {  // never from gelu's own node; kept general like the other backward ops
     return binary_kernel("gelu_backward", g, x, [](auto dy, auto v) { return dy * gelu_tanh_grad(v); });
+  }
+  detail::check_same("gelu_backward", g, x);
+  detail::check_floating("gelu_backward", x);
+  detail::check_cpu("gelu_backward", x);
+  Tensor gc = detail::to_compute(g), xc = detail::to_compute(x);
+  if (!gc.is_contiguous()) gc = gc.contiguous();
+  if (!xc.is_contiguous()) xc = xc.contiguous();
+  Tensor dx = Tensor::empty(xc.shape(), xc.dtype());
+  detail::dispatch_compute("gelu_backward", xc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::gelu_tanh_backward<T>(dx.data<T>(), gc.data<T>(), xc.data<T>(), xc.numel());
+  });
+  return dx.dtype() == x.dtype() ? dx : dx.to(x.dtype());
+}
+
+Tensor gelu_backward(const Tensor& g, const Tensor& x, GeluApproximation approximation) {
+  if (approximation == GeluApproximation::tanh) return gelu_tanh_backward_kernel(g, x);
   return binary_kernel("gelu_backward", g, x, [](auto dy, auto v) { return dy * gelu_erf_grad(v); });
 }
 
@@ -196,7 +224,7 @@ Tensor relu(const Tensor& a) {
 
 Tensor gelu(const Tensor& a, GeluApproximation approximation) {
   Tensor out = approximation == GeluApproximation::tanh
-                   ? unary_kernel("gelu", a, [](auto x) { return gelu_tanh(x); })
+                   ? gelu_tanh_kernel(a)
                    : unary_kernel("gelu", a, [](auto x) { return gelu_erf(x); });
   if (needs_grad({&a})) {
     record_unary("gelu", a, out, a, [approximation](const Tensor& g, const Tensor& x) {

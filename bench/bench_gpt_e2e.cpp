@@ -1,0 +1,145 @@
+// End-to-end GPT training step on the CPU, f32: forward + cross entropy, backward, AdamW step, zero_grad.
+// The peer program bench/torch_peer/gpt_step_torch.cpp runs the same model and loop in libtorch and
+// prints the same lines, so bench/run_gpt_side_by_side.sh can put the two side by side.
+//
+// Run: ./bench_gpt_e2e [--model small|gpt2-124M|tiny] [--seq-len T] [--batch B] [--steps N] [--warmup W]
+//                      [--threads P]
+// Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
+// memtrain's allocator peak. A plain main(), not google-benchmark: one step takes seconds, and the
+// median over a few steps is what we compare. The last line is machine-readable ("RESULT ...").
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/error.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/core/tensor.h"
+#include "memtrain/nn/gpt.h"
+#include "memtrain/optim/spec.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sys/resource.h>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace memtrain;
+
+struct Args {
+  std::string model = "small";
+  std::int64_t seq_len = 256;
+  std::int64_t batch = 8;
+  int steps = 10;
+  int warmup = 3;
+  int threads = 0;  // 0 = OpenMP's default
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    MT_CHECK(i + 1 < argc, "bench_gpt_e2e", "option {} needs a value", k);
+    const std::string v = argv[++i];
+    if (k == "--model") a.model = v;
+    else if (k == "--seq-len") a.seq_len = std::stoll(v);
+    else if (k == "--batch") a.batch = std::stoll(v);
+    else if (k == "--steps") a.steps = std::stoi(v);
+    else if (k == "--warmup") a.warmup = std::stoi(v);
+    else if (k == "--threads") a.threads = std::stoi(v);
+    else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
+                  "--threads)", k);
+  }
+  MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
+           "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
+  return a;
+}
+
+// CPU seconds (user + system, all threads) this process has used: next to wall time, it shows how much
+// of a step was lost to other processes on a busy machine.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Peak resident set size of this process in KiB (VmHWM), or 0 where /proc is absent.
+std::int64_t peak_rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  return 0;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::mt19937_64& gen) {
+  std::vector<std::int64_t> buf(static_cast<std::size_t>(B * T));
+  std::uniform_int_distribution<std::int64_t> dist(0, V - 1);
+  for (auto& t : buf) t = dist(gen);
+  return from_buffer(buf.data(), {B, T}, DType::i64, DType::i64);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Args a = parse(argc, argv);
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  nn::GPTConfig cfg = nn::GPTConfig::preset(a.model);
+  MT_CHECK(a.seq_len <= cfg.block_size, "bench_gpt_e2e", "seq-len {} exceeds block_size {} of {}", a.seq_len,
+           cfg.block_size, a.model);
+  manual_seed(1337);
+  nn::GPT model(cfg);
+  auto opt = optim::Spec::adamw({.lr = 3e-4, .weight_decay = 0.1})
+                 .make(optim::decay_groups(model.named_parameters(), 3e-4, 0.1));
+
+  std::mt19937_64 gen(42);
+  const Tensor idx = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
+  const Tensor targets = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
+
+  fmt::print("memtrain GPT {} (params {:.2f}M) B={} T={} threads={}\n", a.model,
+             static_cast<double>(model.num_parameters()) * 1e-6, a.batch, a.seq_len, omp_get_max_threads());
+  std::vector<double> ms, cpu_ms;
+  double last_loss = 0.0;
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
+    const double c0 = cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor loss = model.loss(idx, targets);
+    loss.backward();  // autograd::backward({loss}, {ones_like(loss)})
+    opt->step();
+    opt->zero_grad();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double dc = 1e3 * (cpu_seconds() - c0);
+    last_loss = loss.item();
+    const double dt = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    fmt::print("  step {:2d}{} {:9.1f} ms  (cpu {:9.1f} ms)  loss {:.4f}\n", s,
+               s < a.warmup ? " (warm-up)" : "          ", dt, dc, last_loss);
+    std::fflush(stdout);
+    if (s >= a.warmup) ms.push_back(dt), cpu_ms.push_back(dc);
+  }
+  const double median = median_of(ms), cpu_median = median_of(cpu_ms);
+  const double tok_s = static_cast<double>(a.batch * a.seq_len) / (median * 1e-3);
+  const double rss_mib = static_cast<double>(peak_rss_kib()) / 1024.0;
+  const double alloc_mib = static_cast<double>(memory_stats().peak_bytes) / (1024.0 * 1024.0);
+  fmt::print("median step {:.1f} ms (cpu {:.1f} ms), {:.0f} tokens/s, peak RSS {:.0f} MiB, allocator peak {:.0f} MiB\n",
+             median, cpu_median, tok_s, rss_mib, alloc_mib);
+  fmt::print("RESULT impl=memtrain model={} B={} T={} threads={} step_ms={:.1f} cpu_ms={:.1f} tok_s={:.0f} "
+             "rss_mib={:.0f} alloc_mib={:.0f}\n",
+             a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());  // memtrain::Error names the op already
+  return 1;
+}
