@@ -39,9 +39,6 @@ constexpr double kLayerNormEps = 1e-5;                // what nn::GPT's LayerNor
 constexpr double kDefaultDropout = 0.1;               // GPT2Config's resid_pdrop default
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
 
 // The layer index of a "h.{i}.rest" name and the rest, or nullopt for any other name.
 std::optional<std::pair<std::int64_t, std::string_view>> split_block(std::string_view name) {
