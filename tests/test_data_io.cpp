@@ -1,5 +1,6 @@
 // File formats: safetensors, IDX (MNIST) and llm.c token shards. Reference files are built byte by byte
 // from the format specs here, independently of the writers under test.
+#include "temp_dir.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/data/idx.h"
@@ -27,29 +28,7 @@ using namespace memtrain;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/memtrain_data_io_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
+using memtrain::test_support::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

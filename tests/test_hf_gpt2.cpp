@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "temp_dir.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/tensor.h"
@@ -43,23 +44,7 @@ constexpr double kTolF32 = 1e-5;
 // f64: only summation order and libm differ.
 constexpr double kTolF64 = 1e-10;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/memtrain_hf_gpt2_XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using memtrain::test_support::TempDir;
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 

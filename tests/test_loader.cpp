@@ -1,5 +1,6 @@
 // Datasets and the batch loader: determinism, sharding, resumption, prefetching, and bad input. Expected
 // batches are computed here from the sample indices and the file contents the tests write themselves.
+#include "temp_dir.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
@@ -31,24 +32,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/memtrain_loader_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using memtrain::test_support::TempDir;
 
 // The message of the memtrain::Error fn throws ("" and a test failure when it throws none).
 template <typename Fn>

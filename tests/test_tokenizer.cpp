@@ -2,6 +2,7 @@
 // tests/fixtures/tokenizer/ from scripts/make_tokenizer_fixtures.py), a plain brute-force BPE trainer
 // written below, and merges and ids worked out by hand.
 #include "data/bpe_pretokenize.h"
+#include "temp_dir.h"
 #include "memtrain/core/error.h"
 #include "memtrain/data/bpe_tokenizer.h"
 #include "memtrain/data/prepare_corpus.h"
@@ -30,24 +31,7 @@ namespace {
 const std::string kFixtures = std::string(MEMTRAIN_FIXTURES_DIR) + "/tokenizer";
 const std::string kFortunes = "/usr/share/games/fortunes";
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/memtrain_tokenizer_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using memtrain::test_support::TempDir;
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
