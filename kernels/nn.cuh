@@ -1,0 +1,160 @@
+// Launchers for the neural-net kernels: norms (nn_norm.cu), softmax and cross entropy (nn_softmax.cu),
+// GELU, dropout and embedding (nn_pointwise.cu). Plain C++-callable: the host backend (src/cuda/cuda_nn.cpp)
+// includes this with the C++ compiler. Each launcher takes raw device pointers, sizes and a stream,
+// enqueues its kernels (nothing when there is no work) and returns the first error, or
+// cudaGetLastError() after the last launch, so a bad launch is reported at the call that made it.
+//
+// T is float or __nv_bfloat16 (instantiated in the .cu files), I is std::int32_t or std::int64_t.
+// bf16 data is widened to f32 for all arithmetic and rounded once (nearest even) on the way out; row
+// statistics (mean, rstd, lse) and per-row losses are always f32. Arrays are contiguous, row-major.
+// Sizes are checked by the caller: N, C >= 0, N * C fits in int64.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace memtrain::cuda {
+
+// ---- norms (nn_norm.cu) -------------------------------------------------------------------------
+
+// out (N, C) = (x - mean) * rstd * weight + bias; mean, rstd (N) written when non-null. weight and bias
+// (C) may be null (1 and 0).
+template <typename T>
+cudaError_t launch_layer_norm_forward(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
+                                      std::int64_t N, std::int64_t C, float eps, cudaStream_t stream);
+// dx (N, C) overwritten; dweight, dbias (C) overwritten when non-null, summed over rows through
+// `partials` (norm_backward_partial_floats(N, C, count of non-null dweight/dbias) floats, or null when
+// both are null).
+template <typename T>
+cudaError_t launch_layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
+                                       const float* mean, const float* rstd, std::int64_t N, std::int64_t C,
+                                       float* partials, cudaStream_t stream);
+
+// out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps); rstd (N) written when non-null.
+template <typename T>
+cudaError_t launch_rms_norm_forward(T* out, float* rstd, const T* x, const T* weight, std::int64_t N, std::int64_t C,
+                                    float eps, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight, const float* rstd,
+                                     std::int64_t N, std::int64_t C, float* partials, cudaStream_t stream);
+
+// Scratch floats the norm backwards need for `sums` per-column sums (0, 1 or 2) over N rows of C.
+std::size_t norm_backward_partial_floats(std::int64_t N, std::int64_t C, int sums);
+
+// ---- softmax, cross entropy (nn_softmax.cu) ------------------------------------------------------
+
+// Over the last dim of (N, C): out = softmax(x), or log_softmax(x) when `is_log`.
+template <typename T>
+cudaError_t launch_softmax_forward(T* out, const T* x, std::int64_t N, std::int64_t C, bool is_log,
+                                   cudaStream_t stream);
+// softmax: dx = out * (dout - sum(dout * out)); log_softmax: dx = dout - exp(out) * sum(dout).
+template <typename T>
+cudaError_t launch_softmax_backward(T* dx, const T* dout, const T* out, std::int64_t N, std::int64_t C, bool is_log,
+                                    cudaStream_t stream);
+
+// losses, lse (N) from logits (N, V): lse = log sum exp(row), loss = lse - logits[n, t] (0 when
+// t == ignore_index, NaN when t is outside [0, V) otherwise).
+template <typename T, typename I>
+cudaError_t launch_cross_entropy_forward(float* losses, float* lse, const T* logits, const I* targets, std::int64_t N,
+                                         std::int64_t V, std::int64_t ignore_index, cudaStream_t stream);
+// dlogits (N, V) = dloss[n * dloss_stride] * (exp(logits - lse) - onehot(t)); rows with t == ignore_index
+// are 0, rows with t outside [0, V) are NaN.
+template <typename T, typename I>
+cudaError_t launch_cross_entropy_backward(T* dlogits, const float* dloss, std::int64_t dloss_stride, const T* logits,
+                                          const float* lse, const I* targets, std::int64_t N, std::int64_t V,
+                                          std::int64_t ignore_index, cudaStream_t stream);
+
+// ---- GELU, dropout, embedding (nn_pointwise.cu) ---------------------------------------------------
+
+// y = gelu_tanh(x) and dx = dy * gelu_tanh'(x) over n elements; y may be x, dx may be dy.
+template <typename T>
+cudaError_t launch_gelu_tanh_forward(T* y, const T* x, std::size_t n, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_gelu_tanh_backward(T* dx, const T* dy, const T* x, std::size_t n, cudaStream_t stream);
+
+// out[i] = in[i] * scale if lane (i % 4) of Philox4x32-10 block (offset + i / 4) under key `seed` is
+// >= threshold (<= 2^32), else 0. out may be in. The rule of cpu/dropout.h, bit for bit.
+template <typename T>
+cudaError_t launch_dropout(T* out, const T* in, std::size_t n, std::uint64_t threshold, float scale,
+                           std::uint64_t seed, std::uint64_t offset, cudaStream_t stream);
+
+// out (N, C) = weight[indices[n]] from weight (V, C); a row whose index is outside [0, V) is NaN.
+template <typename T, typename I>
+cudaError_t launch_embedding_forward(T* out, const T* weight, const I* indices, std::int64_t N, std::int64_t V,
+                                     std::int64_t C, cudaStream_t stream);
+// dweight (V, C) += dout rows scattered by index, repeated indices summed in increasing n (f32, starting
+// from dweight): deterministic, and for f32 bit-identical to cpu::embedding_backward. Out-of-range
+// indices are skipped. Needs N <= INT32_MAX, V < 2^31 and `scratch` of embedding_backward_scratch_bytes.
+template <typename T, typename I>
+cudaError_t launch_embedding_backward(T* dweight, const T* dout, const I* indices, std::int64_t N, std::int64_t V,
+                                      std::int64_t C, void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
+cudaError_t embedding_backward_scratch_bytes(std::int64_t N, std::int64_t V, std::size_t* bytes);
+
+}  // namespace memtrain::cuda
+
+#if defined(__CUDACC__)
+// ---- device helpers shared by the nn_*.cu files (nvcc only) ----------------------------------------
+namespace memtrain::cuda::nn_device {
+
+// Row kernels loop over rows with a grid of at most this many blocks (far below gridDim.x's 2^31 - 1,
+// and many waves on any GPU).
+constexpr int kMaxRowBlocks = 65535;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum / max over the block, returned to every thread. blockDim.x must be a multiple of 32 (<= 1024) and
+// every thread of the block must call it; `red` is __shared__ float[32]. The leading __syncthreads lets
+// consecutive calls reuse `red`. Fixed order for a given blockDim: deterministic.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0f);
+}
+__device__ __forceinline__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  return warp_max(lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : __int_as_float(0xff800000));  // -inf
+}
+
+}  // namespace memtrain::cuda::nn_device
+
+namespace memtrain::cuda {
+// Threads for a block that owns one row of C elements: about 4 elements per thread, a whole number of
+// warps, 32 to 1024.
+inline unsigned nn_row_threads(std::int64_t C) {
+  const std::int64_t warps = (C + 127) / 128;
+  return static_cast<unsigned>(32 * (warps < 1 ? 1 : (warps > 32 ? 32 : warps)));
+}
+inline unsigned nn_row_blocks(std::int64_t N) {
+  return static_cast<unsigned>(N < nn_device::kMaxRowBlocks ? (N < 1 ? 1 : N) : nn_device::kMaxRowBlocks);
+}
+}  // namespace memtrain::cuda
+#endif

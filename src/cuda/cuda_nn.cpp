@@ -1,0 +1,387 @@
+// CUDA backend, host side of the neural-net kernels (memtrain/cuda/nn.h): argument checks, dispatch from
+// DType to the launchers in kernels/nn.cuh, and the scratch the norm and embedding backwards need.
+//
+// Every entry point checks its arguments first (so a bad call throws without touching a device), then
+// requires the device, makes it current and enqueues on the legacy default stream like cuda_backend.cpp.
+// Scratch comes from the device's Allocator (category workspace) and goes back to its cache as soon as
+// the kernels are enqueued: the cache hands a block only to work enqueued later on the same stream, and
+// cudaFree (empty_cache) waits for the device, so the kernels still using it are never overtaken.
+#include "memtrain/cuda/nn.h"
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/error.h"
+#include "memtrain/cuda/cuda.h"
+#include "cuda/cuda_common.h"
+#include "kernels/nn.cuh"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace memtrain::cuda {
+
+namespace {
+
+constexpr cudaStream_t kStream = nullptr;  // the legacy default stream
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls f(Tag<T>{}) with T = float or __nv_bfloat16 for dtype (checked before).
+template <typename F>
+void with_float_type(DType dtype, F&& f) {
+  if (dtype == DType::f32) {
+    f(Tag<float>{});
+  } else {
+    f(Tag<__nv_bfloat16>{});
+  }
+}
+template <typename F>
+void with_index_type(DType index_dtype, F&& f) {
+  if (index_dtype == DType::i32) {
+    f(Tag<std::int32_t>{});
+  } else {
+    f(Tag<std::int64_t>{});
+  }
+}
+
+template <typename T>
+const T* in(const void* p) {
+  return static_cast<const T*>(p);
+}
+template <typename T>
+T* out(void* p) {
+  return static_cast<T*>(p);
+}
+
+void check_dtype(const char* op, DType dtype) {
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, "dtype {} is not supported on CUDA (f32, bf16)",
+           dtype_name(dtype));
+}
+void check_index_dtype(const char* op, DType index_dtype) {
+  MT_CHECK(index_dtype == DType::i32 || index_dtype == DType::i64, op, "index dtype {} is not supported (i32, i64)",
+           dtype_name(index_dtype));
+}
+// rows, cols >= 0 and rows * cols fits in int64.
+void check_shape(const char* op, const char* rows_name, std::int64_t rows, const char* cols_name, std::int64_t cols) {
+  MT_CHECK(rows >= 0 && cols >= 0, op, "negative size {}={} {}={}", rows_name, rows, cols_name, cols);
+  MT_CHECK(cols == 0 || rows <= std::numeric_limits<std::int64_t>::max() / cols, op,
+           "{}={} x {}={} elements overflow int64", rows_name, rows, cols_name, cols);
+}
+void check_eps(const char* op, double eps) {
+  MT_CHECK(std::isfinite(eps) && eps >= 0.0, op, "eps={} must be finite and >= 0", eps);
+}
+
+// A block of workspace on `device`, returned to the allocator's cache on scope exit (see the top).
+class Scratch {
+ public:
+  Scratch(int device, std::size_t nbytes) : allocator_(Allocator::get(Device::cuda(device))) {
+    if (nbytes > 0) block_ = allocator_.allocate(nbytes, MemoryCategory::workspace);
+  }
+  ~Scratch() {
+    if (block_.ptr != nullptr) allocator_.deallocate(block_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return block_.ptr; }
+  std::size_t size() const { return block_.nbytes; }
+
+ private:
+  Allocator& allocator_;
+  Block block_;
+};
+
+void softmax_forward_impl(const char* op, bool is_log, void* y, const void* x, DType dtype, std::int64_t N,
+                          std::int64_t C, int device) {
+  check_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  if (N == 0 || C == 0) return;
+  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_softmax_forward, out<T>(y), in<T>(x), N, C, is_log, kStream);
+  });
+}
+
+void softmax_backward_impl(const char* op, bool is_log, void* dx, const void* dout, const void* y, DType dtype,
+                           std::int64_t N, std::int64_t C, int device) {
+  check_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  if (N == 0 || C == 0) return;
+  MT_CHECK(dx != nullptr && dout != nullptr && y != nullptr, op, "null pointer for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_softmax_backward, out<T>(dx), in<T>(dout), in<T>(y), N, C, is_log, kStream);
+  });
+}
+
+void dropout_impl(const char* op, void* y, const void* x, DType dtype, std::size_t n, double p, RngState state,
+                  int device) {
+  check_dtype(op, dtype);
+  MT_CHECK(p >= 0.0 && p <= 1.0, op, "p={} is outside [0, 1]", p);
+  MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) - 3, op, "n={} is too large", n);
+  if (n == 0) return;
+  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for {} elements", n);
+  detail::require_device(op, device);
+  // The CPU rule (cpu/dropout.cpp): threshold = round(p * 2^32), scale = 1 / (1 - p) rounded to f32.
+  const auto threshold = static_cast<std::uint64_t>(std::llround(p * 4294967296.0));
+  const float scale = p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_dropout, out<T>(y), in<T>(x), n, threshold, scale, state.seed, state.offset, kStream);
+  });
+}
+
+}  // namespace
+
+// ---- norms ----
+
+void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const void* weight, const void* bias,
+                        DType dtype, std::int64_t N, std::int64_t C, double eps, int device) {
+  constexpr const char* op = "cuda::layer_norm_forward";
+  check_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  check_eps(op, eps);
+  if (N == 0) return;
+  MT_CHECK(C > 0, op, "C is 0: nothing to normalise over in {} rows", N);
+  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_layer_norm_forward, out<T>(y), mean, rstd, in<T>(x), in<T>(weight), in<T>(bias), N, C,
+                  static_cast<float>(eps), kStream);
+  });
+}
+
+void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout, const void* x, const void* weight,
+                         const float* mean, const float* rstd, DType dtype, std::int64_t N, std::int64_t C,
+                         int device) {
+  constexpr const char* op = "cuda::layer_norm_backward";
+  check_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  if (N == 0 || C == 0) {
+    // No rows: the sums over rows are 0.
+    if (C > 0 && (dweight != nullptr || dbias != nullptr)) {
+      if (dweight != nullptr) fill(dweight, dtype, static_cast<std::size_t>(C), 0.0, device);
+      if (dbias != nullptr) fill(dbias, dtype, static_cast<std::size_t>(C), 0.0, device);
+    }
+    return;
+  }
+  MT_CHECK(dx != nullptr && dout != nullptr && x != nullptr && mean != nullptr && rstd != nullptr, op,
+           "null pointer among dx, dout, x, mean, rstd for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  const int sums = (dweight != nullptr) + (dbias != nullptr);
+  Scratch partials(device, norm_backward_partial_floats(N, C, sums) * sizeof(float));
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_layer_norm_backward, out<T>(dx), out<T>(dweight), out<T>(dbias), in<T>(dout), in<T>(x),
+                  in<T>(weight), mean, rstd, N, C, static_cast<float*>(partials.get()), kStream);
+  });
+}
+
+void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, DType dtype, std::int64_t N,
+                      std::int64_t C, double eps, int device) {
+  constexpr const char* op = "cuda::rms_norm_forward";
+  check_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  check_eps(op, eps);
+  if (N == 0) return;
+  MT_CHECK(C > 0, op, "C is 0: nothing to normalise over in {} rows", N);
+  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_rms_norm_forward, out<T>(y), rstd, in<T>(x), in<T>(weight), N, C,
+                  static_cast<float>(eps), kStream);
+  });
+}
+
+void rms_norm_backward(void* dx, void* dweight, const void* dout, const void* x, const void* weight,
+                       const float* rstd, DType dtype, std::int64_t N, std::int64_t C, int device) {
+  constexpr const char* op = "cuda::rms_norm_backward";
+  check_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  if (N == 0 || C == 0) {
+    if (C > 0 && dweight != nullptr) fill(dweight, dtype, static_cast<std::size_t>(C), 0.0, device);
+    return;
+  }
+  MT_CHECK(dx != nullptr && dout != nullptr && x != nullptr && rstd != nullptr, op,
+           "null pointer among dx, dout, x, rstd for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  Scratch partials(device, norm_backward_partial_floats(N, C, dweight != nullptr ? 1 : 0) * sizeof(float));
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_rms_norm_backward, out<T>(dx), out<T>(dweight), in<T>(dout), in<T>(x), in<T>(weight),
+                  rstd, N, C, static_cast<float*>(partials.get()), kStream);
+  });
+}
+
+// ---- softmax ----
+
+void softmax_forward(void* y, const void* x, DType dtype, std::int64_t N, std::int64_t C, int device) {
+  softmax_forward_impl("cuda::softmax_forward", false, y, x, dtype, N, C, device);
+}
+void softmax_backward(void* dx, const void* dout, const void* y, DType dtype, std::int64_t N, std::int64_t C,
+                      int device) {
+  softmax_backward_impl("cuda::softmax_backward", false, dx, dout, y, dtype, N, C, device);
+}
+void log_softmax_forward(void* y, const void* x, DType dtype, std::int64_t N, std::int64_t C, int device) {
+  softmax_forward_impl("cuda::log_softmax_forward", true, y, x, dtype, N, C, device);
+}
+void log_softmax_backward(void* dx, const void* dout, const void* y, DType dtype, std::int64_t N, std::int64_t C,
+                          int device) {
+  softmax_backward_impl("cuda::log_softmax_backward", true, dx, dout, y, dtype, N, C, device);
+}
+
+// ---- cross entropy ----
+
+void cross_entropy_forward(float* losses, float* lse, const void* logits, DType dtype, const void* targets,
+                           DType index_dtype, std::int64_t N, std::int64_t V, std::int64_t ignore_index, int device) {
+  constexpr const char* op = "cuda::cross_entropy_forward";
+  check_dtype(op, dtype);
+  check_index_dtype(op, index_dtype);
+  check_shape(op, "N", N, "V", V);
+  if (N == 0) return;
+  MT_CHECK(V > 0, op, "V is 0: no classes for {} rows", N);
+  MT_CHECK(losses != nullptr && logits != nullptr && targets != nullptr, op,
+           "null pointer among losses, logits, targets for ({}, {}) logits", N, V);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_index_type(index_dtype, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      MT_CUDA_CHECK(op, launch_cross_entropy_forward, losses, lse, in<T>(logits), in<I>(targets), N, V, ignore_index,
+                    kStream);
+    });
+  });
+}
+
+void cross_entropy_backward(void* dlogits, const float* dloss, std::int64_t dloss_stride, const void* logits,
+                            const float* lse, DType dtype, const void* targets, DType index_dtype, std::int64_t N,
+                            std::int64_t V, std::int64_t ignore_index, int device) {
+  constexpr const char* op = "cuda::cross_entropy_backward";
+  check_dtype(op, dtype);
+  check_index_dtype(op, index_dtype);
+  check_shape(op, "N", N, "V", V);
+  MT_CHECK(dloss_stride >= 0, op, "dloss_stride={} is negative", dloss_stride);
+  MT_CHECK(N == 0 || dloss_stride <= std::numeric_limits<std::int64_t>::max() / N, op,
+           "dloss_stride={} x N={} overflows int64", dloss_stride, N);
+  if (N == 0 || V == 0) return;
+  MT_CHECK(dlogits != nullptr && dloss != nullptr && logits != nullptr && lse != nullptr && targets != nullptr, op,
+           "null pointer among dlogits, dloss, logits, lse, targets for ({}, {}) logits", N, V);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_index_type(index_dtype, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      MT_CUDA_CHECK(op, launch_cross_entropy_backward, out<T>(dlogits), dloss, dloss_stride, in<T>(logits), lse,
+                    in<I>(targets), N, V, ignore_index, kStream);
+    });
+  });
+}
+
+// ---- GELU ----
+
+void gelu_tanh_forward(void* y, const void* x, DType dtype, std::size_t n, int device) {
+  constexpr const char* op = "cuda::gelu_tanh_forward";
+  check_dtype(op, dtype);
+  MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), op, "n={} is too large", n);
+  if (n == 0) return;
+  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for {} elements", n);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_gelu_tanh_forward, out<T>(y), in<T>(x), n, kStream);
+  });
+}
+
+void gelu_tanh_backward(void* dx, const void* dy, const void* x, DType dtype, std::size_t n, int device) {
+  constexpr const char* op = "cuda::gelu_tanh_backward";
+  check_dtype(op, dtype);
+  MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), op, "n={} is too large", n);
+  if (n == 0) return;
+  MT_CHECK(dx != nullptr && dy != nullptr && x != nullptr, op, "null pointer for {} elements", n);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_gelu_tanh_backward, out<T>(dx), in<T>(dy), in<T>(x), n, kStream);
+  });
+}
+
+// ---- dropout ----
+
+void dropout_forward(void* y, const void* x, DType dtype, std::size_t n, double p, RngState state, int device) {
+  dropout_impl("cuda::dropout_forward", y, x, dtype, n, p, state, device);
+}
+void dropout_backward(void* dx, const void* dout, DType dtype, std::size_t n, double p, RngState state, int device) {
+  dropout_impl("cuda::dropout_backward", dx, dout, dtype, n, p, state, device);  // the same mask and scale
+}
+
+// ---- embedding ----
+
+void embedding_forward(void* y, const void* weight, const void* indices, DType dtype, DType index_dtype,
+                       std::int64_t N, std::int64_t V, std::int64_t C, int device) {
+  constexpr const char* op = "cuda::embedding_forward";
+  check_dtype(op, dtype);
+  check_index_dtype(op, index_dtype);
+  check_shape(op, "N", N, "C", C);
+  check_shape(op, "V", V, "C", C);
+  if (N == 0 || C == 0) return;
+  MT_CHECK(V > 0, op, "V is 0: an empty table cannot be indexed by {} indices", N);
+  MT_CHECK(y != nullptr && weight != nullptr && indices != nullptr, op,
+           "null pointer among out, weight, indices for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_index_type(index_dtype, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, kStream);
+    });
+  });
+}
+
+void embedding_backward(void* dweight, const void* dout, const void* indices, DType dtype, DType index_dtype,
+                        std::int64_t N, std::int64_t V, std::int64_t C, int device) {
+  constexpr const char* op = "cuda::embedding_backward";
+  check_dtype(op, dtype);
+  check_index_dtype(op, index_dtype);
+  check_shape(op, "N", N, "C", C);
+  check_shape(op, "V", V, "C", C);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  MT_CHECK(N <= kMax && V <= kMax, op, "N={} or V={} exceeds 2^31 - 1", N, V);
+  if (N == 0 || C == 0) return;
+  MT_CHECK(V > 0, op, "V is 0: an empty table cannot be indexed by {} indices", N);
+  MT_CHECK(dweight != nullptr && dout != nullptr && indices != nullptr, op,
+           "null pointer among dweight, dout, indices for ({}, {}) elements", N, C);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  std::size_t bytes = 0;
+  MT_CUDA_CHECK(op, embedding_backward_scratch_bytes, N, V, &bytes);
+  Scratch scratch(device, bytes);
+  with_float_type(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_index_type(index_dtype, [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
+                    scratch.get(), scratch.size(), kStream);
+    });
+  });
+}
+
+}  // namespace memtrain::cuda
