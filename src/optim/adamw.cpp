@@ -3,6 +3,8 @@
 // AVX2 kernels), so the result is bit-identical on the fixture (fma32 is one instruction with -march=native).
 #include "memtrain/optim/adamw.h"
 
+#include "memtrain/cuda/optim.h"
+
 #include <cmath>
 
 // Bit-compatibility with PyTorch needs every product rounded on its own except the two explicit fma32
@@ -38,13 +40,22 @@ AdamW::AdamW(std::vector<ParamGroup> groups) : Optimizer(std::move(groups)) {
 }
 
 void AdamW::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "AdamW");
-  state.tensors["exp_avg"] = zeros(param.shape(), DType::f32);
-  state.tensors["exp_avg_sq"] = zeros(param.shape(), DType::f32);
+  check_f32_contiguous(param, "AdamW", /*cuda_ok=*/true);
+  state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, param.device());
+  state.tensors["exp_avg_sq"] = zeros(param.shape(), DType::f32, param.device());
 }
 
 void AdamW::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g32 = grad_f32(grad);
+  const Tensor g32 = grad_f32(grad, param.device());
+  if (param.device().is_cuda()) {
+    // The base already checked the gradient is finite, so the kernel need not look again.
+    const cuda::AdamWHyper hyper{group.lr, group.weight_decay, group.beta1, group.beta2, group.eps, state.step,
+                                 /*skip_nonfinite=*/false};
+    cuda::adamw_step(param.data<float>(), g32.data<float>(), state.tensors.at("exp_avg").data<float>(),
+                     state.tensors.at("exp_avg_sq").data<float>(), static_cast<std::size_t>(param.numel()), hyper,
+                     param.device().index);
+    return;
+  }
   const float* __restrict g = g32.data<float>();
   float* __restrict p = param.data<float>();
   float* __restrict m = state.tensors.at("exp_avg").data<float>();

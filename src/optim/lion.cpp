@@ -1,6 +1,8 @@
 // Lion: one fused pass per parameter on raw float pointers.
 #include "memtrain/optim/lion.h"
 
+#include "memtrain/cuda/optim.h"
+
 namespace memtrain::optim {
 
 Lion::Lion(std::vector<ParamGroup> groups) : Optimizer(std::move(groups)) {
@@ -12,12 +14,18 @@ Lion::Lion(std::vector<ParamGroup> groups) : Optimizer(std::move(groups)) {
 }
 
 void Lion::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "Lion");
-  state.tensors["exp_avg"] = zeros(param.shape(), DType::f32);
+  check_f32_contiguous(param, "Lion", /*cuda_ok=*/true);
+  state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, param.device());
 }
 
 void Lion::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g32 = grad_f32(grad);
+  const Tensor g32 = grad_f32(grad, param.device());
+  if (param.device().is_cuda()) {
+    const cuda::LionHyper hyper{group.lr, group.weight_decay, group.beta1, group.beta2, /*skip_nonfinite=*/false};
+    cuda::lion_step(param.data<float>(), g32.data<float>(), state.tensors.at("exp_avg").data<float>(),
+                    static_cast<std::size_t>(param.numel()), hyper, param.device().index);
+    return;
+  }
   const float* __restrict g = g32.data<float>();
   float* __restrict p = param.data<float>();
   float* __restrict m = state.tensors.at("exp_avg").data<float>();

@@ -4,6 +4,7 @@
 #include "memtrain/autograd/engine.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
+#include "memtrain/cuda/optim.h"
 
 #include <cmath>
 #include <set>
@@ -14,6 +15,9 @@ namespace {
 
 // True when every element of `g` is finite. Works on an f32 view (converting other dtypes once).
 bool all_finite(const Tensor& g) {
+  if (g.device().is_cuda() && g.dtype() == DType::f32 && g.is_contiguous()) {
+    return cuda::grad_is_finite(g.data<float>(), static_cast<std::size_t>(g.numel()), g.device().index);
+  }
   const Tensor f = g.dtype() == DType::f32 && g.is_contiguous() && g.device().type == DeviceType::cpu
                        ? g
                        : g.to(Device::cpu()).to(DType::f32).contiguous();
@@ -169,16 +173,19 @@ std::size_t Optimizer::state_bytes() const {
   return total;
 }
 
-void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who) {
-  MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous() && param.device().type == DeviceType::cpu, who,
-           "needs contiguous f32 CPU parameters, got shape {} dtype {} on {}{}", shape_str(param.shape()),
-           dtype_name(param.dtype()), param.device().type == DeviceType::cpu ? "cpu" : "a non-CPU device",
+void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who, bool cuda_ok) {
+  const bool device_ok = param.device().is_cpu() || (cuda_ok && param.device().is_cuda());
+  MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous() && device_ok, who,
+           "needs contiguous f32 parameters on {}, got shape {} dtype {} on {}{}", cuda_ok ? "CPU or CUDA" : "the CPU",
+           shape_str(param.shape()), dtype_name(param.dtype()), param.device().str(),
            param.is_contiguous() ? "" : " (non-contiguous)");
 }
 
-Tensor Optimizer::grad_f32(const Tensor& grad) {
-  if (grad.dtype() == DType::f32 && grad.is_contiguous() && grad.device().type == DeviceType::cpu) return grad;
-  return grad.to(Device::cpu()).to(DType::f32).contiguous();
+Tensor Optimizer::grad_f32(const Tensor& grad, Device device) {
+  if (grad.dtype() == DType::f32 && grad.is_contiguous() && grad.device() == device) return grad;
+  // Conversions run on the CPU; a device gradient of another dtype or layout makes a round trip.
+  Tensor converted = grad.to(Device::cpu()).to(DType::f32).contiguous();
+  return device.is_cpu() ? converted : converted.to(device);
 }
 
 }  // namespace memtrain::optim

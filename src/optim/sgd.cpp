@@ -1,6 +1,8 @@
 // SGD: one fused pass per parameter on raw float pointers.
 #include "memtrain/optim/sgd.h"
 
+#include "memtrain/cuda/optim.h"
+
 namespace memtrain::optim {
 
 SGD::SGD(std::vector<ParamGroup> groups, bool nesterov) : Optimizer(std::move(groups)), nesterov_(nesterov) {
@@ -12,12 +14,20 @@ SGD::SGD(std::vector<ParamGroup> groups, bool nesterov) : Optimizer(std::move(gr
 }
 
 void SGD::init_state(const Tensor& param, const ParamGroup& group, ParamState& state) {
-  check_f32_contiguous(param, "SGD");
-  if (group.beta1 > 0.0) state.tensors["momentum_buffer"] = Tensor::empty(param.shape(), DType::f32);
+  check_f32_contiguous(param, "SGD", /*cuda_ok=*/true);
+  if (group.beta1 > 0.0) state.tensors["momentum_buffer"] = Tensor::empty(param.shape(), DType::f32, param.device());
 }
 
 void SGD::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g32 = grad_f32(grad);
+  const Tensor g32 = grad_f32(grad, param.device());
+  if (param.device().is_cuda()) {
+    const cuda::SgdHyper hyper{group.lr, group.weight_decay, group.beta1, nesterov_, state.step,
+                               /*skip_nonfinite=*/false};
+    float* momentum = group.beta1 > 0.0 ? state.tensors.at("momentum_buffer").data<float>() : nullptr;
+    cuda::sgd_step(param.data<float>(), g32.data<float>(), momentum, static_cast<std::size_t>(param.numel()), hyper,
+                   param.device().index);
+    return;
+  }
   const float* g = g32.data<float>();
   float* p = param.data<float>();
   const std::int64_t n = param.numel();

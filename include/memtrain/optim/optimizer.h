@@ -77,10 +77,12 @@ class Optimizer {
   // parameter's shape; it is finite but may be of any dtype/layout (see grad_f32).
   virtual void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) = 0;
 
-  // Helpers for CPU fp32 kernels: throws "<who>: ..." unless `param` is a contiguous f32 CPU tensor.
-  static void check_f32_contiguous(const Tensor& param, std::string_view who);
-  // `grad` itself when it is contiguous f32 on the CPU, else a converted copy (under the current category).
-  static Tensor grad_f32(const Tensor& grad);
+  // Helpers for fp32 kernels: throws "<who>: ..." unless `param` is a contiguous f32 tensor on the CPU,
+  // or on a CUDA device when the optimizer has a CUDA kernel (cuda_ok).
+  static void check_f32_contiguous(const Tensor& param, std::string_view who, bool cuda_ok = false);
+  // `grad` itself when it is contiguous f32 on `device`, else a converted copy there (under the current
+  // category).
+  static Tensor grad_f32(const Tensor& grad, Device device = Device::cpu());
 
  private:
   struct Slot {

@@ -1,0 +1,118 @@
+// The optimizer classes with parameters on a CUDA device: optim::SGD, AdamW and Lion route their update
+// to the fused kernels of cuda/optim.h. The same class on CPU copies of the same parameters and
+// gradients is the reference: several steps, two parameter groups, state_dict of both sides compared.
+// Skipped without a device, except the check that the still CPU-only optimizers refuse device parameters.
+#include "memtrain/core/error.h"
+#include "memtrain/cuda/cuda.h"
+#include "memtrain/optim/optim.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace memtrain {
+namespace {
+
+using optim::ParamGroup;
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<ParamGroup>)>;
+
+// Largest |a - b| / (1e-6 + |b|) over two tensors of the same shape (b on the CPU is the reference).
+double max_rel_diff(const Tensor& device_side, const Tensor& cpu_side) {
+  const Tensor a = device_side.to(Device::cpu()).contiguous();
+  const Tensor b = cpu_side.contiguous();
+  EXPECT_EQ(a.shape(), b.shape());
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < b.numel(); ++i) {
+    const double x = a.data<float>()[i], y = b.data<float>()[i];
+    worst = std::max(worst, std::isfinite(x) ? std::abs(x - y) / (1e-6 + std::abs(y)) : INFINITY);
+  }
+  return worst;
+}
+
+// Runs `steps` steps of the optimizer on CPU parameters and on cuda:0 copies with equal gradients and
+// checks parameters and every state tensor after each step.
+void expect_device_matches_cpu(const MakeOptimizer& make, int steps) {
+  const std::vector<Shape> shapes{{64, 33}, {1000}, {3}};
+  std::vector<Tensor> cpu_params, dev_params;
+  for (const Shape& s : shapes) {
+    cpu_params.push_back(randn(s));
+    dev_params.push_back(cpu_params.back().to(Device::cuda(0)));
+  }
+  auto groups = [](const std::vector<Tensor>& p) {
+    return std::vector<ParamGroup>{ParamGroup{{p[0], p[1]}, 1e-2, 0.1, 0.9, 0.99, 1e-8},
+                                   ParamGroup{{p[2]}, 3e-3, 0.0, 0.8, 0.95, 1e-6}};
+  };
+  auto cpu_opt = make(groups(cpu_params));
+  auto dev_opt = make(groups(dev_params));
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const Tensor g = randn(shapes[i]);
+      cpu_params[i].set_grad(g);
+      dev_params[i].set_grad(g.to(Device::cuda(0)));
+    }
+    EXPECT_EQ(cpu_opt->step().updated, 3);
+    EXPECT_EQ(dev_opt->step().updated, 3);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_LT(max_rel_diff(dev_params[i], cpu_params[i]), 1e-5) << cpu_opt->name() << " param " << i << " step " << step;
+    }
+  }
+  const optim::StateDict cpu_state = cpu_opt->state_dict(), dev_state = dev_opt->state_dict();
+  ASSERT_EQ(cpu_state.size(), dev_state.size());
+  for (const auto& [key, t] : cpu_state) {
+    ASSERT_TRUE(dev_state.count(key)) << key;
+    EXPECT_TRUE(dev_state.at(key).device().is_cpu()) << "state_dict holds CPU copies: " << key;
+    if (t.dtype() == DType::f32) EXPECT_LT(max_rel_diff(dev_state.at(key), t), 1e-5) << key;
+    else EXPECT_EQ(dev_state.at(key).item(), t.item()) << key;
+  }
+}
+
+TEST(CudaOptimizerClasses, SgdWithMomentumAndNesterovMatchCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  expect_device_matches_cpu([](auto g) { return std::make_unique<optim::SGD>(std::move(g)); }, 4);
+  expect_device_matches_cpu([](auto g) { return std::make_unique<optim::SGD>(std::move(g), true); }, 4);
+}
+
+TEST(CudaOptimizerClasses, AdamWMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  expect_device_matches_cpu([](auto g) { return std::make_unique<optim::AdamW>(std::move(g)); }, 5);
+}
+
+TEST(CudaOptimizerClasses, LionMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  expect_device_matches_cpu([](auto g) { return std::make_unique<optim::Lion>(std::move(g)); }, 5);
+}
+
+TEST(CudaOptimizerClasses, NonFiniteDeviceGradientIsSkippedAndReported) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  Tensor p = randn({4097}).to(Device::cuda(0));
+  const Tensor before = p.to(Device::cpu());
+  optim::AdamW opt({ParamGroup{{p}, 1e-2}});
+  Tensor g = randn({4097});
+  g.data<float>()[4096] = NAN;
+  p.set_grad(g.to(Device::cuda(0)));
+  const optim::StepReport report = opt.step();
+  EXPECT_EQ(report.skipped_nonfinite, 1);
+  EXPECT_EQ(report.updated, 0);
+  EXPECT_EQ(max_rel_diff(p, before), 0.0);
+}
+
+TEST(CudaOptimizerClasses, CpuOnlyOptimizersRefuseDeviceParameters) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  Tensor p = randn({8, 8}).to(Device::cuda(0));
+  p.set_grad(randn({8, 8}).to(Device::cuda(0)));
+  optim::Adafactor opt({ParamGroup{{p}, 1e-2}});
+  try {
+    opt.step();
+    FAIL() << "Adafactor accepted a cuda:0 parameter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Adafactor"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace memtrain
