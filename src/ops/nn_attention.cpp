@@ -8,9 +8,16 @@
 // The gradients dq, dk, dv are written into one [B, T, 3, H, D] buffer and returned as [B, H, T, D] views
 // of it: when q, k, v came from split(qkv), their gradients flow back through views into exactly the
 // [B, T, 3C] gradient of qkv, which split's backward then takes over without a copy.
+//
+// On a CUDA device the flash-attention kernels of memtrain/cuda/attention.h run with the same layouts (f32 or
+// bf16, D in {32, 64, 128}, unit stride along D; lse in f32). There the fused gradient buffer is used only
+// when q, k and v are distinct views of one storage (the split(qkv) case); otherwise each gets a contiguous
+// gradient of its own, which a leaf can take over and the engine can add (no strided copies exist on the
+// device yet).
 #include "cpu/attention.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/cuda/attention.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -34,8 +41,57 @@ Tensor head_input(const Tensor& t) {
 
 cpu::HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
+cuda::HeadLayout cuda_layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// What the CUDA kernels read: an f32/bf16 [B, H, T, D] operand with unit stride along D (any other
+// non-negative strides).
+void check_cuda_head(const char* op, const char* what, const Tensor& t) {
+  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op,
+           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32 or bf16 ({} {})", what,
+           dtype_name(t.dtype()), t.device().str(), what, shape_str(t.shape()));
+  MT_CHECK(t.stride(3) == 1 || t.size(3) == 1, op,
+           "{} {} with strides {} on {} is not supported yet: the CUDA kernels need unit stride along D", what,
+           shape_str(t.shape()), shape_str(t.strides()), t.device().str());
+  for (std::int64_t d = 0; d < 3; ++d) {
+    MT_CHECK(t.stride(d) >= 0, op, "{} {} with strides {} on {} is not supported yet: negative stride", what,
+             shape_str(t.shape()), shape_str(t.strides()), t.device().str());
+  }
+}
+
+AttentionGrads attention_backward_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, bool causal) {
+  const char* op = "scaled_dot_product_attention_backward";
+  detail::check_same_device(op, "q", q, "output gradient", dout);
+  MT_CHECK(dout.dtype() == q.dtype() && dout.shape() == q.shape(), op,
+           "output gradient {} {} does not match q {} {} on {}", dtype_name(dout.dtype()), shape_str(dout.shape()),
+           dtype_name(q.dtype()), shape_str(q.shape()), q.device().str());
+  check_cuda_head(op, "output gradient", dout);
+  const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
+  const Device dev = q.device();
+  Tensor dq, dk, dv;
+  const bool distinct_views = q.offset() != k.offset() && q.offset() != v.offset() && k.offset() != v.offset();
+  if (q.shares_storage_with(k) && q.shares_storage_with(v) && distinct_views) {
+    // One [B, T, 3, H, D] buffer; the three gradients are its [B, H, T, D] slices (see the top).
+    const Tensor grads = Tensor::empty({B, T_len, 3, H, D}, q.dtype(), dev);
+    dq = grads.select(2, 0).transpose(1, 2);
+    dk = grads.select(2, 1).transpose(1, 2);
+    dv = grads.select(2, 2).transpose(1, 2);
+  } else {
+    dq = Tensor::empty(q.shape(), q.dtype(), dev);
+    dk = Tensor::empty(q.shape(), q.dtype(), dev);
+    dv = Tensor::empty(q.shape(), q.dtype(), dev);
+  }
+  cuda::attention_backward(dq.data_ptr(), cuda_layout_of(dq), dk.data_ptr(), cuda_layout_of(dk), dv.data_ptr(),
+                           cuda_layout_of(dv), dout.data_ptr(), cuda_layout_of(dout), q.data_ptr(), cuda_layout_of(q),
+                           k.data_ptr(), cuda_layout_of(k), v.data_ptr(), cuda_layout_of(v), out.data_ptr(),
+                           cuda_layout_of(out), lse.data<float>(), B, H, T_len, D,
+                           1.0 / std::sqrt(static_cast<double>(D)), causal, q.dtype(), dev.index);
+  return {dq, dk, dv};
+}
+
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, bool causal) {
+  if (q.device().is_cuda()) return attention_backward_cuda(dout, q, k, v, out, lse, causal);
   const Tensor g = head_input(dout), qc = head_input(q), kc = head_input(k), vc = head_input(v),
                oc = head_input(out);
   const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
@@ -55,6 +111,17 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   return {detail::as_dtype(dq, q.dtype()), detail::as_dtype(dk, k.dtype()), detail::as_dtype(dv, v.dtype())};
 }
 
+void record_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& lse, bool causal) {
+  if (!autograd::needs_grad({&q, &k, &v})) return;
+  SavedTensor sq(q), sk(k), sv(v), sout(out), slse(lse);
+  autograd::record(op, {q, k, v}, {out}, [sq, sk, sv, sout, slse, causal](const std::vector<Tensor>& g) {
+    AttentionGrads r = attention_backward(g[0], sq.unpack(), sk.unpack(), sv.unpack(), sout.unpack(),
+                                          slse.unpack(), causal);
+    return std::vector<Tensor>{r.dq, r.dk, r.dv};
+  });
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
@@ -62,12 +129,29 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   detail::check_floating(op, q);
   detail::check_same(op, q, k);
   detail::check_same(op, q, v);
-  detail::check_cpu(op, q);
   MT_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(), op,
            "q, k, v must all be [B, H, T, D] of one shape, got {}, {}, {}", shape_str(q.shape()),
            shape_str(k.shape()), shape_str(v.shape()));
   MT_CHECK(q.size(3) > 0, op, "head dim must be positive, got q {}", shape_str(q.shape()));
   const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
+  if (q.device().is_cuda()) {
+    MT_CHECK(D == 32 || D == 64 || D == 128, op,
+             "head dim D={} on {} is not supported yet: the CUDA kernels take D in {{32, 64, 128}} (q {})", D,
+             q.device().str(), shape_str(q.shape()));
+    check_cuda_head(op, "q", q);
+    check_cuda_head(op, "k", k);
+    check_cuda_head(op, "v", v);
+    const Device dev = q.device();
+    // Stored [B, T, H, D], seen as [B, H, T, D] (see the top of this file).
+    Tensor out = Tensor::empty({B, T_len, H, D}, q.dtype(), dev).transpose(1, 2);
+    Tensor lse = Tensor::empty({B, H, T_len}, DType::f32, dev);
+    cuda::attention_forward(out.data_ptr(), cuda_layout_of(out), lse.data<float>(), q.data_ptr(), cuda_layout_of(q),
+                            k.data_ptr(), cuda_layout_of(k), v.data_ptr(), cuda_layout_of(v), B, H, T_len, D,
+                            1.0 / std::sqrt(static_cast<double>(D)), causal, q.dtype(), dev.index);
+    record_attention(op, q, k, v, out, lse, causal);
+    return out;
+  }
+  detail::check_cpu(op, q);
   const Tensor qc = head_input(q), kc = head_input(k), vc = head_input(v);
   // Stored [B, T, H, D], seen as [B, H, T, D] (see the top of this file).
   Tensor y = Tensor::empty({B, T_len, H, D}, qc.dtype()).transpose(1, 2);
@@ -83,14 +167,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     });
   }
   Tensor out = detail::as_dtype(y, q.dtype());
-  if (autograd::needs_grad({&q, &k, &v})) {
-    SavedTensor sq(q), sk(k), sv(v), sout(out), slse(lse);
-    autograd::record(op, {q, k, v}, {out}, [sq, sk, sv, sout, slse, causal](const std::vector<Tensor>& g) {
-      AttentionGrads r = attention_backward(g[0], sq.unpack(), sk.unpack(), sv.unpack(), sout.unpack(),
-                                            slse.unpack(), causal);
-      return std::vector<Tensor>{r.dq, r.dk, r.dv};
-    });
-  }
+  record_attention(op, q, k, v, out, lse, causal);
   return out;
 }
 

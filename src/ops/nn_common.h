@@ -1,5 +1,7 @@
 // Helpers shared by the nn op front-ends (src/ops/nn_*.cpp): inputs in the kernel's dtype and layout,
-// integer index checks, and workspace buffers accounted to MemoryCategory::workspace.
+// integer index checks, workspace buffers accounted to MemoryCategory::workspace, and the checks of the
+// CUDA branch (operands on one device; f32/bf16 contiguous device buffers, refused with a clear message
+// otherwise, since a CUDA tensor cannot yet be converted or made contiguous on the device).
 #pragma once
 
 #include "memtrain/core/allocator.h"
@@ -28,12 +30,54 @@ inline Tensor workspace(std::int64_t elems, DType dtype) {
 
 inline int max_threads() { return omp_get_max_threads(); }
 
-// Integer index tensors: i32 or i64 only.
+// Integer index tensors: i32 or i64 only. The device is checked by the op (same as the data's).
 inline void check_index(const char* op, const char* what, const Tensor& t) {
   check_defined(op, t);
   MT_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, op, "{} must be i32 or i64, got {} {}", what,
            dtype_name(t.dtype()), shape_str(t.shape()));
-  check_cpu(op, t);
+}
+
+// ---- the CUDA branch ----
+
+// Operands of one op live on one device: a clear error instead of a kernel reading foreign memory.
+inline void check_same_device(const char* op, const char* what_a, const Tensor& a, const char* what_b,
+                              const Tensor& b) {
+  MT_CHECK(a.device() == b.device(), op,
+           "{} {} is on {} but {} {} is on {}: all operands must be on one device", what_a, shape_str(a.shape()),
+           a.device().str(), what_b, shape_str(b.shape()), b.device().str());
+}
+
+// A data operand of a CUDA nn kernel: f32 or bf16, contiguous.
+inline void check_cuda_data(const char* op, const char* what, const Tensor& t) {
+  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op,
+           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32 or bf16 ({} {})", what,
+           dtype_name(t.dtype()), t.device().str(), what, shape_str(t.shape()));
+  MT_CHECK(t.is_contiguous(), op, "a non-contiguous {} on {} is not supported yet: {} {} has strides {}", what,
+           t.device().str(), what, shape_str(t.shape()), shape_str(t.strides()));
+}
+
+// The CUDA kernels take one dtype for every data array: `t` must have the dtype of `ref`.
+inline void check_cuda_same_dtype(const char* op, const char* what, const Tensor& t, const char* ref_what,
+                                  const Tensor& ref) {
+  MT_CHECK(t.dtype() == ref.dtype(), op,
+           "{} {} {} with {} {} {} on {} is not supported yet: the CUDA kernel takes one dtype for all of them",
+           what, dtype_name(t.dtype()), shape_str(t.shape()), ref_what, dtype_name(ref.dtype()),
+           shape_str(ref.shape()), ref.device().str());
+}
+
+// A contiguous index tensor on a CUDA device, copied to the host (a small [N] vector; the copy waits for
+// the device) so the front-end can range-check it like the CPU path does.
+inline Tensor index_to_host(const char* op, const char* what, const Tensor& t) {
+  MT_CHECK(t.is_contiguous(), op, "non-contiguous {} on {} are not supported yet: {} has strides {}", what,
+           t.device().str(), shape_str(t.shape()), shape_str(t.strides()));
+  return t.detach().to(Device::cpu());
+}
+
+// A small contiguous device vector in another dtype, converted on the host (no device cast is used here):
+// e.g. per-row losses f32 <-> bf16. No copy when it already has the dtype.
+inline Tensor convert_via_host(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  return t.detach().to(Device::cpu()).to(dtype).to(t.device());
 }
 
 template <typename F>

@@ -1,9 +1,12 @@
 // layer_norm and rms_norm over the last dim. The forward saves x, the affine weight and the per-row
 // statistics (layer_norm: mean, rstd; rms_norm: rstd), not the normalised output; the backward ops
 // recompute x_hat from them. Statistics are kept in the compute dtype (f32 for bf16/f16 inputs).
+// On a CUDA device the kernels of memtrain/cuda/nn.h run instead (f32 or bf16, one dtype for x, weight
+// and bias, contiguous; statistics always f32), forward and backward.
 #include "cpu/norm.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/cuda/nn.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -17,6 +20,7 @@ namespace {
 void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x) {
   if (!p.defined()) return;
   detail::check_floating(op, p);
+  detail::check_same_device(op, "input", x, what, p);
   MT_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), op, "{} {} does not match the last dim of input {}", what,
            shape_str(p.shape()), shape_str(x.shape()));
   MT_CHECK(detail::compute_dtype(p.dtype()) == detail::compute_dtype(x.dtype()) && p.device() == x.device(), op,
@@ -26,9 +30,25 @@ void check_affine(const char* op, const char* what, const Tensor& p, const Tenso
 
 void check_input(const char* op, const Tensor& x) {
   detail::check_floating(op, x);
-  detail::check_cpu(op, x);
   MT_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, "needs an input with a non-empty last dim, got {}",
            shape_str(x.shape()));
+}
+
+// The CUDA kernels' contract for x and the affine parameters (checked after check_input/check_affine).
+void check_cuda_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_cuda_data(op, "input", x);
+  for (const auto& [what, p] : {std::pair<const char*, const Tensor&>{"weight", weight}, {"bias", bias}}) {
+    if (!p.defined()) continue;
+    detail::check_cuda_same_dtype(op, what, p, "input", x);
+    detail::check_cuda_data(op, what, p);
+  }
+}
+
+// The output gradient reaching a CUDA backward: the forward output's dtype, contiguous.
+void check_cuda_grad(const char* op, const Tensor& dout, const Tensor& x) {
+  detail::check_same_device(op, "input", x, "output gradient", dout);
+  detail::check_cuda_same_dtype(op, "output gradient", dout, "input", x);
+  detail::check_cuda_data(op, "output gradient", dout);
 }
 
 // Inputs to record and the gradient slots they map to: undefined weight/bias take no edge.
@@ -46,6 +66,18 @@ struct NormGrads {
 // The layer_norm backward op (own kernel). dw/db are computed only when wanted.
 NormGrads layer_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd, bool want_dw, bool want_db) {
+  if (x.device().is_cuda()) {
+    check_cuda_grad("layer_norm_backward", dout, x);
+    const std::int64_t C = x.size(-1), N = x.numel() / C;
+    const Device dev = x.device();
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), dev);
+    Tensor dw = want_dw ? Tensor::empty({C}, x.dtype(), dev) : Tensor();
+    Tensor db = want_db ? Tensor::empty({C}, x.dtype(), dev) : Tensor();
+    cuda::layer_norm_backward(dx.data_ptr(), want_dw ? dw.data_ptr() : nullptr, want_db ? db.data_ptr() : nullptr,
+                              dout.data_ptr(), x.data_ptr(), weight.defined() ? weight.data_ptr() : nullptr,
+                              mean.data<float>(), rstd.data<float>(), x.dtype(), N, C, dev.index);
+    return {dx, dw, db};
+  }
   const Tensor g = detail::compute_input(dout), xc = detail::compute_input(x);
   const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
   const std::int64_t C = xc.size(-1), N = xc.numel() / C;
@@ -63,6 +95,17 @@ NormGrads layer_norm_backward(const Tensor& dout, const Tensor& x, const Tensor&
 
 NormGrads rms_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             bool want_dw) {
+  if (x.device().is_cuda()) {
+    check_cuda_grad("rms_norm_backward", dout, x);
+    const std::int64_t C = x.size(-1), N = x.numel() / C;
+    const Device dev = x.device();
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), dev);
+    Tensor dw = want_dw ? Tensor::empty({C}, x.dtype(), dev) : Tensor();
+    cuda::rms_norm_backward(dx.data_ptr(), want_dw ? dw.data_ptr() : nullptr, dout.data_ptr(), x.data_ptr(),
+                            weight.defined() ? weight.data_ptr() : nullptr, rstd.data<float>(), x.dtype(), N, C,
+                            dev.index);
+    return {dx, dw, Tensor()};
+  }
   const Tensor g = detail::compute_input(dout), xc = detail::compute_input(x);
   const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
   const std::int64_t C = xc.size(-1), N = xc.numel() / C;
@@ -83,20 +126,34 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   check_input(op, x);
   check_affine(op, "weight", weight, x);
   check_affine(op, "bias", bias, x);
-  const Tensor xc = detail::compute_input(x);
-  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
-  const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
-  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
-  Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
-  Tensor y = Tensor::empty(xc.shape(), xc.dtype());
-  Tensor mean = Tensor::empty(stat_shape, xc.dtype()), rstd = Tensor::empty(stat_shape, xc.dtype());
-  detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(),
-                               wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr, N, C,
-                               eps);
-  });
-  Tensor out = detail::as_dtype(y, x.dtype());
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
+  Tensor out, mean, rstd;
+  if (x.device().is_cuda()) {
+    check_cuda_operands(op, x, weight, bias);
+    const Device dev = x.device();
+    out = Tensor::empty(x.shape(), x.dtype(), dev);
+    mean = Tensor::empty(stat_shape, DType::f32, dev);
+    rstd = Tensor::empty(stat_shape, DType::f32, dev);
+    cuda::layer_norm_forward(out.data_ptr(), mean.data<float>(), rstd.data<float>(), x.data_ptr(),
+                             weight.defined() ? weight.data_ptr() : nullptr, bias.defined() ? bias.data_ptr() : nullptr,
+                             x.dtype(), N, C, eps, dev.index);
+  } else {
+    detail::check_cpu(op, x);
+    const Tensor xc = detail::compute_input(x);
+    const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
+    const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
+    Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+    mean = Tensor::empty(stat_shape, xc.dtype());
+    rstd = Tensor::empty(stat_shape, xc.dtype());
+    detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(),
+                                 wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr, N, C,
+                                 eps);
+    });
+    out = detail::as_dtype(y, x.dtype());
+  }
   const std::vector<Tensor> inputs = defined_only({x, weight, bias});
   if (autograd::needs_grad(inputs)) {
     const bool want_dw = weight.defined() && weight.requires_grad();
@@ -120,17 +177,29 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const char* op = "rms_norm";
   check_input(op, x);
   check_affine(op, "weight", weight, x);
-  const Tensor xc = detail::compute_input(x);
-  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
-  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
-  Tensor y = Tensor::empty(xc.shape(), xc.dtype());
-  Tensor rstd = Tensor::empty(Shape(x.shape().begin(), x.shape().end() - 1), xc.dtype());
-  detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    cpu::rms_norm_forward<T>(y.data<T>(), rstd.data<T>(), xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, N, C,
-                             eps);
-  });
-  Tensor out = detail::as_dtype(y, x.dtype());
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
+  Tensor out, rstd;
+  if (x.device().is_cuda()) {
+    check_cuda_operands(op, x, weight, Tensor());
+    const Device dev = x.device();
+    out = Tensor::empty(x.shape(), x.dtype(), dev);
+    rstd = Tensor::empty(stat_shape, DType::f32, dev);
+    cuda::rms_norm_forward(out.data_ptr(), rstd.data<float>(), x.data_ptr(),
+                           weight.defined() ? weight.data_ptr() : nullptr, x.dtype(), N, C, eps, dev.index);
+  } else {
+    detail::check_cpu(op, x);
+    const Tensor xc = detail::compute_input(x);
+    const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
+    Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+    rstd = Tensor::empty(stat_shape, xc.dtype());
+    detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::rms_norm_forward<T>(y.data<T>(), rstd.data<T>(), xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, N,
+                               C, eps);
+    });
+    out = detail::as_dtype(y, x.dtype());
+  }
   const std::vector<Tensor> inputs = defined_only({x, weight});
   if (autograd::needs_grad(inputs)) {
     const bool want_dw = weight.defined() && weight.requires_grad();

@@ -1,8 +1,10 @@
 // softmax and log_softmax along any dim. The input is viewed as (outer, C, inner) around `dim`; the
-// forward saves only its output, which is all either backward needs.
+// forward saves only its output, which is all either backward needs. On a CUDA device the kernels of
+// memtrain/cuda/nn.h run (last dim only, i.e. inner == 1; f32 or bf16; contiguous), forward and backward.
 #include "cpu/softmax.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/cuda/nn.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -26,8 +28,33 @@ Layout layout_of(const Shape& shape, std::int64_t dim) {
   return l;
 }
 
+// The CUDA kernels reduce over the last dim of a contiguous (N, C) array: (outer, C, inner) with inner 1.
+void check_cuda_layout(const char* op, const Tensor& x, std::int64_t dim, const Layout& l) {
+  MT_CHECK(l.inner == 1, op,
+           "dim {} of {} on {} is not supported yet: the CUDA kernel reduces over the last dim only (or a dim "
+           "followed by size-1 dims)",
+           dim, shape_str(x.shape()), x.device().str());
+  detail::check_cuda_data(op, "input", x);
+}
+
 // The backward op: dx from the output gradient and the forward output (its own kernel, not differentiable).
 Tensor softmax_backward(const Tensor& dout, const Tensor& out, std::int64_t dim, bool log) {
+  if (out.device().is_cuda()) {
+    const char* op = log ? "log_softmax_backward" : "softmax_backward";
+    const Layout l = layout_of(out.shape(), dim);
+    detail::check_same_device(op, "output", out, "output gradient", dout);
+    detail::check_cuda_same_dtype(op, "output gradient", dout, "output", out);
+    detail::check_cuda_data(op, "output gradient", dout);
+    Tensor dx = Tensor::empty(out.shape(), out.dtype(), out.device());
+    if (log) {
+      cuda::log_softmax_backward(dx.data_ptr(), dout.data_ptr(), out.data_ptr(), out.dtype(), l.outer, l.C,
+                                 out.device().index);
+    } else {
+      cuda::softmax_backward(dx.data_ptr(), dout.data_ptr(), out.data_ptr(), out.dtype(), l.outer, l.C,
+                             out.device().index);
+    }
+    return dx;
+  }
   const Tensor g = detail::compute_input(dout), y = detail::compute_input(out);
   const Layout l = layout_of(y.shape(), dim);
   Tensor dx = Tensor::empty(y.shape(), y.dtype());
@@ -44,20 +71,31 @@ Tensor softmax_backward(const Tensor& dout, const Tensor& out, std::int64_t dim,
 
 Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim_arg, bool log) {
   detail::check_floating(op, x);
-  detail::check_cpu(op, x);
   const std::int64_t dim = x.dim() == 0 ? 0 : detail::wrap_dim(op, dim_arg, x.dim());
-  const Tensor xc = detail::compute_input(x);
-  const Layout l = layout_of(xc.shape(), dim);
-  Tensor y = Tensor::empty(xc.shape(), xc.dtype());
-  detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
-    using T = decltype(zero);
+  const Layout l = layout_of(x.shape(), dim);
+  Tensor out;
+  if (x.device().is_cuda()) {
+    check_cuda_layout(op, x, dim, l);
+    out = Tensor::empty(x.shape(), x.dtype(), x.device());
     if (log) {
-      cpu::log_softmax_forward<T>(y.data<T>(), xc.data<T>(), l.outer, l.C, l.inner);
+      cuda::log_softmax_forward(out.data_ptr(), x.data_ptr(), x.dtype(), l.outer, l.C, x.device().index);
     } else {
-      cpu::softmax_forward<T>(y.data<T>(), xc.data<T>(), l.outer, l.C, l.inner);
+      cuda::softmax_forward(out.data_ptr(), x.data_ptr(), x.dtype(), l.outer, l.C, x.device().index);
     }
-  });
-  Tensor out = detail::as_dtype(y, x.dtype());
+  } else {
+    detail::check_cpu(op, x);
+    const Tensor xc = detail::compute_input(x);
+    Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+    detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (log) {
+        cpu::log_softmax_forward<T>(y.data<T>(), xc.data<T>(), l.outer, l.C, l.inner);
+      } else {
+        cpu::softmax_forward<T>(y.data<T>(), xc.data<T>(), l.outer, l.C, l.inner);
+      }
+    });
+    out = detail::as_dtype(y, x.dtype());
+  }
   if (autograd::needs_grad({&x})) {
     SavedTensor saved(out);
     autograd::record(op, {x}, {out}, [saved, dim, log](const std::vector<Tensor>& g) {

@@ -7,8 +7,10 @@
 #include "cpu/gelu.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/cuda/nn.h"
 #include "memtrain/ops/elementwise.h"
 #include "ops/elementwise_common.h"
+#include "ops/nn_common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -104,9 +106,17 @@ Tensor clamp_backward(const Tensor& g, const Tensor& x, double lo, double hi) {
 }
 
 // gelu (tanh) and its backward on the fused array kernels of cpu/gelu.h: inputs in the compute dtype and
-// contiguous (a copy only for views or bf16/f16), the result back in the input's dtype.
+// contiguous (a copy only for views or bf16/f16), the result back in the input's dtype. On a CUDA device,
+// the kernels of memtrain/cuda/nn.h (contiguous f32 or bf16).
 Tensor gelu_tanh_kernel(const Tensor& a) {
   detail::check_floating("gelu", a);
+  if (a.device().is_cuda()) {
+    detail::check_cuda_data("gelu", "input", a);
+    Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device());
+    cuda::gelu_tanh_forward(y.data_ptr(), a.data_ptr(), a.dtype(), static_cast<std::size_t>(a.numel()),
+                            a.device().index);
+    return y;
+  }
   detail::check_cpu("gelu", a);
   Tensor x = detail::to_compute(a);
   if (!x.is_contiguous()) x = x.contiguous();
@@ -124,6 +134,14 @@ Tensor gelu_tanh_backward_kernel(const Tensor& g, const Tensor& x) {
   }
   detail::check_same("gelu_backward", g, x);
   detail::check_floating("gelu_backward", x);
+  if (x.device().is_cuda()) {
+    detail::check_cuda_data("gelu_backward", "output gradient", g);
+    detail::check_cuda_data("gelu_backward", "input", x);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    cuda::gelu_tanh_backward(dx.data_ptr(), g.data_ptr(), x.data_ptr(), x.dtype(), static_cast<std::size_t>(x.numel()),
+                             x.device().index);
+    return dx;
+  }
   detail::check_cpu("gelu_backward", x);
   Tensor gc = detail::to_compute(g), xc = detail::to_compute(x);
   if (!gc.is_contiguous()) gc = gc.contiguous();
@@ -223,6 +241,10 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a, GeluApproximation approximation) {
+  detail::check_defined("gelu", a);
+  MT_CHECK(approximation == GeluApproximation::tanh || !a.device().is_cuda(), "gelu",
+           "the erf form (approximation none) on {} is not supported yet: only tanh-GELU has a CUDA kernel ({})",
+           a.device().str(), shape_str(a.shape()));
   Tensor out = approximation == GeluApproximation::tanh
                    ? gelu_tanh_kernel(a)
                    : unary_kernel("gelu", a, [](auto x) { return gelu_erf(x); });
