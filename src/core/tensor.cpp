@@ -5,7 +5,9 @@
 #include "cpu/convert.h"
 #include "cpu/strided.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/cuda/convert.h"
 #include "memtrain/cuda/cuda.h"
+#include "memtrain/cuda/strided.h"
 
 #include <algorithm>
 #include <cmath>
@@ -107,14 +109,33 @@ double Tensor::item() const {
   return cpu::read_as_double(&bits, dtype());
 }
 
+// `t` (on a CUDA device) as a new contiguous tensor of `dtype` on the same device. cuda::cast converts
+// between floating dtypes with the CPU's rounding rules; it has no integer or bool conversions, so those
+// take a host round trip through cpu::convert (same results, at PCIe speed).
+static Tensor converted_on_device(const Tensor& t, DType dtype) {
+  const Tensor packed = t.detach().contiguous();
+  if (!is_floating(dtype) || !is_floating(t.dtype())) return packed.to(Device::cpu()).to(dtype).to(t.device());
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  cuda::cast(packed.data_ptr(), packed.dtype(), out.data_ptr(), dtype, static_cast<std::size_t>(t.numel()),
+             t.device().index);
+  return out;
+}
+
 Tensor& Tensor::fill_(double value) {
   if (numel() == 0) return *this;
   std::uint64_t pattern = 0;
   cpu::write_from_double(&pattern, dtype(), value);
   if (device().is_cuda()) {
-    MT_CHECK(is_contiguous(), "fill_", "non-contiguous CUDA tensors are not supported yet (shape {})",
-             shape_str(shape()));
-    cuda::fill(data_ptr(), dtype(), static_cast<std::size_t>(numel()), value, device().index);
+    if (is_contiguous()) {
+      cuda::fill(data_ptr(), dtype(), static_cast<std::size_t>(numel()), value, device().index);
+      return *this;
+    }
+    // As on the CPU: one element on the device, broadcast over the view as a stride-0 source.
+    const Tensor one = Tensor::empty({}, dtype(), device());
+    cuda::fill(one.data_ptr(), dtype(), 1, value, device().index);
+    const Shape zero(shape().size(), 0);
+    cuda::strided_copy(data_ptr(), strides().data(), one.data_ptr(), zero.data(), shape().data(),
+                       static_cast<int>(dim()), element_size(), device().index);
     return *this;
   }
   // Broadcast one element over the view: a stride-0 source.
@@ -138,20 +159,39 @@ Tensor& Tensor::copy_(const Tensor& src) {
     const Tensor converted = src.detach().contiguous().to(dtype());  // convert first, then lay out
     return copy_(converted);
   }
-  // Across devices: move contiguous bytes of the same dtype, converting on the CPU side.
-  MT_CHECK(is_contiguous(), "copy_", "non-contiguous destination on {} is not supported yet", device().str());
-  Tensor source = src.detach();
-  if (source.dtype() != dtype()) {
-    MT_CHECK(source.device().is_cpu(), "copy_", "dtype conversion on {} is not supported yet",
-             source.device().str());
-    source = source.to(dtype());
+  const Tensor source = src.detach();
+  if (source.device() == device()) {
+    // One CUDA device: the strided-copy kernel lays out any views; a dtype change goes through cuda::cast
+    // (straight into a contiguous destination when it can) or, for integer/bool dtypes, the host.
+    if (source.dtype() == dtype()) {
+      cuda::strided_copy(data_ptr(), strides().data(), source.data_ptr(), source.strides().data(), shape().data(),
+                         static_cast<int>(dim()), element_size(), device().index);
+      return *this;
+    }
+    if (is_contiguous() && !shares_storage_with(source) && is_floating(dtype()) && is_floating(source.dtype())) {
+      const Tensor packed = source.contiguous();
+      cuda::cast(packed.data_ptr(), packed.dtype(), data_ptr(), dtype(), static_cast<std::size_t>(numel()),
+                 device().index);
+      return *this;
+    }
+    return copy_(converted_on_device(source, dtype()));
   }
-  if (!source.is_contiguous()) {
-    MT_CHECK(source.device().is_cpu(), "copy_", "non-contiguous source on {} is not supported yet",
-             source.device().str());
-    source = source.contiguous();
+  // Across devices: move contiguous bytes of the destination's dtype. The conversion happens where the
+  // source is (CPU: cpu::convert; CUDA: as above); a non-contiguous destination receives the bytes in a
+  // contiguous temporary on its own device first, and a non-contiguous CUDA source is packed on its device.
+  if (!is_contiguous()) {
+    Tensor staged = Tensor::empty(shape(), dtype(), device());
+    staged.copy_(source);
+    return copy_(staged);
   }
-  cuda::copy(data_ptr(), device(), source.data_ptr(), source.device(), nbytes());
+  Tensor moved = source;
+  if (moved.device().is_cpu()) {
+    if (moved.dtype() != dtype()) moved = moved.to(dtype());
+    if (!moved.is_contiguous()) moved = moved.contiguous();
+  } else {
+    moved = moved.dtype() != dtype() ? converted_on_device(moved, dtype()) : moved.contiguous();
+  }
+  cuda::copy(data_ptr(), device(), moved.data_ptr(), moved.device(), nbytes());
   return *this;
 }
 
