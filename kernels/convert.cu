@@ -116,7 +116,9 @@ __global__ void dequantize_fp8_kernel(const std::uint8_t* __restrict__ src, floa
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float q = cvt::float_of(kE4M3 ? cvt::e4m3_to_f32(src[i]) : cvt::e5m2_to_f32(src[i]));
-    dst[i] = cvt::narrow_from_f32<To>(cvt::bits_of(__fmul_rn(q, s)));
+    // A NaN code passes through as decoded (sign and payload kept, as on the CPU): the GPU multiply
+    // would replace it by its canonical NaN.
+    dst[i] = cvt::narrow_from_f32<To>(cvt::bits_of(q != q ? q : __fmul_rn(q, s)));
   }
 }
 
@@ -219,7 +221,9 @@ __global__ void dequantize_fp8_blockwise_kernel(const std::uint8_t* __restrict__
     const std::size_t i = static_cast<std::size_t>(r * cols + c);
     const float s = inv_scales[(r / tile_rows) * scale_cols + c / kTileCols];
     const float q = cvt::float_of(kE4M3 ? cvt::e4m3_to_f32(src[i]) : cvt::e5m2_to_f32(src[i]));
-    dst[i] = cvt::narrow_from_f32<To>(cvt::bits_of(__fmul_rn(q, s)));
+    // A NaN code passes through as decoded (sign and payload kept, as on the CPU): the GPU multiply
+    // would replace it by its canonical NaN.
+    dst[i] = cvt::narrow_from_f32<To>(cvt::bits_of(q != q ? q : __fmul_rn(q, s)));
   }
 }
 

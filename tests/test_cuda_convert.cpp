@@ -193,6 +193,17 @@ std::size_t count_differences(const Bytes& a, const Bytes& b, std::size_t elemen
   return wrong + (a.size() != b.size());
 }
 
+// "code 0x7f: got 7fffffff, want 7ff00000" for the first element that differs ("" when none does).
+std::string first_difference(const Bytes& got, const Bytes& want, std::size_t element_size, const Bytes& codes) {
+  for (std::size_t i = 0; i < codes.size() && (i + 1) * element_size <= std::min(got.size(), want.size()); ++i) {
+    std::uint32_t g = 0, w = 0;
+    std::memcpy(&g, got.data() + i * element_size, element_size);
+    std::memcpy(&w, want.data() + i * element_size, element_size);
+    if (g != w) return fmt::format("element {} (code {:#04x}): got {:08x}, want {:08x}", i, codes[i], g, w);
+  }
+  return "";
+}
+
 // ---- the kernels' conversion rules, on the host (no device needed, in any build) ----
 
 template <typename F>
@@ -470,7 +481,8 @@ TEST(CudaFp8, DequantizeMatchesReference) {
             else append_bytes(want, BFloat16::from_float(v).bits);
           }
           want.resize((n + 8) * es, 0xff);
-          EXPECT_EQ(count_differences(got, want, es), 0u);
+          const std::size_t wrong = count_differences(got, want, es);
+          EXPECT_EQ(wrong, 0u) << first_difference(got, want, es, codes);
         }
       }
     }
@@ -589,7 +601,10 @@ TEST(CudaFp8, BlockwiseMatchesReferenceAndRoundTrips) {
                 const std::size_t k = i * s.cols + j;
                 const float t_inv = want.inv_scales[(i / tile_rows) * scols + j / 128];
                 const float v = static_cast<float>(double(fp8_value(want.codes[k], e4m3)) * double(t_inv));
-                wrong_values += bits(back[k]) != bits(v);
+                if (bits(back[k]) != bits(v) && wrong_values++ == 0) {
+                  ADD_FAILURE() << fmt::format("dequantized ({}, {}) code {:#04x}: got {:08x}, want {:08x}", i, j,
+                                               want.codes[k], bits(back[k]), bits(v));
+                }
                 if (!std::isfinite(x[k]) || t_inv == 1.f) continue;  // unscaled tiles clip or lose range
                 const double tol = std::max(std::ldexp(std::abs(double(x[k])), e4m3 ? -4 : -3),
                                             std::ldexp(double(t_inv), e4m3 ? -10 : -17)) * (1 + 1e-6);

@@ -89,8 +89,11 @@ std::vector<double> host_values(const Tensor& t) {
   return std::vector<double>(p, p + h.numel());
 }
 
-// ||got - want|| / ||want|| <= tol over the elements where want is not NaN; got NaN exactly there.
-void expect_normwise(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+// ||got - want|| / max(||want||, floor * sqrt(n)) <= tol over the elements where want is not NaN; got NaN
+// exactly there. The floor (an RMS magnitude) serves results that are tiny differences of large terms,
+// where CPU and CUDA are both only accurate relative to the terms.
+void expect_normwise(const Tensor& got, const Tensor& want, double tol, const std::string& what,
+                     double floor = 0.0) {
   ASSERT_TRUE(got.defined()) << what << ": no CUDA result";
   ASSERT_TRUE(want.defined()) << what << ": no CPU result";
   EXPECT_TRUE(got.device().is_cuda()) << what << " is on " << got.device().str();
@@ -111,7 +114,8 @@ void expect_normwise(const Tensor& got, const Tensor& want, double tol, const st
   EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN/Inf mismatches, first at " << first_bad << " (got "
                               << (first_bad < g.size() ? g[first_bad] : 0.0) << ", want "
                               << (first_bad < w.size() ? w[first_bad] : 0.0) << ")";
-  const double err = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  const double scale = std::max(std::sqrt(ref2), floor * std::sqrt(static_cast<double>(g.size())));
+  const double err = scale > 0 ? std::sqrt(diff2) / scale : std::sqrt(diff2);
   EXPECT_LE(err, tol) << what << ": normwise error over " << g.size() << " elements";
 }
 
@@ -141,6 +145,7 @@ void poison_device_cache(const std::vector<std::size_t>& sizes) {
 
 struct Tolerance {
   double out, grad;
+  double grad_floor = 0.0;  // see expect_normwise
 };
 Tolerance tolerance(DType dtype) { return dtype == DType::bf16 ? Tolerance{1e-2, 1e-2} : Tolerance{2e-5, 1e-4}; }
 
@@ -185,7 +190,8 @@ void compare_with_cpu(const std::string& what, const std::vector<Tensor>& inputs
   y_dev.backward(w_dev);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (!grad[i] || !inputs[i].defined()) continue;
-    expect_normwise(on_dev[i].grad(), on_cpu[i].grad(), tol.grad, "gradient of input " + std::to_string(i));
+    expect_normwise(on_dev[i].grad(), on_cpu[i].grad(), tol.grad, "gradient of input " + std::to_string(i),
+                    tol.grad_floor);
   }
 }
 
@@ -240,9 +246,12 @@ TEST(CudaOpsNorm, RmsNormMatchesCpu) {
       const Tensor x = random_normal(shape, dtype, ++seed, 2.0f, 0.5f);
       const Tensor w = random_uniform({C}, dtype, ++seed, 0.5f, 1.5f);
       const OpFn f = [](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1], 1e-6); };
-      compare_with_cpu("rms_norm " + name_of(dtype, shape), {x, w}, {true, true}, f, tolerance(dtype), seed);
-      compare_with_cpu("rms_norm no weight " + name_of(dtype, shape), {x, Tensor()}, {true, false}, f,
-                       tolerance(dtype), seed);
+      // With C = 1, dx = w rstd (1 - x^2 rstd^2) ~ w eps / |x|^3 is a cancellation: both sides are accurate
+      // only relative to the terms w * rstd * dout (~0.5 here), so the gradient error is measured against that.
+      Tolerance tol = tolerance(dtype);
+      tol.grad_floor = 0.5 * tol.grad;
+      compare_with_cpu("rms_norm " + name_of(dtype, shape), {x, w}, {true, true}, f, tol, seed);
+      compare_with_cpu("rms_norm no weight " + name_of(dtype, shape), {x, Tensor()}, {true, false}, f, tol, seed);
     }
   }
 }
