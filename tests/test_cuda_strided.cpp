@@ -13,6 +13,7 @@
 #include "memtrain/core/tensor.h"
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/cuda/strided.h"
+#include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/nn.h"
 
 #include <gtest/gtest.h>
@@ -601,6 +602,34 @@ TEST(CudaStridedAutograd, TransposedViewGradientMatchesCpu) {
       expect_normwise(bd.grad(), bc.grad(), 1e-4, "bias.grad");
     }
   }
+}
+
+}  // namespace
+}  // namespace memtrain
+
+namespace memtrain {
+namespace {
+
+// add/mul take strided CUDA operands (packed first), and a leaf accumulates gradients that arrive as
+// transposed views: the second backward adds a strided gradient into the first.
+TEST(CudaStridedAutograd, StridedOperandsAndAccumulatedTransposedGradients) {
+  SKIP_WITHOUT_DEVICE();
+  const Tensor a = random_normal({5, 7}, 700), b = random_normal({7, 5}, 701);
+  const Tensor ad = a.to(kCuda), bd = b.to(kCuda);
+  expect_same_tensor(ops::add(ad, bd.t()), ops::add(a, b.t()), "add(a, b^T)");
+  expect_same_tensor(ops::mul(ad.t(), bd), ops::mul(a.t(), b), "mul(a^T, b)");
+  Tensor acc = a.clone(), accd = ad.clone();
+  ops::add_(acc, b.t());
+  ops::add_(accd, bd.t());
+  expect_same_tensor(accd, acc, "add_(acc, b^T)");
+
+  Tensor xc = a.detach().set_requires_grad(true), xd = ad.detach().set_requires_grad(true);
+  const Tensor w1 = random_normal({7, 5}, 702), w2 = random_normal({7, 5}, 703);
+  xc.t().contiguous().backward(w1);
+  xc.t().contiguous().backward(w2);
+  xd.t().contiguous().backward(w1.to(kCuda));
+  xd.t().contiguous().backward(w2.to(kCuda));
+  expect_same_tensor(xd.grad(), xc.grad(), "x.grad after two backward passes");
 }
 
 }  // namespace

@@ -17,14 +17,15 @@ using detail::unary_kernel;
 
 namespace {
 
-// The CUDA backend has same-shape contiguous add/mul so far.
+// The CUDA backend has same-shape add/mul so far; strided operands are packed first (cheap next to the
+// refusal that made gradient accumulation of transposed views fail).
 bool use_cuda(const char* op, const Tensor& a, const Tensor& b) {
   detail::check_defined(op, a);
   detail::check_defined(op, b);
   if (!a.device().is_cuda() && !b.device().is_cuda()) return false;
   detail::check_same("cuda elementwise", a, b);
-  MT_CHECK(a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous(), "cuda elementwise",
-           "only same-shape contiguous operands are supported on CUDA so far, got {} and {}", shape_str(a.shape()),
+  MT_CHECK(a.shape() == b.shape(), "cuda elementwise",
+           "only same-shape operands are supported on CUDA so far, got {} and {}", shape_str(a.shape()),
            shape_str(b.shape()));
   return true;
 }
@@ -35,7 +36,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out;
   if (use_cuda("add", a, b)) {
     out = Tensor::empty(a.shape(), a.dtype(), a.device());
-    cuda::add(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.dtype(), static_cast<std::size_t>(a.numel()),
+    const Tensor ac = a.contiguous(), bc = b.contiguous();
+    cuda::add(ac.data_ptr(), bc.data_ptr(), out.data_ptr(), a.dtype(), static_cast<std::size_t>(a.numel()),
               a.device().index);
   } else {
     out = binary_kernel("add", a, b, [](auto x, auto y) { return x + y; });
@@ -62,7 +64,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out;
   if (use_cuda("mul", a, b)) {
     out = Tensor::empty(a.shape(), a.dtype(), a.device());
-    cuda::mul(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.dtype(), static_cast<std::size_t>(a.numel()),
+    const Tensor ac = a.contiguous(), bc = b.contiguous();
+    cuda::mul(ac.data_ptr(), bc.data_ptr(), out.data_ptr(), a.dtype(), static_cast<std::size_t>(a.numel()),
               a.device().index);
   } else {
     out = binary_kernel("mul", a, b, [](auto x, auto y) { return x * y; });
@@ -138,7 +141,9 @@ Tensor& add_(Tensor& self, const Tensor& other) {
   detail::check_same("add_", self, other);
   if (self.device().is_cuda()) {
     use_cuda("add_", self, other);
-    cuda::add(self.data_ptr(), other.data_ptr(), self.data_ptr(), self.dtype(), static_cast<std::size_t>(self.numel()),
+    if (!self.is_contiguous()) return self.copy_(add(self.detach(), other.detach()));
+    const Tensor oc = other.contiguous();
+    cuda::add(self.data_ptr(), oc.data_ptr(), self.data_ptr(), self.dtype(), static_cast<std::size_t>(self.numel()),
               self.device().index);
     return self;
   }
