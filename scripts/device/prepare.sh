@@ -25,6 +25,8 @@ for bin in "${bins[@]/#/.devcarry/}"; do
   ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r soname path; do
     case "$soname" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart*|libcublas*) ;;
+      # cuBLAS loads the system's libstdc++ (any newer one serves our statically linked code too).
+      libstdc++.so*|libgcc_s.so*) ;;
       *) cp -L "$path" ".devcarry/lib/$soname" ;;
     esac
   done

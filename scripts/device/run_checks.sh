@@ -13,7 +13,14 @@ set -uo pipefail
 OUT=${OUT:-/tmp/memtrain-device-out}
 mkdir -p "$OUT"
 carry=.devcarry
-export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cuda_libs=/usr/local/cuda/lib64:/usr/local/cuda/lib
+export LD_LIBRARY_PATH="$PWD/$carry/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Where the toolkit's cuBLAS is missing, PyTorch's wheels (nvidia-cublas) carry the same libraries.
+if ldd $carry/memtrain_tests | grep -q "not found"; then
+  for dir in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for lib in "$dir"/nvidia/*/lib "$dir"/nvidia/cu13/lib; do [[ -d $lib ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$lib"; done
+  done
+fi
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 
