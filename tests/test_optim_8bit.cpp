@@ -1,7 +1,9 @@
 // Block-wise 8-bit quantization and the 8-bit optimizers: map structure, nearest-code encoding against a
-// brute-force search, the fast encoder and decoder against the reference bit for bit, the fused step
-// against a float64 reference, round-trip bounds computed from the map, zero/outlier/partial blocks, exact state
-// bytes, the non-finite gate, state_dict continuation, and 8-bit vs 32-bit training curves.
+// brute-force search, the fast encoder and decoder against the reference bit for bit (random blocks and
+// adversarial values), the fused step against a float64 reference and, bit for bit, against decode + float
+// update + reference encoder (odd sizes, odd blocks, 1 and 2 threads), round-trip bounds computed from the
+// map, zero/outlier/partial blocks, exact state bytes, the non-finite gate, state_dict continuation, and
+// 8-bit vs 32-bit training curves.
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
@@ -16,10 +18,13 @@
 #include "memtrain/ops/reduce.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -162,6 +167,63 @@ TEST(Optim8bitQuant, FastEncoderMatchesReferenceBitForBit) {
   float x[8] = {0.5f};
   std::uint8_t codes[8];
   EXPECT_THROW(detail::quantize_block(x, 8, other.data(), codes), Error);
+}
+
+// The table encoder (AVX2 where built, and the portable loop) against the binary search on values chosen
+// to break it, with scale 1 so the codes are the encoder's own choice: every map entry and the floats next
+// to it, every midpoint between neighbours and the floats around it, the first and last float of every
+// bucket the table could use (every 7-bit mantissa prefix of every binade from 2^-30 to 2), denormals,
+// +-0, +-1 and beyond, both signs. Spans of every length 1..40 start at odd offsets so the vector body, the
+// 32-wide groups and the overlapping tail all see them.
+TEST(Optim8bitQuant, EncoderIsExactOnAdversarialValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (QuantMap m : {QuantMap::signed_dynamic, QuantMap::unsigned_dynamic}) {
+    const float* map = map_of(m);
+    std::vector<float> mag{0.0f, std::numeric_limits<float>::denorm_min(), 1e-40f, std::numeric_limits<float>::min(),
+                           std::nextafter(std::numeric_limits<float>::min(), 0.0f), 1e-30f, 1e-8f, 1.0f,
+                           std::nextafter(1.0f, 0.0f), std::nextafter(1.0f, 2.0f), 2.0f, 1e30f,
+                           std::numeric_limits<float>::max(), inf};
+    for (int i = 0; i < 256; ++i) {
+      const float mid = i < 255 ? static_cast<float>((double(map[i]) + map[i + 1]) / 2.0) : map[i];
+      for (float x : {map[i], mid}) {
+        float lo = x, hi = x;
+        for (int k = 0; k < 3; ++k) {
+          mag.push_back(std::fabs(lo));
+          mag.push_back(std::fabs(hi));
+          lo = std::nextafter(lo, -inf);
+          hi = std::nextafter(hi, inf);
+        }
+      }
+    }
+    for (std::uint32_t e = 127 - 30; e <= 128; ++e)
+      for (std::uint32_t prefix = 0; prefix < 128; ++prefix) {
+        const std::uint32_t bits = (e << 23) | (prefix << 16);
+        mag.push_back(std::bit_cast<float>(bits));
+        mag.push_back(std::bit_cast<float>(bits - 1));
+      }
+    std::vector<float> xs;
+    for (float v : mag) {
+      xs.push_back(v);
+      xs.push_back(-v);
+    }
+    std::vector<std::uint8_t> want(xs.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) want[i] = detail::quantize_nearest(xs[i], map);
+    const auto n = static_cast<std::int64_t>(xs.size());
+    std::vector<std::uint8_t> fast(xs.size(), 0xAB), scalar(xs.size(), 0xAB);
+    detail::encode_block(xs.data(), n, 1.0f, map, fast.data());
+    detail::encode_block_scalar(xs.data(), n, 1.0f, map, scalar.data());
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      ASSERT_EQ(fast[i], want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
+      ASSERT_EQ(scalar[i], want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
+    }
+    for (std::int64_t len = 1; len <= 40; ++len)
+      for (std::int64_t off = 3; off + len <= n; off += 997) {
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(len) + 8, 0xAB);
+        detail::encode_block(xs.data() + off, len, 1.0f, map, codes.data());
+        for (std::int64_t i = 0; i < len; ++i) ASSERT_EQ(codes[i], want[off + i]) << "len " << len << " at " << off + i;
+        for (std::size_t i = static_cast<std::size_t>(len); i < codes.size(); ++i) ASSERT_EQ(codes[i], 0xAB) << "wrote past len";
+      }
+  }
 }
 
 TEST(Optim8bitQuant, DequantizeIsMapTimesAbsmax) {
@@ -379,9 +441,9 @@ TEST(Optim8bitOptim, FirstStepMatchesFloat64Reference) {
 
 // The fused 8-bit step (dequantize, update with the scales tracked on the fly, table encode) against a
 // reference written here: the snapshot state decoded as map[code] * absmax, the update in float64, then
-// quantize_block_reference per block. The library computes the moments in float (with FMAs), so a code
-// may differ where the float64 moment lies within float rounding of a decision midpoint: codes must agree
-// up to one neighbour, on at least 99.9% of elements exactly; absmax and parameters to 1e-6 relative.
+// quantize_block_reference per block. The library computes the moments in float, so a code may differ
+// where the float64 moment lies within float rounding of a decision midpoint: codes must agree up to one
+// neighbour, on at least 99.9% of elements exactly; absmax and parameters to 1e-6 relative.
 void check_step_against_reference(bool lion) {
   const std::int64_t n = 256 * 23 + 77, bs = 256;
   const double lr = 1e-2, wd = 0.1, b1 = 0.9, b2 = lion ? 0.99 : 0.999, eps = 1e-8;
@@ -457,6 +519,144 @@ void check_step_against_reference(bool lion) {
 
 TEST(Optim8bitOptim, AdamWStepMatchesReference) { check_step_against_reference(false); }
 TEST(Optim8bitOptim, LionStepMatchesReference) { check_step_against_reference(true); }
+
+// ---- the fused step, bit for bit ----
+// The 8-bit steps as the library defines them, with one rounding per operation (no fused multiply-add, as
+// in the library and the CUDA kernel): the state decoded as map[code] * absmax, the update in float in the
+// order written, the coefficients rounded to float as the classes do, then quantize_block_reference per
+// block. IEEE sqrt and division are correctly rounded, so any correct implementation gives these bits.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+struct StepResult {
+  std::vector<float> p;
+  std::vector<std::vector<std::uint8_t>> codes;  // per moment
+  std::vector<std::vector<float>> absmax;
+};
+
+StepResult reference_8bit_step(bool lion, const ParamGroup& h, std::int64_t step, const std::vector<float>& p0,
+                               const std::vector<float>& g, const StepResult& state, std::int64_t bs) {
+  const auto n = static_cast<std::int64_t>(p0.size());
+  const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2);
+  const float omb1 = static_cast<float>(1.0 - h.beta1), omb2 = static_cast<float>(1.0 - h.beta2);
+  const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay), lr = static_cast<float>(h.lr);
+  const float step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, double(step))));
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(h.beta2, double(step))));
+  const float eps = static_cast<float>(h.eps);
+  const float* m_map = map_of(QuantMap::signed_dynamic);
+  const float* v_map = map_of(QuantMap::unsigned_dynamic);
+  StepResult out{p0, state.codes, state.absmax};
+  std::vector<std::vector<float>> moments(state.codes.size(), std::vector<float>(p0.size()));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float m = m_map[state.codes[0][i]] * state.absmax[0][i / bs];
+    const float gi = g[i];
+    if (lion) {
+      const float u1 = b1 * m, u2 = omb1 * gi, u = u1 + u2;
+      const float s = static_cast<float>((u > 0.0f) - (u < 0.0f));
+      const float pd = p0[i] * decay, ls = lr * s;
+      out.p[i] = pd - ls;
+      const float m1 = b2 * m, m2 = omb2 * gi;
+      moments[0][i] = m1 + m2;
+    } else {
+      const float v = v_map[state.codes[1][i]] * state.absmax[1][i / bs];
+      const float m1 = b1 * m, m2 = omb1 * gi, mi = m1 + m2;
+      const float v1 = b2 * v, v2 = omb2 * gi, v3 = v2 * gi, vi = v1 + v3;
+      const float root = std::sqrt(vi), scaled = root * inv_sqrt_bc2, denom = scaled + eps;
+      const float num = step_size * mi, q = num / denom, pd = p0[i] * decay;
+      out.p[i] = pd - q;
+      moments[0][i] = mi;
+      moments[1][i] = vi;
+    }
+  }
+  for (std::size_t k = 0; k < moments.size(); ++k)
+    for (std::int64_t b = 0; b * bs < n; ++b) {
+      const std::int64_t off = b * bs, len = std::min(bs, n - off);
+      out.absmax[k][b] = detail::quantize_block_reference(moments[k].data() + off, len, k == 0 ? m_map : v_map,
+                                                          out.codes[k].data() + off);
+    }
+  return out;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+StepResult snapshot(const Optimizer& opt, const Tensor& p, bool lion) {
+  const StateDict sd = opt.state_dict();
+  StepResult r{std::vector<float>(p.data<float>(), p.data<float>() + p.numel()), {}, {}};
+  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+    if (lion && std::string(name) == "exp_avg_sq") break;
+    const Tensor& c = sd.at(std::string("0.") + name + ".codes");
+    const Tensor& a = sd.at(std::string("0.") + name + ".absmax");
+    r.codes.emplace_back(c.data<std::uint8_t>(), c.data<std::uint8_t>() + c.numel());
+    r.absmax.emplace_back(a.data<float>(), a.data<float>() + a.numel());
+  }
+  return r;
+}
+
+// Four steps from zero state (gradients of growing scale, so blocks rescale), each compared with the
+// reference from the state before it (step 1 from the zero state): parameters, codes and absmax bit for bit. Sizes 1, 3, 127, 1000,
+// 4097 and 3 blocks + 5 with blocks 256, 64, 100, 7 and 13 reach every path: whole 8-lane groups, the
+// padded last group, blocks shorter than 8, the overlapping encoder tail, a last partial block.
+void check_step_bit_exact(bool lion, std::int64_t n, std::int64_t bs, int threads) {
+  SCOPED_TRACE((lion ? "Lion8bit n=" : "AdamW8bit n=") + std::to_string(n) + " block=" + std::to_string(bs) +
+               " threads=" + std::to_string(threads));
+  struct Threads {  // restored however the checks end
+    int saved = omp_get_max_threads();
+    explicit Threads(int t) { omp_set_num_threads(t); }
+    ~Threads() { omp_set_num_threads(saved); }
+  } scoped_threads(threads);
+  ParamGroup h;
+  h.lr = lion ? 1e-3 : 1e-2;
+  h.weight_decay = 0.1;
+  h.beta2 = lion ? 0.99 : 0.999;
+  Tensor p = param_like(n, 50 + static_cast<std::uint64_t>(n));
+  h.params = {p};
+  auto opt = lion ? make_lion8bit({h}, bs, 1) : make_adamw8bit({h}, bs, 1);
+  manual_seed(51);
+  const std::size_t blocks_n = static_cast<std::size_t>((n + bs - 1) / bs);
+  for (int s = 1; s <= 4; ++s) {
+    const Tensor g = randn({n}) * (0.5 * s);
+    StepResult before;
+    if (s == 1) {  // the state the first step creates: zero codes, absmax 0
+      before.p.assign(p.data<float>(), p.data<float>() + n);
+      for (QuantMap m : {QuantMap::signed_dynamic, QuantMap::unsigned_dynamic}) {
+        if (lion && m == QuantMap::unsigned_dynamic) break;
+        before.codes.emplace_back(static_cast<std::size_t>(n), detail::quantize_nearest(0.0f, map_of(m)));
+        before.absmax.emplace_back(blocks_n, 0.0f);
+      }
+    } else {
+      before = snapshot(*opt, p, lion);
+    }
+    const StepResult want =
+        reference_8bit_step(lion, h, s, before.p, std::vector<float>(g.data<float>(), g.data<float>() + n), before, bs);
+    p.set_grad(g);
+    ASSERT_EQ(opt->step().updated, 1);
+    const StepResult got = snapshot(*opt, p, lion);
+    for (std::int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got.p[i]), std::bit_cast<std::uint32_t>(want.p[i]))
+          << "step " << s << " param " << i << ": " << got.p[i] << " vs " << want.p[i];
+    for (std::size_t k = 0; k < want.codes.size(); ++k) {
+      for (std::int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got.codes[k][i], want.codes[k][i]) << "step " << s << " moment " << k << " code " << i;
+      for (std::size_t b = 0; b < want.absmax[k].size(); ++b)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got.absmax[k][b]), std::bit_cast<std::uint32_t>(want.absmax[k][b]))
+            << "step " << s << " moment " << k << " block " << b;
+    }
+  }
+}
+
+TEST(Optim8bitOptim, FusedStepIsDecodeUpdateEncodeBitForBit) {
+  for (bool lion : {false, true}) {
+    for (std::int64_t bs : {256, 64, 100, 7, 13})
+      for (std::int64_t n : {std::int64_t{1}, std::int64_t{3}, std::int64_t{127}, std::int64_t{1000},
+                             std::int64_t{4097}, 3 * bs + 5})
+        check_step_bit_exact(lion, n, bs, 1);
+    // Above the parallel threshold: the same bits with 1 and 2 threads.
+    check_step_bit_exact(lion, 40000 + 3, 256, 1);
+    check_step_bit_exact(lion, 40000 + 3, 256, 2);
+  }
+}
 
 // A teacher-student regression: a 2-layer MLP (32 -> 64 -> 1, relu) fits a fixed random teacher plus
 // label noise, on more samples than it has parameters, so the loss has a floor instead of reaching 0.

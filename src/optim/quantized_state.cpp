@@ -4,12 +4,13 @@
 // midpoint lies in it (the bucket width is chosen per map when the table is built, and every bucket is
 // checked against the binary search at both ends). A bucket's 32-bit entry holds its lower code and the
 // midpoint's remaining low mantissa bits, so one load and one integer comparison finish the nearest-code
-// search; midpoints are exact float thresholds, so the result equals a brute-force search. With AVX2 the
-// lookup runs 8 lanes at a time with one gather, and so does decoding. Tests check both paths against the
-// binary search.
+// search; midpoints are exact float thresholds, so the result equals a brute-force search. The lookup and
+// the AVX2 versions (one gather per 8 codes; decoding by scalar loads) are in quantized_kernels.h, shared
+// with the fused optimizer steps. Tests check every path against the binary search.
 #include "memtrain/optim/quantized_state.h"
 
 #include "memtrain/core/allocator.h"
+#include "quantized_kernels.h"
 
 #include <algorithm>
 #include <bit>
@@ -18,19 +19,14 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 namespace memtrain::optim {
 namespace {
 
 constexpr int kDecades = 7;  // 10^0 .. 10^-6
-// Biased float exponent of 2^-24. Smaller magnitudes encode as they would at 2^-24: the zero code, since
-// the smallest decision midpoint (between 0 and the smallest nonzero value) is above 1e-7 > 2^-24.
-constexpr std::uint32_t kMinExp = 103;
-constexpr std::uint32_t kLoBits = kMinExp << 23;  // 2^-24
-constexpr std::uint32_t kHiBits = 0x3f7fffffu;    // largest float below 1
+// The table starts at 2^-24: smaller magnitudes encode as they would at 2^-24, the zero code, since the
+// smallest decision midpoint (between 0 and the smallest nonzero value) is above 1e-7 > 2^-24.
+constexpr std::uint32_t kLoBits = detail::kEncodeLoBits;
+using detail::encode_one;
 
 std::array<float, 256> build_map(bool is_signed) {
   // Decade k (value scale 10^-k) has (signed ? 6 : 7) - k fraction bits; a fraction code j stands for the
@@ -54,23 +50,6 @@ std::array<float, 256> build_map(bool is_signed) {
   return out;
 }
 
-// One table entry per bucket: bits 0..7 the bucket's lower code `base`, bits 8..31 a signed threshold t on
-// the bucket-relative low mantissa bits `low` (flipped for negative x, so that larger still means nearer
-// to the next code). code = base + (low > t), mod 256.
-inline std::uint8_t encode_one(float x, const std::uint32_t* table, int low_bits, std::uint32_t buckets) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  // Magnitudes are clamped into the table's range (below 2^-24 see kMinExp; at or above 1, and NaN, the
-  // top bucket still gives the nearest code: +1.0, or the most negative one). Branch-free: signs are
-  // random, so a branch on them would mispredict half the time.
-  const std::uint32_t mag = std::clamp(u & 0x7fffffffu, kLoBits, kHiBits);
-  const std::uint32_t neg = u >> 31;
-  const std::uint32_t idx = (mag >> low_bits) - (kLoBits >> low_bits) + neg * buckets;
-  const std::uint32_t entry = table[idx];
-  const std::uint32_t low_mask = (1u << low_bits) - 1;
-  const auto low = static_cast<std::int32_t>((mag & low_mask) ^ (low_mask & (0u - neg)));
-  return static_cast<std::uint8_t>(entry + (low > (static_cast<std::int32_t>(entry) >> 8) ? 1u : 0u));
-}
-
 // Everything the fast encoder needs for one map.
 struct Encoder {
   std::array<float, 256> map;
@@ -79,6 +58,7 @@ struct Encoder {
   std::uint32_t buckets = 0;      // per sign
   std::vector<std::uint32_t> table;  // positive buckets, then negative ones
   std::uint8_t zero_code = 0;
+  detail::EncodeTable view;          // what the kernels use
 
   explicit Encoder(bool is_signed) : map(build_map(is_signed)) {
     constexpr float inf = std::numeric_limits<float>::infinity();
@@ -96,9 +76,10 @@ struct Encoder {
     zero_code = detail::quantize_nearest(0.0f, map.data());
     // The widest buckets that work keep the table small (signed map: 6 mantissa bits, 12 KiB; unsigned:
     // 7 bits, 24 KiB of which only the positive half is used), so it stays in L1.
-    for (int mant_bits = 5; mant_bits <= 12; ++mant_bits)
-      if (build(23 - mant_bits)) return;
-    MT_CHECK(false, "dynamic_map", "no bucket width separates the decision midpoints");
+    bool built = false;
+    for (int mant_bits = 5; mant_bits <= 12 && !built; ++mant_bits) built = build(23 - mant_bits);
+    MT_CHECK(built, "dynamic_map", "no bucket width separates the decision midpoints");
+    view = detail::EncodeTable{map.data(), table.data(), low_bits, buckets, zero_code};
   }
 
   // Fills the table for buckets of 2^low_bits floats; false when some bucket holds two decision midpoints.
@@ -143,19 +124,21 @@ const Encoder& encoder(QuantMap m) {
   return m == QuantMap::signed_dynamic ? signed_enc : unsigned_enc;
 }
 
-const Encoder& encoder_for(const float* map) {
-  const Encoder& s = encoder(QuantMap::signed_dynamic);
-  if (map == s.map.data()) return s;
-  const Encoder& u = encoder(QuantMap::unsigned_dynamic);
-  MT_CHECK(map == u.map.data(), "quantize_block", "map is neither dynamic_map(signed) nor dynamic_map(unsigned)");
-  return u;
-}
-
 }  // namespace
 
 const std::array<float, 256>& dynamic_map(QuantMap map) { return encoder(map).map; }
 
 namespace detail {
+
+const EncodeTable& encode_table(QuantMap kind) { return encoder(kind).view; }
+
+const EncodeTable& encode_table_for(const float* map) {
+  const EncodeTable& s = encode_table(QuantMap::signed_dynamic);
+  if (map == s.map) return s;
+  const EncodeTable& u = encode_table(QuantMap::unsigned_dynamic);
+  MT_CHECK(map == u.map, "quantize_block", "map is neither dynamic_map(signed) nor dynamic_map(unsigned)");
+  return u;
+}
 
 std::uint8_t quantize_nearest(float x, const float* map) {
   // Largest i with map[i] <= x (0 when x is below the map), then the nearer of i and i + 1.
@@ -190,63 +173,11 @@ float block_scale(const float* src, std::int64_t len) {
 }
 
 void encode_block_scalar(const float* src, std::int64_t len, float scale, const float* map, std::uint8_t* codes) {
-  const Encoder& enc = encoder_for(map);
-  if (scale == 0.0f) {
-    std::memset(codes, enc.zero_code, static_cast<std::size_t>(len));
-    return;
-  }
-  const float inv = 1.0f / scale;
-  // Locals: stores through the u8 codes may alias anything, so members would be reloaded every element.
-  const std::uint32_t* table = enc.table.data();
-  const int low_bits = enc.low_bits;
-  const std::uint32_t buckets = enc.buckets;
-  for (std::int64_t i = 0; i < len; ++i) codes[i] = encode_one(src[i] * inv, table, low_bits, buckets);
+  encode_span_scalar(src, len, scale, encode_table_for(map), codes);
 }
 
 void encode_block(const float* src, std::int64_t len, float scale, const float* map, std::uint8_t* codes) {
-#if defined(__AVX2__)
-  const Encoder& enc = encoder_for(map);
-  if (scale == 0.0f || len < 8) {
-    encode_block_scalar(src, len, scale, map, codes);
-    return;
-  }
-  const float inv = 1.0f / scale;
-  // encode_one, 8 lanes at a time; the entry's low byte plus the comparison's 0/-1 is the code.
-  const __m256 vinv = _mm256_set1_ps(inv);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i vlo = _mm256_set1_epi32(static_cast<int>(kLoBits));
-  const __m256i vhi = _mm256_set1_epi32(static_cast<int>(kHiBits));
-  const __m128i shift = _mm_cvtsi32_si128(enc.low_bits);
-  const __m256i vfirst = _mm256_set1_epi32(static_cast<int>(kLoBits >> enc.low_bits));
-  const __m256i vneg = _mm256_set1_epi32(static_cast<int>(enc.buckets));
-  const __m256i low_mask = _mm256_set1_epi32(static_cast<int>((1u << enc.low_bits) - 1));
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
-                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i gather_lanes = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-  const int* table = reinterpret_cast<const int*>(enc.table.data());
-  auto codes8 = [&](const float* s) {
-    const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(s), vinv));
-    const __m256i mag = _mm256_min_epu32(_mm256_max_epu32(_mm256_and_si256(u, abs_mask), vlo), vhi);
-    const __m256i sign = _mm256_srai_epi32(u, 31);
-    const __m256i idx = _mm256_add_epi32(_mm256_sub_epi32(_mm256_srl_epi32(mag, shift), vfirst),
-                                         _mm256_and_si256(sign, vneg));
-    const __m256i entry = _mm256_i32gather_epi32(table, idx, 4);
-    const __m256i low = _mm256_xor_si256(_mm256_and_si256(mag, low_mask), _mm256_and_si256(sign, low_mask));
-    const __m256i up = _mm256_cmpgt_epi32(low, _mm256_srai_epi32(entry, 8));  // -1 past the midpoint
-    const __m256i code = _mm256_sub_epi32(entry, up);
-    return _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, pick), gather_lanes);  // low bytes first
-  };
-  std::int64_t i = 0;
-  for (; i + 8 <= len; i += 8)
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm256_castsi256_si128(codes8(src + i)));
-  if (i < len) {
-    // The tail re-encodes the last 8 (overlapping) elements: same codes, no scalar loop.
-    const std::int64_t j = len - 8;
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), _mm256_castsi256_si128(codes8(src + j)));
-  }
-#else
-  encode_block_scalar(src, len, scale, map, codes);
-#endif
+  encode_span(src, len, scale, encode_table_for(map), codes);
 }
 
 float quantize_block(const float* src, std::int64_t len, const float* map, std::uint8_t* codes) {
@@ -275,14 +206,9 @@ float quantize_block_reference(const float* src, std::int64_t len, const float* 
 
 void dequantize_block(const std::uint8_t* codes, std::int64_t len, float absmax, const float* map, float* dst) {
   std::int64_t i = 0;
-#if defined(__AVX2__)
-  // GCC does not vectorize the table load for Zen targets (it assumes slow gathers); one gather per 8 is
-  // still about twice as fast as 8 scalar loads here.
+#if defined(MEMTRAIN_OPTIM_AVX2)
   const __m256 va = _mm256_set1_ps(absmax);
-  for (; i + 8 <= len; i += 8) {
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(map, c, 4), va));
-  }
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(decode8(map, codes + i), va));
 #endif
   for (; i < len; ++i) dst[i] = map[codes[i]] * absmax;
 }
@@ -330,13 +256,13 @@ void QuantizedState::quantize_block(std::int64_t b, const float* src) {
 
 void QuantizedState::quantize(const float* src) {
   const std::int64_t nb = num_blocks();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (numel_ >= detail::kParallelMinElements)
   for (std::int64_t b = 0; b < nb; ++b) quantize_block(b, src + b * block_size_);
 }
 
 void QuantizedState::dequantize(float* dst) const {
   const std::int64_t nb = num_blocks();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (numel_ >= detail::kParallelMinElements)
   for (std::int64_t b = 0; b < nb; ++b) dequantize_block(b, dst + b * block_size_);
 }
 
