@@ -11,6 +11,7 @@
 #include "memtrain/optim/adamw8bit.h"
 
 #include "memtrain/core/allocator.h"
+#include "memtrain/cuda/optim.h"
 #include "memtrain/optim/factories.h"
 #include "memtrain/optim/quantized_state.h"
 #include "quantized_kernels.h"
@@ -173,24 +174,28 @@ AdamW8bit::AdamW8bit(std::vector<ParamGroup> groups, std::int64_t block_size, st
 }
 
 void AdamW8bit::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "AdamW8bit");
+  check_f32_contiguous(param, "AdamW8bit", /*cuda_ok=*/true);
   CategoryGuard guard(MemoryCategory::optimizer_state);
   const std::int64_t n = param.numel();
+  const Device device = param.device();
   if (n >= min_8bit_size_) {
+    MT_CHECK(device.is_cpu() || cuda::quant_block_size_supported(block_size_), "AdamW8bit",
+             "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());
     QuantizedState m(n, QuantMap::signed_dynamic, block_size_);
     QuantizedState v(n, QuantMap::unsigned_dynamic, block_size_);
-    state.tensors["exp_avg.codes"] = m.codes();
-    state.tensors["exp_avg.absmax"] = m.absmax();
-    state.tensors["exp_avg_sq.codes"] = v.codes();
-    state.tensors["exp_avg_sq.absmax"] = v.absmax();
+    state.tensors["exp_avg.codes"] = m.codes().to(device);
+    state.tensors["exp_avg.absmax"] = m.absmax().to(device);
+    state.tensors["exp_avg_sq.codes"] = v.codes().to(device);
+    state.tensors["exp_avg_sq.absmax"] = v.absmax().to(device);
   } else {
-    state.tensors["exp_avg"] = zeros(param.shape());
-    state.tensors["exp_avg_sq"] = zeros(param.shape());
+    state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, device);
+    state.tensors["exp_avg_sq"] = zeros(param.shape(), DType::f32, device);
   }
 }
 
 void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g_contig = grad_f32(grad);  // the base checked shape and finiteness
+  const Tensor g_contig = grad_f32(grad, param.device());  // the base checked shape and finiteness
+  if (param.device().is_cuda()) return update_cuda(param, g_contig, group, state);
   const float* g = g_contig.data<float>();
   float* p = param.data<float>();
   const std::int64_t n = param.numel();
@@ -238,6 +243,21 @@ void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& grou
 #endif
     }
   }
+}
+
+void AdamW8bit::update_cuda(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
+  const cuda::AdamWHyper hyper{group.lr, group.weight_decay, group.beta1, group.beta2, group.eps, state.step,
+                               /*skip_nonfinite=*/false};  // the base already checked the gradient
+  const auto n = static_cast<std::size_t>(param.numel());
+  const int device = param.device().index;
+  auto f32 = [&](const char* name) { return state.tensors.at(name).data<float>(); };
+  if (state.tensors.count("exp_avg.codes") == 0) {
+    cuda::adamw_step(param.data<float>(), grad.data<float>(), f32("exp_avg"), f32("exp_avg_sq"), n, hyper, device);
+    return;
+  }
+  cuda::adamw8bit_step(param.data<float>(), grad.data<float>(), state.tensors.at("exp_avg.codes").data<std::uint8_t>(),
+                       f32("exp_avg.absmax"), state.tensors.at("exp_avg_sq.codes").data<std::uint8_t>(),
+                       f32("exp_avg_sq.absmax"), n, block_size_, hyper, device);
 }
 
 std::unique_ptr<Optimizer> make_adamw8bit(std::vector<ParamGroup> groups, std::int64_t block_size,

@@ -9,6 +9,7 @@
 #include "memtrain/optim/lion8bit.h"
 
 #include "memtrain/core/allocator.h"
+#include "memtrain/cuda/optim.h"
 #include "memtrain/optim/factories.h"
 #include "memtrain/optim/quantized_state.h"
 #include "quantized_kernels.h"
@@ -120,20 +121,24 @@ Lion8bit::Lion8bit(std::vector<ParamGroup> groups, std::int64_t block_size, std:
 }
 
 void Lion8bit::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "Lion8bit");
+  check_f32_contiguous(param, "Lion8bit", /*cuda_ok=*/true);
   CategoryGuard guard(MemoryCategory::optimizer_state);
   const std::int64_t n = param.numel();
+  const Device device = param.device();
   if (n >= min_8bit_size_) {
+    MT_CHECK(device.is_cpu() || cuda::quant_block_size_supported(block_size_), "Lion8bit",
+             "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());
     QuantizedState m(n, QuantMap::signed_dynamic, block_size_);
-    state.tensors["exp_avg.codes"] = m.codes();
-    state.tensors["exp_avg.absmax"] = m.absmax();
+    state.tensors["exp_avg.codes"] = m.codes().to(device);
+    state.tensors["exp_avg.absmax"] = m.absmax().to(device);
   } else {
-    state.tensors["exp_avg"] = zeros(param.shape());
+    state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, device);
   }
 }
 
 void Lion8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g_contig = grad_f32(grad);  // the base checked shape and finiteness
+  const Tensor g_contig = grad_f32(grad, param.device());  // the base checked shape and finiteness
+  if (param.device().is_cuda()) return update_cuda(param, g_contig, group, state);
   const float* g = g_contig.data<float>();
   float* p = param.data<float>();
   const std::int64_t n = param.numel();
@@ -175,6 +180,20 @@ void Lion8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group
 #endif
     }
   }
+}
+
+void Lion8bit::update_cuda(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
+  const cuda::LionHyper hyper{group.lr, group.weight_decay, group.beta1, group.beta2,
+                              /*skip_nonfinite=*/false};  // the base already checked the gradient
+  const auto n = static_cast<std::size_t>(param.numel());
+  const int device = param.device().index;
+  if (state.tensors.count("exp_avg.codes") == 0) {
+    cuda::lion_step(param.data<float>(), grad.data<float>(), state.tensors.at("exp_avg").data<float>(), n, hyper,
+                    device);
+    return;
+  }
+  cuda::lion8bit_step(param.data<float>(), grad.data<float>(), state.tensors.at("exp_avg.codes").data<std::uint8_t>(),
+                      state.tensors.at("exp_avg.absmax").data<float>(), n, block_size_, hyper, device);
 }
 
 std::unique_ptr<Optimizer> make_lion8bit(std::vector<ParamGroup> groups, std::int64_t block_size,

@@ -23,6 +23,9 @@ class Lion8bit : public Optimizer {
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
 
  private:
+  // The fused CUDA kernel (cuda/optim.h) for a parameter on a device; grad is contiguous f32 there.
+  void update_cuda(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state);
+
   std::int64_t block_size_;
   std::int64_t min_8bit_size_;
 };
