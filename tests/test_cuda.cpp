@@ -5,6 +5,8 @@
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 
+#include "cuda_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,36 +22,11 @@
 namespace memtrain {
 namespace {
 
-Allocator& device_allocator() { return Allocator::get(Device::cuda(0)); }
+using test_support::device_allocator;
+using test_support::DeviceBuffer;
+using test_support::download;
+using test_support::upload;
 
-// A block of cuda:0 memory from the allocator, returned on scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t nbytes, MemoryCategory category = MemoryCategory::other)
-      : block_(device_allocator().allocate(nbytes, category)) {}
-  ~DeviceBuffer() { device_allocator().deallocate(block_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  template <typename T = void>
-  T* at(std::size_t byte_offset = 0) const {
-    return static_cast<T*>(static_cast<void*>(static_cast<char*>(block_.ptr) + byte_offset));
-  }
-
- private:
-  Block block_;
-};
-
-template <typename T>
-void upload(void* dst, const std::vector<T>& host) {
-  cuda::copy(dst, Device::cuda(0), host.data(), Device::cpu(), host.size() * sizeof(T));
-}
-template <typename T>
-std::vector<T> download(const void* src, std::size_t n) {
-  std::vector<T> host(n);
-  cuda::copy(host.data(), Device::cpu(), src, Device::cuda(0), n * sizeof(T));
-  return host;
-}
 
 // ---- narrow floats, decoded and generated from their bit fields (independent of the library) ----
 

@@ -16,6 +16,8 @@
 #define MEMTRAIN_CONVERT_RULES_ONLY
 #include "../kernels/convert.cuh"
 
+#include "cuda_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,40 +36,16 @@
 namespace memtrain {
 namespace {
 
+using test_support::device_allocator;
+using test_support::DeviceBuffer;
+using test_support::download;
+using test_support::upload;
+
 using Bytes = std::vector<std::uint8_t>;
 
 constexpr DType kFloatTypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16, DType::f8_e4m3, DType::f8_e5m2};
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-Allocator& device_allocator() { return Allocator::get(Device::cuda(0)); }
-
-// A block of cuda:0 memory from the allocator, returned on scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t nbytes) : block_(device_allocator().allocate(nbytes, MemoryCategory::other)) {}
-  ~DeviceBuffer() { device_allocator().deallocate(block_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  template <typename T = void>
-  T* at(std::size_t byte_offset = 0) const {
-    return static_cast<T*>(static_cast<void*>(static_cast<char*>(block_.ptr) + byte_offset));
-  }
-
- private:
-  Block block_;
-};
-
-template <typename T>
-void upload(void* dst, const std::vector<T>& host) {
-  cuda::copy(dst, Device::cuda(0), host.data(), Device::cpu(), host.size() * sizeof(T));
-}
-template <typename T>
-std::vector<T> download(const void* src, std::size_t n) {
-  std::vector<T> host(n);
-  cuda::copy(host.data(), Device::cpu(), src, Device::cuda(0), n * sizeof(T));
-  return host;
-}
 
 template <typename T>
 void append_bytes(Bytes& out, T v) {

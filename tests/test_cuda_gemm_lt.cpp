@@ -25,6 +25,8 @@
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/cuda/gemm_lt.h"
 
+#include "cuda_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,24 +42,12 @@
 namespace memtrain {
 namespace {
 
+using test_support::DeviceBuffer;
+
 using cuda::GemmEpilogue;
 using cuda::GemmLtArgs;
 
-Allocator& device_allocator() { return Allocator::get(Device::cuda(0)); }
-
-// A block of cuda:0 memory from the allocator, returned on scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t nbytes) : block_(device_allocator().allocate(std::max<std::size_t>(nbytes, 1))) {}
-  ~DeviceBuffer() { device_allocator().deallocate(block_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  char* at(std::size_t byte_offset = 0) const { return static_cast<char*>(block_.ptr) + byte_offset; }
-
- private:
-  Block block_;
-};
-
+// Byte copies (the test builds every operand as raw bytes of its dtype).
 void upload(void* dst, const std::vector<std::uint8_t>& host) {
   cuda::copy(dst, Device::cuda(0), host.data(), Device::cpu(), host.size());
 }

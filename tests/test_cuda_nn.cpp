@@ -18,6 +18,8 @@
 #include "cpu/norm.h"
 #include "cpu/softmax.h"
 
+#include "cuda_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,33 +36,12 @@
 namespace memtrain {
 namespace {
 
+using test_support::DeviceBuffer;
+using test_support::download;
+using test_support::upload;
+
 // ---- device buffers and bf16 on the host ----
 
-Allocator& device_allocator() { return Allocator::get(Device::cuda(0)); }
-
-// A block of cuda:0 memory from the allocator, returned on scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t nbytes) : block_(device_allocator().allocate(std::max<std::size_t>(nbytes, 1))) {}
-  ~DeviceBuffer() { device_allocator().deallocate(block_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return block_.ptr; }
-
- private:
-  Block block_;
-};
-
-template <typename T>
-void upload(void* dst, const std::vector<T>& host) {
-  cuda::copy(dst, Device::cuda(0), host.data(), Device::cpu(), host.size() * sizeof(T));
-}
-template <typename T>
-std::vector<T> download(const void* src, std::size_t n) {
-  std::vector<T> host(n);
-  cuda::copy(host.data(), Device::cpu(), src, Device::cuda(0), n * sizeof(T));
-  return host;
-}
 
 std::uint16_t bf16_bits(float f) {  // round to nearest even
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
