@@ -6,10 +6,13 @@
 // Backward: per row, one pass for the two (layer norm) or one (RMS) row sums dx needs, then one pass
 // writing dx; x is read again instead of a saved normalised copy, as in llm.c.
 // dweight / dbias, deterministically: the backward runs G = norm_partial_blocks(N, C) blocks; thread t of
-// block b owns columns t, t + blockDim, ... of its private scratch row partials[b, :] and adds its rows'
-// terms there in row order (no atomics, no sharing). A second kernel, one thread per column, sums the G
-// partials in block order in f64 and rounds once to T. G depends only on (N, C), not on the device, so a
-// rerun gives the same bits.
+// block b owns columns t, t + blockDim, ... of its block's accumulator row (in shared memory when the
+// sums fit in kNormSmemBytes, else directly in its scratch row partials[b, :]) and adds its rows' terms
+// there in row order (no atomics, no sharing, so no barrier: a thread only ever touches its own columns),
+// then copies it to partials[b, :]. A second kernel sums the G partials per column in a fixed order:
+// a block owns 32 columns (one coalesced 128-byte read per warp and partial row); its thread (x, y) sums
+// rows b = y, y + 32, ... of column x in f64, then thread (x, 0) adds the 32 results in y order and
+// rounds once to T. G depends only on (N, C), not on the device, so a rerun gives the same bits.
 // Thread mapping: thread t of a row block handles columns t, t + blockDim, ...: each warp reads 32
 // consecutive elements per step (coalesced).
 #include "nn.cuh"
@@ -26,6 +29,16 @@ std::int64_t norm_partial_blocks(std::int64_t N, std::int64_t C) {
   const std::int64_t target = 262144 / static_cast<std::int64_t>(nn_row_threads(C));
   const std::int64_t g = target < 128 ? 128 : (target > 1024 ? 1024 : target);
   return N < g ? (N < 1 ? 1 : N) : g;
+}
+
+// Shared memory a backward block may use for its dweight/dbias accumulators: C <= 4096 for two sums, 8192
+// for one. Well under the 48 KiB a launch may ask for without opt-in (with the 128 static bytes of `red`),
+// and 2 blocks of 1024 threads per SM still fit.
+constexpr std::int64_t kNormSmemBytes = 32 * 1024;
+
+std::size_t norm_smem_bytes(std::int64_t C, int sums) {
+  const std::int64_t bytes = C * sums * static_cast<std::int64_t>(sizeof(float));
+  return bytes <= kNormSmemBytes ? static_cast<std::size_t>(bytes) : 0;
 }
 
 template <typename T>
@@ -62,14 +75,19 @@ __global__ void layer_norm_forward_kernel(T* out, float* mean, float* rstd, cons
 }
 
 // dw_part / db_part: this launch's [gridDim.x, C] partials, or null when that sum is not wanted.
+// use_smem: accumulate in dynamic shared memory (one (C) row per wanted sum) and copy to the partials at
+// the end; else accumulate in the partials directly.
 template <typename T>
 __global__ void layer_norm_backward_kernel(T* dx, float* dw_part, float* db_part, const T* dout, const T* x,
                                            const T* weight, const float* mean, const float* rstd, std::int64_t N,
-                                           std::int64_t C) {
+                                           std::int64_t C, bool use_smem) {
   __shared__ float red[32];
+  extern __shared__ float acc[];  // (sums, C) when use_smem
   const float inv_c = 1.0f / static_cast<float>(C);
-  float* dw = dw_part != nullptr ? dw_part + blockIdx.x * C : nullptr;  // this block's (C)
-  float* db = db_part != nullptr ? db_part + blockIdx.x * C : nullptr;
+  float* dw_out = dw_part != nullptr ? dw_part + blockIdx.x * C : nullptr;  // this block's (C)
+  float* db_out = db_part != nullptr ? db_part + blockIdx.x * C : nullptr;
+  float* dw = dw_out != nullptr && use_smem ? acc : dw_out;
+  float* db = db_out != nullptr && use_smem ? acc + (dw_out != nullptr ? C : 0) : db_out;
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     if (dw != nullptr) dw[c] = 0.0f;
     if (db != nullptr) db[c] = 0.0f;
@@ -98,6 +116,12 @@ __global__ void layer_norm_backward_kernel(T* dx, float* dw_part, float* db_part
       dxr[c] = from_f32<T>(r * (dn - mean_dn - norm * mean_dn_norm));
     }
   }
+  if (use_smem) {  // same thread, same columns as the accumulation: no barrier needed
+    for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      if (dw_out != nullptr) dw_out[c] = dw[c];
+      if (db_out != nullptr) db_out[c] = db[c];
+    }
+  }
 }
 
 template <typename T>
@@ -123,10 +147,12 @@ __global__ void rms_norm_forward_kernel(T* out, float* rstd, const T* x, const T
 
 template <typename T>
 __global__ void rms_norm_backward_kernel(T* dx, float* dw_part, const T* dout, const T* x, const T* weight,
-                                         const float* rstd, std::int64_t N, std::int64_t C) {
+                                         const float* rstd, std::int64_t N, std::int64_t C, bool use_smem) {
   __shared__ float red[32];
+  extern __shared__ float acc[];  // (C) when use_smem
   const float inv_c = 1.0f / static_cast<float>(C);
-  float* dw = dw_part != nullptr ? dw_part + blockIdx.x * C : nullptr;  // this block's (C)
+  float* dw_out = dw_part != nullptr ? dw_part + blockIdx.x * C : nullptr;  // this block's (C)
+  float* dw = dw_out != nullptr && use_smem ? acc : dw_out;
   if (dw != nullptr) {
     for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0.0f;
   }
@@ -149,25 +175,50 @@ __global__ void rms_norm_backward_kernel(T* dx, float* dw_part, const T* dout, c
       dxr[c] = from_f32<T>(r * (to_f32(gr[c]) * weight_at(weight, c) - xv * r * mean_s));
     }
   }
-}
-
-// dst[c] = sum over b < G of partials[b, c], in b order, in f64; one thread per column.
-template <typename T>
-__global__ void column_sum_kernel(T* dst, const float* partials, std::int64_t G, std::int64_t C) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < C; c += stride) {
-    double s = 0.0;
-    for (std::int64_t b = 0; b < G; ++b) s += partials[b * C + c];
-    dst[c] = from_f32<T>(static_cast<float>(s));
+  if (use_smem && dw_out != nullptr) {  // same thread, same columns as the accumulation: no barrier needed
+    for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) dw_out[c] = dw[c];
   }
 }
 
+// Column sums of the partials, for s = blockIdx.y < gridDim.y (1 or 2): dst_s[c] = sum over b < G of
+// partials[s, b, c], in f64 in a fixed order, rounded once to T (dst_1 used only when gridDim.y == 2).
+// Block (kSumCols, kSumRows): blocks loop over chunks of kSumCols columns; thread (x, y) sums rows
+// b = y, y + kSumRows, ... of column x, then thread (x, 0) adds the kSumRows results in y order.
+constexpr int kSumCols = 32, kSumRows = 32;
+
 template <typename T>
-cudaError_t launch_column_sum(T* dst, const float* partials, std::int64_t G, std::int64_t C, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const std::int64_t blocks = (C + kThreads - 1) / kThreads;
-  column_sum_kernel<T><<<static_cast<unsigned>(blocks < kMaxRowBlocks ? blocks : kMaxRowBlocks), kThreads, 0,
-                         stream>>>(dst, partials, G, C);
+__global__ void column_sum_kernel(T* dst0, T* dst1, const float* partials, std::int64_t G, std::int64_t C) {
+  __shared__ double part[kSumRows][kSumCols];
+  T* dst = blockIdx.y == 0 ? dst0 : dst1;
+  const float* p = partials + static_cast<std::int64_t>(blockIdx.y) * G * C;  // (G, C)
+  const std::int64_t chunks = (C + kSumCols - 1) / kSumCols;
+  // chunk depends only on blockIdx.x, so every thread of the block runs the same iterations (barriers).
+  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const std::int64_t c = chunk * kSumCols + threadIdx.x;
+    double s = 0.0;
+    if (c < C) {
+#pragma unroll 4
+      for (std::int64_t b = threadIdx.y; b < G; b += kSumRows) s += p[b * C + c];
+    }
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+      double t = 0.0;
+#pragma unroll
+      for (int j = 0; j < kSumRows; ++j) t += part[j][threadIdx.x];
+      dst[c] = from_f32<T>(static_cast<float>(t));
+    }
+    __syncthreads();  // part is rewritten by the next chunk
+  }
+}
+
+// Sums `sums` (1 or 2) consecutive (G, C) partial blocks into dst0 and (when sums == 2) dst1.
+template <typename T>
+cudaError_t launch_column_sum(T* dst0, T* dst1, const float* partials, int sums, std::int64_t G, std::int64_t C,
+                              cudaStream_t stream) {
+  const std::int64_t chunks = (C + kSumCols - 1) / kSumCols;
+  const dim3 grid(static_cast<unsigned>(chunks < kMaxRowBlocks ? chunks : kMaxRowBlocks), static_cast<unsigned>(sums));
+  column_sum_kernel<T><<<grid, dim3(kSumCols, kSumRows), 0, stream>>>(dst0, dst1, partials, G, C);
   return cudaGetLastError();
 }
 
@@ -196,14 +247,14 @@ cudaError_t launch_layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dou
   const std::int64_t G = sums ? norm_partial_blocks(N, C) : nn_row_blocks(N);
   float* dw_part = dweight != nullptr ? partials : nullptr;
   float* db_part = dbias != nullptr ? partials + (dweight != nullptr ? G * C : 0) : nullptr;
-  layer_norm_backward_kernel<T><<<static_cast<unsigned>(G), nn_row_threads(C), 0, stream>>>(
-      dx, dw_part, db_part, dout, x, weight, mean, rstd, N, C);
+  const int nsums = (dweight != nullptr ? 1 : 0) + (dbias != nullptr ? 1 : 0);
+  const std::size_t smem = norm_smem_bytes(C, nsums);
+  layer_norm_backward_kernel<T><<<static_cast<unsigned>(G), nn_row_threads(C), smem, stream>>>(
+      dx, dw_part, db_part, dout, x, weight, mean, rstd, N, C, smem > 0);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  if (dweight != nullptr) {
-    if (cudaError_t err = launch_column_sum(dweight, dw_part, G, C, stream); err != cudaSuccess) return err;
-  }
-  if (dbias != nullptr) return launch_column_sum(dbias, db_part, G, C, stream);
-  return cudaSuccess;
+  if (!sums) return cudaSuccess;
+  // partials holds [dw (G, C)][db (G, C)] for the wanted sums, in that order.
+  return launch_column_sum(dweight != nullptr ? dweight : dbias, dbias, partials, nsums, G, C, stream);
 }
 
 template <typename T>
@@ -220,10 +271,11 @@ cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* 
   if (N <= 0 || C <= 0) return cudaSuccess;
   const std::int64_t G = dweight != nullptr ? norm_partial_blocks(N, C) : nn_row_blocks(N);
   float* dw_part = dweight != nullptr ? partials : nullptr;
-  rms_norm_backward_kernel<T><<<static_cast<unsigned>(G), nn_row_threads(C), 0, stream>>>(dx, dw_part, dout, x,
-                                                                                          weight, rstd, N, C);
+  const std::size_t smem = dweight != nullptr ? norm_smem_bytes(C, 1) : 0;
+  rms_norm_backward_kernel<T><<<static_cast<unsigned>(G), nn_row_threads(C), smem, stream>>>(
+      dx, dw_part, dout, x, weight, rstd, N, C, smem > 0);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  if (dweight != nullptr) return launch_column_sum(dweight, dw_part, G, C, stream);
+  if (dweight != nullptr) return launch_column_sum(dweight, static_cast<T*>(nullptr), dw_part, 1, G, C, stream);
   return cudaSuccess;
 }
 
