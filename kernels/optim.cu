@@ -10,14 +10,21 @@
 // loads and stores are coalesced. A block decodes its codes through the map (copied into shared memory),
 // updates in f32 registers, reduces max(0, x) and min(0, x) of the new state (warp shuffles, then one
 // shared-memory pass that every thread repeats in the same order), takes the signed scale as
-// detail::block_scale, and encodes x * (1 / scale) by the binary search of detail::quantize_nearest on the
-// shared map (ties to the lower code). Blocks beyond the grid (capped at kMaxQuantGrid) are taken by a
-// block-stride loop; the loop bound is uniform per block, so __syncthreads inside it is safe.
+// detail::block_scale, and encodes x * (1 / scale) by the CPU's bucket table (quant::encode_code: one
+// shared-memory load and one integer compare, equal to detail::quantize_nearest's binary search, ties to the
+// lower code). With 256 threads, each thread block stages the encoder tables (the signed map's 12 KiB, the
+// unsigned map's positive half, 12 KiB; its negative half is read through __ldg) into dynamic shared
+// memory once, so AdamW8bit takes 26 KiB per block and 8 blocks fit on an SM. Smaller thread blocks (block
+// sizes 32..128) would lose too much occupancy to the tables and read them all through __ldg (L1-resident).
+// The grid is sized to what is resident at once (SMs x occupancy, at most kMaxQuantGrid), and the remaining
+// quantization blocks are taken by a block-stride loop; the loop bound is uniform per block, so
+// __syncthreads inside it is safe.
 //
 // Rounding: every expression is written with the _rn intrinsics in the order and grouping of the CPU
 // source, so nvcc cannot contract a product and a sum into a fused multiply-add the CPU did not do; AdamW's
 // two explicit fmaf are __fmaf_rn. Max and min are exact in any order. The nearest-code test compares
-// differences in double as quantize_nearest does (exact for floats in [-1, 1]).
+// differences in double as quantize_nearest does (exact for floats in [-1, 1]); the table encoder's
+// thresholds are those exact midpoints, checked against it when the CPU builds the table.
 //
 // Non-finite gate: launch_nonfinite_flag clears a device int and sets it when the gradient holds NaN or
 // Inf; a step kernel given that int returns at once when it is set (the read is uniform per block, before
@@ -25,6 +32,7 @@
 #include "optim.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -62,15 +70,35 @@ __device__ __forceinline__ float min_keep(float acc, float x) { return x < acc ?
 // detail::block_scale: the larger-magnitude of max(0, x) and min(0, x), with its sign.
 __device__ __forceinline__ float block_scale(float hi, float lo) { return -lo > hi ? lo : hi; }
 
-// detail::quantize_nearest, step for step: largest i with map[i] <= x, then the nearer of i and i + 1
-// (ties to i), the differences taken in double.
-__device__ __forceinline__ std::uint8_t nearest_code(float x, const float* map) {
-  int pos = 0;
-#pragma unroll
-  for (int step = 128; step > 0; step >>= 1)
-    if (map[pos + step] <= x) pos += step;
-  if (pos < 255 && (static_cast<double>(map[pos + 1]) - x) < (static_cast<double>(x) - map[pos])) ++pos;
-  return static_cast<std::uint8_t>(pos);
+// An encoder whose first `staged` table entries live in this block's shared memory, the rest in global.
+struct SharedEncoder {
+  const std::uint32_t* table;   // shared
+  const std::uint32_t* global;  // all 2 * buckets entries
+  std::uint32_t staged;
+  int low_bits;
+  std::uint32_t buckets;
+  std::uint8_t zero_code;
+};
+
+// Shared-memory words for an encoder (the launchers check the sum against kMaxTableBytes).
+std::size_t staged_entries(const EncodeTableArg& e) {
+  return std::min<std::size_t>(e.staged, 2 * static_cast<std::size_t>(e.buckets));
+}
+
+// Copies the staged table words from global memory into shared `dst` (coalesced); the caller syncs.
+template <int THREADS>
+__device__ __forceinline__ SharedEncoder stage_encoder(const EncodeTableArg& e, std::uint32_t* dst) {
+  const std::uint32_t staged = min(e.staged, 2 * e.buckets);
+  for (std::uint32_t i = threadIdx.x; i < staged; i += THREADS) dst[i] = __ldg(e.table + i);
+  return SharedEncoder{dst, e.table, staged, e.low_bits, e.buckets, e.zero_code};
+}
+
+// quant::encode_code with the entry read from shared memory when staged (always, for values of the
+// expected sign), else from global memory.
+__device__ __forceinline__ std::uint8_t encode(const SharedEncoder& e, float x) {
+  const quant::Bucket b = quant::bucket_of(x, e.low_bits, e.buckets);
+  const std::uint32_t entry = b.index < e.staged ? e.table[b.index] : __ldg(e.global + b.index);
+  return quant::code_in_bucket(b, entry);
 }
 
 __device__ __forceinline__ float sign_of(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
@@ -169,15 +197,15 @@ __device__ __forceinline__ void block_range(float (&hi)[K], float (&lo)[K], floa
 // Codes of x[k] / scale for this thread's elements of the block at `off` (the zero code when scale == 0),
 // as detail::quantize_block_reference: x * (1 / scale), both rounded.
 template <int THREADS, int ITEMS>
-__device__ __forceinline__ void encode_items(const float (&x)[ITEMS], float scale, const float* map,
+__device__ __forceinline__ void encode_items(const float (&x)[ITEMS], float scale, const SharedEncoder& enc,
                                              std::uint8_t* __restrict__ codes, std::size_t off, std::size_t n) {
   const bool zero = scale == 0.0f;
   const float inv = zero ? 0.0f : __fdiv_rn(1.0f, scale);
-  const std::uint8_t zero_code = nearest_code(0.0f, map);
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     const std::size_t i = off + static_cast<std::size_t>(k * THREADS) + threadIdx.x;
-    if (i < n) codes[i] = zero ? zero_code : nearest_code(__fmul_rn(x[k], inv), map);
+    if (i < n)
+      codes[i] = zero ? enc.zero_code : encode(enc, __fmul_rn(x[k], inv));
   }
 }
 
@@ -188,15 +216,18 @@ template <int THREADS, int ITEMS>
 __global__ void __launch_bounds__(THREADS)
     adamw8bit_kernel(float* __restrict__ p, const float* __restrict__ g, std::uint8_t* __restrict__ m_codes,
                      float* __restrict__ m_absmax, std::uint8_t* __restrict__ v_codes, float* __restrict__ v_absmax,
-                     std::size_t n, std::size_t num_blocks, const __grid_constant__ MapPair maps, AdamW8bitCoeffs c,
-                     const int* skip) {
+                     std::size_t n, std::size_t num_blocks, const __grid_constant__ MapPair maps,
+                     EncodeTableArg m_arg, EncodeTableArg v_arg, AdamW8bitCoeffs c, const int* skip) {
   if (skipped(skip)) return;  // uniform over the block, before any barrier
   __shared__ float m_map[256], v_map[256];
   __shared__ float s_hi[2][THREADS / 32], s_lo[2][THREADS / 32];
+  extern __shared__ std::uint32_t s_tables[];  // m table, then v table
   for (int i = threadIdx.x; i < 256; i += THREADS) {
     m_map[i] = maps.first.v[i];
     v_map[i] = maps.second.v[i];
   }
+  const SharedEncoder m_enc = stage_encoder<THREADS>(m_arg, s_tables);
+  const SharedEncoder v_enc = stage_encoder<THREADS>(v_arg, s_tables + min(m_arg.staged, 2 * m_arg.buckets));
   __syncthreads();
   constexpr std::size_t kBlock = static_cast<std::size_t>(THREADS) * ITEMS;
   for (std::size_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
@@ -229,8 +260,8 @@ __global__ void __launch_bounds__(THREADS)
     }
     block_range<2, THREADS>(hi, lo, s_hi, s_lo);
     const float m_scale = block_scale(hi[0], lo[0]), v_scale = block_scale(hi[1], lo[1]);
-    encode_items<THREADS, ITEMS>(m, m_scale, m_map, m_codes, off, n);
-    encode_items<THREADS, ITEMS>(v, v_scale, v_map, v_codes, off, n);
+    encode_items<THREADS, ITEMS>(m, m_scale, m_enc, m_codes, off, n);
+    encode_items<THREADS, ITEMS>(v, v_scale, v_enc, v_codes, off, n);
     if (threadIdx.x == 0) {
       m_absmax[b] = stored_scale(m_scale);
       v_absmax[b] = stored_scale(v_scale);
@@ -243,11 +274,13 @@ template <int THREADS, int ITEMS>
 __global__ void __launch_bounds__(THREADS)
     lion8bit_kernel(float* __restrict__ p, const float* __restrict__ g, std::uint8_t* __restrict__ m_codes,
                     float* __restrict__ m_absmax, std::size_t n, std::size_t num_blocks,
-                    const __grid_constant__ Map256 map, LionCoeffs c, const int* skip) {
+                    const __grid_constant__ Map256 map, EncodeTableArg enc_arg, LionCoeffs c, const int* skip) {
   if (skipped(skip)) return;  // uniform over the block, before any barrier
   __shared__ float m_map[256];
   __shared__ float s_hi[1][THREADS / 32], s_lo[1][THREADS / 32];
+  extern __shared__ std::uint32_t s_tables[];
   for (int i = threadIdx.x; i < 256; i += THREADS) m_map[i] = map.v[i];
+  const SharedEncoder enc = stage_encoder<THREADS>(enc_arg, s_tables);
   __syncthreads();
   constexpr std::size_t kBlock = static_cast<std::size_t>(THREADS) * ITEMS;
   for (std::size_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
@@ -272,7 +305,7 @@ __global__ void __launch_bounds__(THREADS)
     }
     block_range<1, THREADS>(hi, lo, s_hi, s_lo);
     const float scale = block_scale(hi[0], lo[0]);
-    encode_items<THREADS, ITEMS>(m, scale, m_map, m_codes, off, n);
+    encode_items<THREADS, ITEMS>(m, scale, enc, m_codes, off, n);
     if (threadIdx.x == 0) m_absmax[b] = stored_scale(scale);
     __syncthreads();
   }
@@ -281,10 +314,10 @@ __global__ void __launch_bounds__(THREADS)
 template <int THREADS, int ITEMS>
 __global__ void __launch_bounds__(THREADS)
     quantize_kernel(const float* __restrict__ src, std::uint8_t* __restrict__ codes, float* __restrict__ absmax,
-                    std::size_t n, std::size_t num_blocks, const __grid_constant__ Map256 map) {
-  __shared__ float s_map[256];
+                    std::size_t n, std::size_t num_blocks, EncodeTableArg enc_arg) {
   __shared__ float s_hi[1][THREADS / 32], s_lo[1][THREADS / 32];
-  for (int i = threadIdx.x; i < 256; i += THREADS) s_map[i] = map.v[i];
+  extern __shared__ std::uint32_t s_tables[];
+  const SharedEncoder enc = stage_encoder<THREADS>(enc_arg, s_tables);
   __syncthreads();
   constexpr std::size_t kBlock = static_cast<std::size_t>(THREADS) * ITEMS;
   for (std::size_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
@@ -303,7 +336,7 @@ __global__ void __launch_bounds__(THREADS)
     }
     block_range<1, THREADS>(hi, lo, s_hi, s_lo);
     const float scale = block_scale(hi[0], lo[0]);
-    encode_items<THREADS, ITEMS>(x, scale, s_map, codes, off, n);
+    encode_items<THREADS, ITEMS>(x, scale, enc, codes, off, n);
     if (threadIdx.x == 0) absmax[b] = stored_scale(scale);
     __syncthreads();
   }
@@ -342,8 +375,39 @@ std::size_t blocks_of(std::size_t n, int block_size) {
   return n / bs + (n % bs != 0 ? 1 : 0);
 }
 
-unsigned quant_grid(std::size_t num_blocks) {
-  return static_cast<unsigned>(std::min(num_blocks, kMaxQuantGrid));
+// Blocks for an 8-bit kernel: those resident at once (each stages its tables once), at most num_blocks.
+// The resident count is cached per kernel and device, packed with the shared-memory size it was computed for.
+template <auto Kernel>
+cudaError_t quant_grid(int threads, std::size_t smem, std::size_t num_blocks, unsigned& grid) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<std::uint64_t> cache[kCachedDevices] = {};
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  const auto tag = static_cast<std::uint64_t>(smem) << 32;
+  std::uint64_t packed = device >= 0 && device < kCachedDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (packed == 0 || (packed >> 32) != (tag >> 32)) {
+    int sms = 0, per_sm = 0;
+    if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
+      return err;
+    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, smem);
+        err != cudaSuccess)
+      return err;
+    const auto resident = static_cast<std::uint64_t>(std::max(sms, 1)) * static_cast<std::uint64_t>(std::max(per_sm, 1));
+    packed = tag | std::min<std::uint64_t>(resident, kMaxQuantGrid);
+    if (device >= 0 && device < kCachedDevices) cache[device].store(packed, std::memory_order_relaxed);
+  }
+  grid = static_cast<unsigned>(std::min<std::uint64_t>(num_blocks, packed & 0xffffffffu));
+  return cudaSuccess;
+}
+
+// Dynamic shared memory must fit the default 48 KiB per block (no opt-in attribute is set).
+constexpr std::size_t kMaxTableBytes = 48 * 1024 - 4096;
+
+// The encoder as a kernel with THREADS threads uses it: nothing staged below 256 threads (see the top).
+template <int THREADS>
+EncodeTableArg for_threads(EncodeTableArg e) {
+  if (THREADS < 256) e.staged = 0;
+  return e;
 }
 
 }  // namespace
@@ -377,43 +441,56 @@ cudaError_t launch_lion_step(float* p, const float* g, float* m, std::size_t n, 
 }
 
 cudaError_t launch_adamw8bit_step(float* p, const float* g, std::uint8_t* m_codes, float* m_absmax,
-                                  const float* m_map, std::uint8_t* v_codes, float* v_absmax, const float* v_map,
-                                  std::size_t n, int block_size, const AdamW8bitCoeffs& c, const int* skip,
-                                  cudaStream_t stream) {
+                                  const float* m_map, const EncodeTableArg& m_enc, std::uint8_t* v_codes,
+                                  float* v_absmax, const float* v_map, const EncodeTableArg& v_enc, std::size_t n,
+                                  int block_size, const AdamW8bitCoeffs& c, const int* skip, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const MapPair maps{map_param(m_map), map_param(v_map)};
   const std::size_t nb = blocks_of(n, block_size);
   return with_block_shape(block_size, [&](auto threads, auto items) {
     constexpr int kT = decltype(threads)::value, kI = decltype(items)::value;
-    adamw8bit_kernel<kT, kI><<<quant_grid(nb), kT, 0, stream>>>(
-        p, g, m_codes, m_absmax, v_codes, v_absmax, n, nb, maps, c, skip);
+    const EncodeTableArg me = for_threads<kT>(m_enc), ve = for_threads<kT>(v_enc);
+    const std::size_t smem = (staged_entries(me) + staged_entries(ve)) * sizeof(std::uint32_t);
+    if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
+    unsigned grid = 0;
+    if (cudaError_t err = quant_grid<adamw8bit_kernel<kT, kI>>(kT, smem, nb, grid); err != cudaSuccess) return err;
+    adamw8bit_kernel<kT, kI><<<grid, kT, smem, stream>>>(p, g, m_codes, m_absmax, v_codes, v_absmax, n, nb, maps,
+                                                         me, ve, c, skip);
     return cudaGetLastError();
   });
 }
 
 cudaError_t launch_lion8bit_step(float* p, const float* g, std::uint8_t* m_codes, float* m_absmax, const float* map,
-                                 std::size_t n, int block_size, const LionCoeffs& c, const int* skip,
-                                 cudaStream_t stream) {
+                                 const EncodeTableArg& enc, std::size_t n, int block_size, const LionCoeffs& c,
+                                 const int* skip, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const Map256 m = map_param(map);
   const std::size_t nb = blocks_of(n, block_size);
   return with_block_shape(block_size, [&](auto threads, auto items) {
     constexpr int kT = decltype(threads)::value, kI = decltype(items)::value;
-    lion8bit_kernel<kT, kI><<<quant_grid(nb), kT, 0, stream>>>(
-        p, g, m_codes, m_absmax, n, nb, m, c, skip);
+    const EncodeTableArg e = for_threads<kT>(enc);
+    const std::size_t smem = staged_entries(e) * sizeof(std::uint32_t);
+    if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
+    unsigned grid = 0;
+    if (cudaError_t err = quant_grid<lion8bit_kernel<kT, kI>>(kT, smem, nb, grid); err != cudaSuccess) return err;
+    lion8bit_kernel<kT, kI><<<grid, kT, smem, stream>>>(p, g, m_codes, m_absmax, n, nb, m, e, c, skip);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, const float* map,
-                                      std::size_t n, int block_size, cudaStream_t stream) {
+cudaError_t launch_quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax,
+                                      const EncodeTableArg& enc, std::size_t n, int block_size,
+                                      cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const Map256 m = map_param(map);
   const std::size_t nb = blocks_of(n, block_size);
   return with_block_shape(block_size, [&](auto threads, auto items) {
     constexpr int kT = decltype(threads)::value, kI = decltype(items)::value;
-    quantize_kernel<kT, kI><<<quant_grid(nb), kT, 0, stream>>>(
-        src, codes, absmax, n, nb, m);
+    const EncodeTableArg e = for_threads<kT>(enc);
+    const std::size_t smem = staged_entries(e) * sizeof(std::uint32_t);
+    if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
+    unsigned grid = 0;
+    if (cudaError_t err = quant_grid<quantize_kernel<kT, kI>>(kT, smem, nb, grid); err != cudaSuccess) return err;
+    quantize_kernel<kT, kI><<<grid, kT, smem, stream>>>(src, codes, absmax, n, nb, e);
     return cudaGetLastError();
   });
 }

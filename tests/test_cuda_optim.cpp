@@ -15,6 +15,8 @@
 //   are uploaded before the step), so differences cannot compound. Parameters as f32; absmax 1e-5
 //   relative; codes equal except where an ulp of f32 difference crosses a decision midpoint: such codes
 //   must differ by exactly one and be at most 1e-3 of all codes (the measured count is printed).
+// - The kernels' nearest-code encoder (quant::encode_code, __host__ __device__) is run on the CPU here and
+//   must equal detail::quantize_nearest exactly on every adversarial float (CudaOptimEncode, no GPU needed).
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
@@ -25,6 +27,10 @@
 #include "memtrain/optim/lion8bit.h"
 #include "memtrain/optim/quantized_state.h"
 #include "memtrain/optim/sgd.h"
+#include "optim/quantized_kernels.h"
+
+#define MEMTRAIN_OPTIM_ENCODE_ONLY
+#include "../kernels/optim.cuh"
 
 #include <gtest/gtest.h>
 
@@ -415,6 +421,74 @@ TEST(CudaOptim8bit, ManyBlocksUseTheBlockStrideLoop) {
   run_8bit(false, 4096 * 40 + 1, 4096, 2, 701, stats);  // 16 elements per thread
   std::printf("[measured] 8-bit large: %zu of %zu codes off by one\n", stats.off_by_one, stats.total);
   EXPECT_LE(double(stats.off_by_one), kMaxCodeDiffFraction * double(stats.total));
+}
+
+// ---- the kernels' encoder, on the CPU ----
+
+// Floats that stress the bucket table: every decision midpoint and map value with 3 ulps either side,
+// every bucket's first and last float and their outer neighbours, signed zeros, denormals, the clamp edges
+// 2^-24 and 1, values beyond 1, infinities and NaNs, and a strided sweep of all floats in [2^-26, 2).
+std::vector<float> encode_adversarial(const optim::detail::EncodeTable& t) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> xs;
+  auto around = [&](float c, int ulps) {
+    float lo = c, hi = c;
+    xs.push_back(c);
+    for (int k = 0; k < ulps; ++k) {
+      lo = std::nextafter(lo, -inf);
+      hi = std::nextafter(hi, inf);
+      xs.push_back(lo);
+      xs.push_back(hi);
+    }
+  };
+  for (int i = 0; i < 256; ++i) {
+    around(t.map[i], 3);
+    if (i < 255) around(static_cast<float>((double(t.map[i]) + t.map[i + 1]) / 2.0), 3);
+  }
+  const std::uint32_t low_mask = (1u << t.low_bits) - 1u;
+  for (std::uint32_t b = 0; b < t.buckets; ++b) {
+    const std::uint32_t lo_bits = cuda::quant::kEncodeLoBits + (b << t.low_bits);
+    around(std::bit_cast<float>(lo_bits), 1);
+    around(std::bit_cast<float>(lo_bits | low_mask), 1);
+  }
+  for (float c : {0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                  std::bit_cast<float>(cuda::quant::kEncodeLoBits), std::bit_cast<float>(cuda::quant::kEncodeHiBits), 1.0f, 1.5f,
+                  2.0f, 1e4f, std::numeric_limits<float>::max(), inf})
+    around(c, 2);
+  for (std::uint32_t u = 101u << 23; u < 128u << 23; u += 613) xs.push_back(std::bit_cast<float>(u));
+  const std::size_t positive = xs.size();
+  for (std::size_t i = 0; i < positive; ++i) xs.push_back(-xs[i]);
+  for (std::uint32_t nan_bits : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu})
+    xs.push_back(std::bit_cast<float>(nan_bits));
+  return xs;
+}
+
+TEST(CudaOptimEncode, EncodeCodeEqualsTheBinarySearchOnTheCpu) {
+  ASSERT_EQ(cuda::quant::kEncodeLoBits, optim::detail::kEncodeLoBits);
+  ASSERT_EQ(cuda::quant::kEncodeHiBits, optim::detail::kEncodeHiBits);
+  for (QuantMap m : {QuantMap::signed_dynamic, QuantMap::unsigned_dynamic}) {
+    const optim::detail::EncodeTable& t = optim::detail::encode_table(m);
+    ASSERT_EQ(t.map, optim::dynamic_map(m).data());
+    EXPECT_EQ(t.zero_code, zero_code(m));
+    const std::vector<float> xs = encode_adversarial(t);
+    std::size_t mismatches = 0;
+    for (float x : xs) {
+      const std::uint8_t got = cuda::quant::encode_code(x, t.table, t.low_bits, t.buckets);
+      const std::uint8_t want = optim::detail::quantize_nearest(x, t.map);
+      if (got != want && ++mismatches <= 10)
+        ADD_FAILURE() << "map " << int(m) << " x " << x << " (bits 0x" << std::hex << std::bit_cast<std::uint32_t>(x)
+                      << std::dec << ") got " << int(got) << " want " << int(want);
+    }
+    EXPECT_EQ(mismatches, 0u) << "map " << int(m) << " over " << xs.size() << " values";
+    // The kernels stage the unsigned map's positive half only: non-negative values must index it.
+    if (m == QuantMap::unsigned_dynamic) {
+      for (float x : xs) {
+        if (!std::signbit(x)) {
+          ASSERT_LT(cuda::quant::bucket_of(x, t.low_bits, t.buckets).index, t.buckets) << x;
+        }
+      }
+    }
+  }
 }
 
 // ---- quantize / dequantize against the CPU reference, bit for bit ----

@@ -1,12 +1,14 @@
 // CUDA optimizer steps, host side (include/memtrain/cuda/optim.h): argument checks, the f32 coefficients
 // computed from the double hyper-parameters exactly as each CPU optimizer class computes them, the device
-// flag of the non-finite gate, and dispatch to the launchers in kernels/optim.cuh.
+// flag of the non-finite gate, the device copies of the CPU's encoder tables (optim::detail::EncodeTable,
+// verified against the binary search when built), and dispatch to the launchers in kernels/optim.cuh.
 #include "memtrain/cuda/optim.h"
 
 #include "cuda/cuda_common.h"
 #include "kernels/optim.cuh"
 #include "memtrain/core/error.h"
 #include "memtrain/optim/quantized_state.h"
+#include "optim/quantized_kernels.h"
 
 #include <cmath>
 #include <memory>
@@ -17,6 +19,9 @@ namespace memtrain::cuda {
 namespace {
 
 constexpr cudaStream_t kStream = nullptr;  // the legacy default stream, as every memtrain kernel
+
+static_assert(quant::kEncodeLoBits == optim::detail::kEncodeLoBits && quant::kEncodeHiBits == optim::detail::kEncodeHiBits,
+              "the device encoder clamps as the CPU's");
 
 // One device int per device for the non-finite gate, allocated on first use and kept for the process.
 // Its lock is held from clearing the flag until the kernel that reads it is enqueued, so two host threads
@@ -55,6 +60,38 @@ void run_step(const char* op, const char* launcher, int device, const float* gra
   std::lock_guard lock(gate.mutex);
   MT_CUDA_CHECK(op, launch_nonfinite_flag, grad, n, gate.flag, kStream);
   detail::check_cuda(launch(static_cast<const int*>(gate.flag)), op, launcher);
+}
+
+// The two maps' encoder tables on one device, uploaded on first use and kept for the process.
+struct DeviceTables {
+  std::uint32_t* table[2] = {nullptr, nullptr};  // signed, unsigned
+};
+
+// Call with `device` current. The upload is a synchronous cudaMemcpy, done once per device.
+EncodeTableArg device_encoder(const char* op, int device, optim::QuantMap kind) {
+  static std::mutex registry_mutex;
+  static std::vector<std::unique_ptr<DeviceTables>> tables;
+  const bool is_signed = kind == optim::QuantMap::signed_dynamic;
+  const optim::detail::EncodeTable& t = optim::detail::encode_table(kind);
+  const std::size_t entries = 2 * static_cast<std::size_t>(t.buckets);
+  std::lock_guard lock(registry_mutex);
+  const auto index = static_cast<std::size_t>(device);
+  if (tables.size() <= index) tables.resize(index + 1);
+  if (!tables[index]) tables[index] = std::make_unique<DeviceTables>();
+  std::uint32_t*& dev = tables[index]->table[is_signed ? 0 : 1];
+  if (dev == nullptr) {
+    std::uint32_t* fresh = nullptr;
+    MT_CUDA_CHECK(op, cudaMalloc, reinterpret_cast<void**>(&fresh), entries * sizeof(std::uint32_t));
+    if (cudaError_t err = cudaMemcpy(fresh, t.table, entries * sizeof(std::uint32_t), cudaMemcpyHostToDevice);
+        err != cudaSuccess) {
+      cudaFree(fresh);
+      detail::check_cuda(err, op, "cudaMemcpy");
+    }
+    dev = fresh;
+  }
+  // Second moments are never negative: only the unsigned map's positive half is staged in shared memory.
+  const auto staged = static_cast<std::uint32_t>(is_signed ? entries : t.buckets);
+  return EncodeTableArg{dev, t.low_bits, t.buckets, staged, t.zero_code};
 }
 
 void check_pointers(const char* op, std::size_t n, std::initializer_list<const void*> pointers) {
@@ -162,7 +199,9 @@ void adamw8bit_step(float* param, const float* grad, std::uint8_t* m_codes, floa
                           static_cast<float>(1.0 / std::sqrt(bc2)),
                           static_cast<float>(h.eps)};
   run_step(op, "launch_adamw8bit_step", device, grad, n, h.skip_nonfinite, [&](const int* skip) {
-    return launch_adamw8bit_step(param, grad, m_codes, m_absmax, m_map, v_codes, v_absmax, v_map, n,
+    const EncodeTableArg m_enc = device_encoder(op, device, optim::QuantMap::signed_dynamic);
+    const EncodeTableArg v_enc = device_encoder(op, device, optim::QuantMap::unsigned_dynamic);
+    return launch_adamw8bit_step(param, grad, m_codes, m_absmax, m_map, m_enc, v_codes, v_absmax, v_map, v_enc, n,
                                  static_cast<int>(block_size), c, skip, kStream);
   });
 }
@@ -177,7 +216,8 @@ void lion8bit_step(float* param, const float* grad, std::uint8_t* m_codes, float
   const float* map = map_data(op, optim::QuantMap::signed_dynamic);
   const LionCoeffs c = lion_coeffs(h);
   run_step(op, "launch_lion8bit_step", device, grad, n, h.skip_nonfinite, [&](const int* skip) {
-    return launch_lion8bit_step(param, grad, m_codes, m_absmax, map, n, static_cast<int>(block_size), c, skip,
+    const EncodeTableArg enc = device_encoder(op, device, optim::QuantMap::signed_dynamic);
+    return launch_lion8bit_step(param, grad, m_codes, m_absmax, map, enc, n, static_cast<int>(block_size), c, skip,
                                 kStream);
   });
 }
@@ -186,12 +226,13 @@ void quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, st
                         optim::QuantMap map, int device) {
   constexpr const char* op = "cuda::quantize_blockwise";
   check_block_size(op, block_size);
-  const float* values = map_data(op, map);
+  map_data(op, map);
   if (n == 0) return;
   check_pointers(op, n, {src, codes, absmax});
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  MT_CUDA_CHECK(op, launch_quantize_blockwise, src, codes, absmax, values, n, static_cast<int>(block_size), kStream);
+  const EncodeTableArg enc = device_encoder(op, device, map);
+  MT_CUDA_CHECK(op, launch_quantize_blockwise, src, codes, absmax, enc, n, static_cast<int>(block_size), kStream);
 }
 
 void dequantize_blockwise(const std::uint8_t* codes, const float* absmax, float* dst, std::size_t n,
