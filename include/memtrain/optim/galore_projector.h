@@ -1,0 +1,78 @@
+// GaLore projector (Zhao et al. 2024): keeps a rank-r orthonormal basis of one side of an m x n gradient G,
+// refreshed from G's top-r singular vectors every `update_gap` steps, and maps between the full and the
+// projected space:
+//   left  (P: m x r):        R = P^T G   (r x n),   back: scale * P N
+//   right (Q: n x r):        R = G Q     (m x r),   back: scale * N Q^T
+//   full  (P and Q):         R = P^T G Q (r x r),   back: scale * P N Q^T
+// `std` projects the smaller side (m <= n -> left, else right), `reverse_std` the larger one. Note: the
+// reference implementation sends a square G to the right side; here m == n goes left (same bytes, same
+// quality, the subspaces differ).
+// Refresh rule (as the reference): the first project() call, and every call with step % update_gap == 0.
+// SVD: exact (Eigen::BDCSVD) or randomized range finder (Halko et al.): Y = A Omega, q power iterations
+// with QR re-orthonormalisation, B = Q^T A, small SVD of B, P = Q U_B[:, :r]. With warm_start, the range
+// search starts from [previous P | Gaussian columns] (pushed once through A A^T) instead of A Omega.
+// Random numbers come from the projector's own Philox stream (seed, offset), not the global one, so a run
+// is reproducible whatever else draws random numbers. CPU, f32, 2-D, contiguous or not.
+#pragma once
+
+#include "memtrain/core/rng.h"
+#include "memtrain/core/tensor.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace memtrain::optim {
+
+enum class GaLoreProjType { std_side, reverse_std_side, left, right, full };
+enum class GaLoreSvd { exact, randomized };
+
+const char* galore_proj_type_name(GaLoreProjType t);  // "std", "reverse_std", "left", "right", "full"
+
+struct GaLoreProjectorOptions {
+  std::int64_t rank = 128;
+  std::int64_t update_gap = 200;
+  double scale = 0.25;
+  GaLoreProjType proj_type = GaLoreProjType::std_side;
+  GaLoreSvd svd = GaLoreSvd::randomized;
+  int power_iterations = 2;   // randomized only
+  int oversample = 8;         // randomized only: the range search keeps rank + oversample columns
+  bool warm_start = true;     // randomized only: start from the previous basis
+  std::uint64_t seed = 0x6a10'5eed;
+};
+
+class GaLoreProjector {
+ public:
+  // Which basis the projector keeps, fixed at the first project() from G's shape and proj_type.
+  enum class Side { unset, left, right, both };
+
+  explicit GaLoreProjector(GaLoreProjectorOptions options);
+
+  // G: (m, n) f32 CPU, the same shape at every call. Refreshes the basis when due (see the top), then
+  // returns the projected gradient: (r, n) left, (m, r) right, (r, r) full.
+  Tensor project(const Tensor& G, std::int64_t step);
+  // N: the projected shape above. Returns scale * (P N | N Q^T | P N Q^T), shape (m, n), f32.
+  Tensor project_back(const Tensor& N) const;
+
+  bool refreshed_last() const { return refreshed_last_; }  // whether the last project() refreshed
+  std::int64_t refresh_count() const { return refresh_count_; }
+  Side side() const { return side_; }
+  const Tensor& matrix() const { return side_ == Side::right ? right_ : left_; }  // P, or Q for right
+  const Tensor& left_matrix() const { return left_; }    // P (m, r); undefined unless left / both
+  const Tensor& right_matrix() const { return right_; }  // Q (n, r); undefined unless right / both
+  std::size_t bytes() const;  // bytes of the basis matrices: 4*min(m,n)*r for std, 0 before the first call
+  const GaLoreProjectorOptions& options() const { return options_; }
+
+ private:
+  void init_shape(const Tensor& G);
+  void refresh(const Tensor& G);
+
+  GaLoreProjectorOptions options_;
+  Side side_ = Side::unset;
+  std::int64_t m_ = 0, n_ = 0;
+  Tensor left_, right_;
+  RngState rng_;
+  bool refreshed_last_ = false;
+  std::int64_t refresh_count_ = 0;
+};
+
+}  // namespace memtrain::optim

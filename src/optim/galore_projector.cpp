@@ -1,0 +1,219 @@
+// GaLore projector: basis refresh by exact or randomized SVD, and the projections, all through Eigen maps
+// over the tensors' row-major data. A row-major (m, n) buffer read column-major as (n, m) is G^T, so the
+// right side's SVD input needs no copy.
+#include "memtrain/optim/galore_projector.h"
+
+#include "memtrain/core/allocator.h"
+
+#include <Eigen/Core>
+#include <Eigen/QR>
+#include <Eigen/SVD>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace memtrain::optim {
+namespace {
+
+constexpr const char* kWhere = "GaLoreProjector";
+
+using MatF = Eigen::MatrixXf;  // column-major working matrices
+using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMap = Eigen::Map<RowMatF>;
+using ConstRowMap = Eigen::Map<const RowMatF>;
+using ConstRef = Eigen::Ref<const MatF>;
+
+struct Bases {
+  MatF u;  // top-r left singular vectors of A
+  MatF v;  // top-r right singular vectors of A (when asked for)
+};
+
+// Thin Q (rows x cols) of a Householder QR: an orthonormal basis of Y's range.
+MatF orthonormal_basis(const MatF& Y) {
+  Eigen::HouseholderQR<MatF> qr(Y);
+  return qr.householderQ() * MatF::Identity(Y.rows(), Y.cols());
+}
+
+MatF gaussian(std::int64_t rows, std::int64_t cols, RngState& rng) {
+  MatF out(rows, cols);
+  const std::int64_t n = rows * cols;
+  cpu::fill_normal(out.data(), n, rng);
+  rng.offset += static_cast<std::uint64_t>((n + 3) / 4);
+  return out;
+}
+
+Bases top_exact(const ConstRef& A, std::int64_t r, bool want_v) {
+  const unsigned opts = Eigen::ComputeThinU | (want_v ? unsigned(Eigen::ComputeThinV) : 0u);
+  Eigen::BDCSVD<MatF> svd(A, opts);
+  Bases out;
+  out.u = svd.matrixU().leftCols(r);
+  if (want_v) out.v = svd.matrixV().leftCols(r);
+  return out;
+}
+
+// Randomized range finder (Halko, Martinsson & Tropp 2011, algorithms 4.4 + 5.1) for the top-r left (and
+// optionally right) singular vectors of A (rows x cols). `prev_u` (rows x r) warm-starts the range search.
+Bases top_randomized(const ConstRef& A, std::int64_t r, const GaLoreProjectorOptions& o, RngState& rng,
+                     const MatF* prev_u, bool want_v) {
+  const std::int64_t k = std::min<std::int64_t>(r + o.oversample, std::min(A.rows(), A.cols()));
+  MatF Q;
+  if (prev_u != nullptr) {
+    // Start from span(previous P) plus fresh directions, pushed once through A A^T.
+    MatF Y0(A.rows(), k);
+    Y0.leftCols(r) = *prev_u;
+    if (k > r) Y0.rightCols(k - r) = gaussian(A.rows(), k - r, rng);
+    const MatF Z = A.transpose() * Y0;
+    Q = orthonormal_basis(A * orthonormal_basis(Z));
+  } else {
+    Q = orthonormal_basis(A * gaussian(A.cols(), k, rng));
+  }
+  for (int i = 0; i < o.power_iterations; ++i) {
+    const MatF Z = orthonormal_basis(A.transpose() * Q);  // re-orthonormalise each half step
+    Q = orthonormal_basis(A * Z);
+  }
+  const MatF B = Q.transpose() * A;  // (k, cols)
+  const unsigned opts = Eigen::ComputeThinU | (want_v ? unsigned(Eigen::ComputeThinV) : 0u);
+  Eigen::BDCSVD<MatF> svd(B, opts);
+  Bases out;
+  out.u = Q * svd.matrixU().leftCols(r);
+  if (want_v) out.v = svd.matrixV().leftCols(r);
+  return out;
+}
+
+Tensor to_tensor(const MatF& M) {
+  Tensor t = Tensor::empty({M.rows(), M.cols()}, DType::f32);
+  RowMap(t.data<float>(), M.rows(), M.cols()) = M;
+  return t;
+}
+
+MatF from_tensor(const Tensor& t) { return ConstRowMap(t.data<float>(), t.size(0), t.size(1)); }
+
+void check_gradient(const Tensor& G) {
+  MT_CHECK(G.defined(), kWhere, "undefined gradient");
+  MT_CHECK(G.dim() == 2, kWhere, "expected a 2-D gradient, got shape {}", shape_str(G.shape()));
+  MT_CHECK(G.dtype() == DType::f32, kWhere, "expected an f32 gradient, got {} of shape {}", dtype_name(G.dtype()),
+           shape_str(G.shape()));
+  MT_CHECK(G.device().is_cpu(), kWhere, "expected a CPU gradient, got one on {} of shape {}", G.device().str(),
+           shape_str(G.shape()));
+}
+
+}  // namespace
+
+const char* galore_proj_type_name(GaLoreProjType t) {
+  switch (t) {
+    case GaLoreProjType::std_side: return "std";
+    case GaLoreProjType::reverse_std_side: return "reverse_std";
+    case GaLoreProjType::left: return "left";
+    case GaLoreProjType::right: return "right";
+    case GaLoreProjType::full: return "full";
+  }
+  return "?";
+}
+
+GaLoreProjector::GaLoreProjector(GaLoreProjectorOptions options) : options_(options), rng_{options.seed, 0} {
+  MT_CHECK(options_.rank > 0, kWhere, "rank must be positive, got {}", options_.rank);
+  MT_CHECK(options_.update_gap > 0, kWhere, "update_gap must be positive, got {}", options_.update_gap);
+  MT_CHECK(options_.power_iterations >= 0 && options_.oversample >= 0, kWhere,
+           "power_iterations and oversample must be >= 0, got {} and {}", options_.power_iterations,
+           options_.oversample);
+}
+
+void GaLoreProjector::init_shape(const Tensor& G) {
+  const std::int64_t m = G.size(0), n = G.size(1);
+  MT_CHECK(options_.rank <= std::min(m, n), kWhere, "rank {} exceeds min(m, n) = {} of the gradient of shape {}",
+           options_.rank, std::min(m, n), shape_str(G.shape()));
+  switch (options_.proj_type) {
+    case GaLoreProjType::std_side: side_ = m <= n ? Side::left : Side::right; break;
+    case GaLoreProjType::reverse_std_side: side_ = m <= n ? Side::right : Side::left; break;
+    case GaLoreProjType::left: side_ = Side::left; break;
+    case GaLoreProjType::right: side_ = Side::right; break;
+    case GaLoreProjType::full: side_ = Side::both; break;
+  }
+  m_ = m;
+  n_ = n;
+}
+
+void GaLoreProjector::refresh(const Tensor& G) {
+  const std::int64_t r = options_.rank;
+  const float* g = G.data<float>();
+  const bool randomized = options_.svd == GaLoreSvd::randomized;
+  Bases b;
+  if (side_ == Side::right) {
+    const Eigen::Map<const MatF> At(g, n_, m_);  // G^T, no copy
+    std::optional<MatF> prev;
+    if (randomized && options_.warm_start && right_.defined()) prev = from_tensor(right_);
+    b = randomized ? top_randomized(At, r, options_, rng_, prev ? &*prev : nullptr, false) : top_exact(At, r, false);
+  } else {
+    const MatF A = ConstRowMap(g, m_, n_);
+    std::optional<MatF> prev;
+    if (randomized && options_.warm_start && left_.defined()) prev = from_tensor(left_);
+    const bool want_v = side_ == Side::both;
+    b = randomized ? top_randomized(A, r, options_, rng_, prev ? &*prev : nullptr, want_v) : top_exact(A, r, want_v);
+  }
+  CategoryGuard category(MemoryCategory::optimizer_state);
+  if (side_ == Side::right) {
+    right_ = to_tensor(b.u);
+  } else {
+    left_ = to_tensor(b.u);
+    if (side_ == Side::both) right_ = to_tensor(b.v);
+  }
+  ++refresh_count_;
+}
+
+Tensor GaLoreProjector::project(const Tensor& G_in, std::int64_t step) {
+  check_gradient(G_in);
+  if (side_ == Side::unset) init_shape(G_in);
+  MT_CHECK(G_in.size(0) == m_ && G_in.size(1) == n_, kWhere, "gradient shape changed from {} to {}",
+           shape_str({m_, n_}), shape_str(G_in.shape()));
+  const Tensor G = G_in.is_contiguous() ? G_in.detach() : G_in.detach().contiguous();
+  refreshed_last_ = refresh_count_ == 0 || step % options_.update_gap == 0;
+  if (refreshed_last_) refresh(G);
+
+  const std::int64_t r = options_.rank;
+  const ConstRowMap g(G.data<float>(), m_, n_);
+  Tensor out;
+  if (side_ == Side::left) {
+    out = Tensor::empty({r, n_}, DType::f32);
+    RowMap(out.data<float>(), r, n_).noalias() = ConstRowMap(left_.data<float>(), m_, r).transpose() * g;
+  } else if (side_ == Side::right) {
+    out = Tensor::empty({m_, r}, DType::f32);
+    RowMap(out.data<float>(), m_, r).noalias() = g * ConstRowMap(right_.data<float>(), n_, r);
+  } else {
+    const MatF pg = ConstRowMap(left_.data<float>(), m_, r).transpose() * g;  // (r, n)
+    out = Tensor::empty({r, r}, DType::f32);
+    RowMap(out.data<float>(), r, r).noalias() = pg * ConstRowMap(right_.data<float>(), n_, r);
+  }
+  return out;
+}
+
+Tensor GaLoreProjector::project_back(const Tensor& N_in) const {
+  MT_CHECK(side_ != Side::unset, kWhere, "project_back before the first project()");
+  const std::int64_t r = options_.rank;
+  const Shape want = side_ == Side::left ? Shape{r, n_} : side_ == Side::right ? Shape{m_, r} : Shape{r, r};
+  MT_CHECK(N_in.defined() && N_in.shape() == want && N_in.dtype() == DType::f32 && N_in.device().is_cpu(), kWhere,
+           "project_back expects an f32 CPU tensor of shape {} (gradient {}), got {}", shape_str(want),
+           shape_str({m_, n_}), N_in.defined() ? shape_str(N_in.shape()) + " " + std::string(dtype_name(N_in.dtype()))
+                                               : std::string("undefined"));
+  const Tensor N = N_in.is_contiguous() ? N_in.detach() : N_in.detach().contiguous();
+  const ConstRowMap nm(N.data<float>(), want[0], want[1]);
+  const float scale = static_cast<float>(options_.scale);
+  Tensor out = Tensor::empty({m_, n_}, DType::f32);
+  RowMap o(out.data<float>(), m_, n_);
+  if (side_ == Side::left) {
+    o.noalias() = scale * (ConstRowMap(left_.data<float>(), m_, r) * nm);
+  } else if (side_ == Side::right) {
+    o.noalias() = scale * (nm * ConstRowMap(right_.data<float>(), n_, r).transpose());
+  } else {
+    const MatF pn = ConstRowMap(left_.data<float>(), m_, r) * nm;  // (m, r)
+    o.noalias() = scale * (pn * ConstRowMap(right_.data<float>(), n_, r).transpose());
+  }
+  return out;
+}
+
+std::size_t GaLoreProjector::bytes() const {
+  return (left_.defined() ? left_.nbytes() : 0) + (right_.defined() ? right_.nbytes() : 0);
+}
+
+}  // namespace memtrain::optim
