@@ -1,0 +1,21 @@
+// Fused loss heads: a linear projection and its loss computed together so the [N, V] logits never exist
+// at once (llm.c's fused classifier, Liger-Kernel's fused linear cross-entropy).
+#pragma once
+
+#include "memtrain/core/tensor.h"
+#include "memtrain/ops/nn.h"
+
+#include <cstdint>
+
+namespace memtrain::ops {
+
+// x [N, C], weight [V, C], bias [V] or undefined, targets i32/i64 [N] -> scalar (mean/sum) or [N] (none).
+// Equals cross_entropy(linear(x, weight, bias), targets, reduction, ignore_index) up to rounding. Walks the
+// rows in chunks of chunk_rows: only one chunk of logits (chunk_rows x V floats, workspace) is alive at a
+// time, forward and backward; the backward recomputes each chunk from x, weight, bias and the saved
+// per-row log-sum-exp ([N] floats). CPU, f32 only.
+Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& targets,
+                                  Reduction reduction = Reduction::mean, std::int64_t ignore_index = -100,
+                                  std::int64_t chunk_rows = 1024);
+
+}  // namespace memtrain::ops

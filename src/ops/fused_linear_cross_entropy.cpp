@@ -1,0 +1,201 @@
+// fused_linear_cross_entropy: linear + cross-entropy walked in chunks of rows, so the [N, V] logits are
+// never alive at once. Forward, per chunk: logits = x_chunk W^T (+ b) into one workspace buffer
+// (chunk_rows x V), then per-row loss and log-sum-exp with the CPU cross-entropy kernel; only lse ([N]) is
+// kept. Backward, per chunk: recompute the logits into the buffer, turn them in place into
+// dlogits = dloss * (softmax - onehot) with the same kernel cross_entropy's backward uses, then
+// dx_chunk = dlogits W, dW += dlogits^T x_chunk, db += column sums of dlogits (in double).
+// Reductions, ignore_index and the mean's count follow ops::cross_entropy exactly.
+#include "memtrain/ops/fused_loss.h"
+
+#include "cpu/cross_entropy.h"
+#include "cpu/gemm.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "ops/nn_common.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace memtrain::ops {
+
+using autograd::SavedTensor;
+
+namespace {
+
+constexpr const char* kOp = "fused_linear_cross_entropy";
+
+// t without history, contiguous (no copy when it already is).
+Tensor dense(const Tensor& t) {
+  const Tensor d = t.detach();
+  return d.is_contiguous() ? d : d.contiguous();
+}
+
+void check_f32_cpu(const char* what, const Tensor& t) {
+  MT_CHECK(t.dtype() == DType::f32 && t.device().is_cpu(), kOp,
+           "{} must be an f32 tensor on the CPU (only f32 CPU is supported), got {} {} on {}", what,
+           dtype_name(t.dtype()), shape_str(t.shape()), t.device().str());
+}
+
+// logits (r, V) = x (r, C) W^T (+ b): the bias is written into the rows and the GEMM adds onto it, as
+// ops::linear does on the CPU.
+void chunk_logits(float* logits, const float* x, const float* w, const float* b, std::int64_t r, std::int64_t V,
+                  std::int64_t C) {
+  if (b != nullptr) {
+    for (std::int64_t i = 0; i < r; ++i) std::copy(b, b + V, logits + i * V);
+  }
+  cpu::gemm_f32(false, true, r, V, C, 1.0f, x, C, w, C, b != nullptr ? 1.0f : 0.0f, logits, V);
+}
+
+struct Saved {
+  SavedTensor x, weight, bias, targets, lse;
+};
+
+// Gradients of x, weight and (when defined) bias from the loss gradient g (scalar for mean/sum, [N] for
+// none). Undefined where not wanted.
+std::vector<Tensor> fused_backward(const Tensor& g, const Saved& s, Reduction reduction, std::int64_t ignore_index,
+                                   std::int64_t count, std::int64_t chunk_rows, bool want_dx, bool want_dw,
+                                   bool want_db) {
+  const Tensor x = dense(s.x.unpack()), w = dense(s.weight.unpack()), t = s.targets.unpack(), lse = s.lse.unpack();
+  const Tensor b = s.bias.defined() ? dense(s.bias.unpack()) : Tensor();
+  const std::int64_t N = x.size(0), C = x.size(1), V = w.size(0);
+
+  float scale = 0.0f;
+  Tensor gc;  // [N] f32 for none
+  const float* dloss = &scale;
+  std::int64_t dloss_stride = 0;
+  if (reduction == Reduction::none) {
+    MT_CHECK(g.dim() == 1 && g.size(0) == N, kOp, "loss gradient {} does not match {} rows", shape_str(g.shape()), N);
+    gc = detail::compute_input(g);
+    MT_CHECK(gc.dtype() == DType::f32, kOp, "loss gradient must be f32, got {}", dtype_name(gc.dtype()));
+    dloss = gc.data<float>();
+    dloss_stride = 1;
+  } else {
+    MT_CHECK(g.numel() == 1, kOp, "loss gradient {} is not a scalar", shape_str(g.shape()));
+    scale = static_cast<float>(g.item());
+    if (reduction == Reduction::mean) scale /= static_cast<float>(count);
+  }
+
+  Tensor dx, dw, db;
+  if (want_dx) dx = Tensor::empty({N, C}, DType::f32);  // (N, C), every row written below
+  if (want_dw) dw = zeros({V, C}, DType::f32);           // (V, C), accumulated over chunks
+  Tensor db_acc;                                         // (V) in double
+  if (want_db) {
+    db_acc = detail::workspace(V, DType::f64);
+    db_acc.zero_();
+  }
+  const std::int64_t chunk = std::min(chunk_rows, N);
+  if (chunk > 0 && (want_dx || want_dw || want_db)) {
+    Tensor buf = detail::workspace(chunk * V, DType::f32);  // (chunk, V): logits, then dlogits
+    float* dl = buf.data<float>();
+    const float* xp = x.data<float>();
+    const float* wp = w.data<float>();
+    const float* bp = b.defined() ? b.data<float>() : nullptr;
+    double* acc = want_db ? db_acc.data<double>() : nullptr;
+    detail::dispatch_index(t.dtype(), [&](auto izero) {
+      using I = decltype(izero);
+      const I* tp = t.data<I>();
+      for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {
+        const std::int64_t r = std::min(chunk, N - n0);
+        chunk_logits(dl, xp + n0 * C, wp, bp, r, V, C);
+        // In place: each element of a row is read once before it is overwritten.
+        cpu::cross_entropy_backward<float, I>(dl, dloss + n0 * dloss_stride, dloss_stride, dl, lse.data<float>() + n0,
+                                              tp + n0, r, V, ignore_index);
+        if (want_dx) cpu::gemm_f32(false, false, r, C, V, 1.0f, dl, V, wp, C, 0.0f, dx.data<float>() + n0 * C, C);
+        if (want_dw) cpu::gemm_f32(true, false, V, C, r, 1.0f, dl, V, xp + n0 * C, C, 1.0f, dw.data<float>(), C);
+        if (want_db) {
+          for (std::int64_t i = 0; i < r; ++i) {
+            const float* row = dl + i * V;
+            for (std::int64_t v = 0; v < V; ++v) acc[v] += static_cast<double>(row[v]);
+          }
+        }
+      }
+    });
+  }
+  if (want_db) db = db_acc.to(DType::f32);
+  std::vector<Tensor> grads{dx, dw};
+  if (s.bias.defined()) grads.push_back(db);
+  return grads;
+}
+
+}  // namespace
+
+Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& targets,
+                                  Reduction reduction, std::int64_t ignore_index, std::int64_t chunk_rows) {
+  detail::check_defined(kOp, x);
+  detail::check_defined(kOp, weight);
+  detail::check_index(kOp, "targets", targets);
+  check_f32_cpu("x", x);
+  check_f32_cpu("weight", weight);
+  if (bias.defined()) check_f32_cpu("bias", bias);
+  MT_CHECK(targets.device().is_cpu(), kOp, "targets {} must be on the CPU, got {}", shape_str(targets.shape()),
+           targets.device().str());
+  MT_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), kOp,
+           "expects x [N, C] and weight [V, C], got x {} and weight {}", shape_str(x.shape()),
+           shape_str(weight.shape()));
+  MT_CHECK(weight.size(0) > 0, kOp, "weight {} has no classes", shape_str(weight.shape()));
+  MT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), kOp,
+           "bias {} does not match weight {} (expects [V])", shape_str(bias.shape()), shape_str(weight.shape()));
+  MT_CHECK(targets.dim() == 1 && targets.size(0) == x.size(0), kOp, "expects targets [N] for x {}, got {}",
+           shape_str(x.shape()), shape_str(targets.shape()));
+  MT_CHECK(chunk_rows > 0, kOp, "chunk_rows must be positive, got {}", chunk_rows);
+
+  const std::int64_t N = x.size(0), C = x.size(1), V = weight.size(0);
+  const Tensor t = dense(targets);
+  std::int64_t count = 0;
+  detail::dispatch_index(t.dtype(), [&](auto izero) {
+    using I = decltype(izero);
+    const I* tp = t.data<I>();
+    detail::check_index_range(kOp, "target", tp, N, V, true, ignore_index, targets.shape());
+    for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
+  });
+
+  const Tensor xc = dense(x), wc = dense(weight), bc = bias.defined() ? dense(bias) : Tensor();
+  Tensor losses = Tensor::empty({N}, DType::f32), lse = Tensor::empty({N}, DType::f32);  // (N) each
+  const std::int64_t chunk = std::min(chunk_rows, N);
+  if (chunk > 0) {
+    Tensor buf = detail::workspace(chunk * V, DType::f32);  // (chunk, V) logits
+    float* logits = buf.data<float>();
+    detail::dispatch_index(t.dtype(), [&](auto izero) {
+      using I = decltype(izero);
+      const I* tp = t.data<I>();
+      for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {
+        const std::int64_t r = std::min(chunk, N - n0);
+        chunk_logits(logits, xc.data<float>() + n0 * C, wc.data<float>(), bc.defined() ? bc.data<float>() : nullptr,
+                     r, V, C);
+        cpu::cross_entropy_forward<float, I>(losses.data<float>() + n0, lse.data<float>() + n0, logits, tp + n0, r, V,
+                                             ignore_index);
+      }
+    });
+  }
+
+  Tensor out;
+  if (reduction == Reduction::none) {
+    out = losses;
+  } else {
+    double total = 0;  // in row order, in double, as cross_entropy sums
+    for (std::int64_t i = 0; i < N; ++i) total += static_cast<double>(losses.data<float>()[i]);
+    const double v = reduction == Reduction::sum ? total
+                     : count > 0                 ? total / static_cast<double>(count)
+                                                 : std::numeric_limits<double>::quiet_NaN();
+    out = full({}, v, DType::f32);
+  }
+
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    Saved s{SavedTensor(x), SavedTensor(weight), bias.defined() ? SavedTensor(bias) : SavedTensor(), SavedTensor(t),
+            SavedTensor(lse)};
+    const bool want_dx = x.requires_grad(), want_dw = weight.requires_grad();
+    const bool want_db = bias.defined() && bias.requires_grad();
+    std::vector<Tensor> inputs{x, weight};
+    if (bias.defined()) inputs.push_back(bias);
+    autograd::record(kOp, inputs, {out},
+                     [s, reduction, ignore_index, count, chunk_rows, want_dx, want_dw,
+                      want_db](const std::vector<Tensor>& g) {
+                       return fused_backward(g[0], s, reduction, ignore_index, count, chunk_rows, want_dx, want_dw,
+                                             want_db);
+                     });
+  }
+  return out;
+}
+
+}  // namespace memtrain::ops
