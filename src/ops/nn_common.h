@@ -1,7 +1,8 @@
 // Helpers shared by the nn op front-ends (src/ops/nn_*.cpp): inputs in the kernel's dtype and layout,
 // integer index checks, workspace buffers accounted to MemoryCategory::workspace, and the checks of the
 // CUDA branch (operands on one device; f32/bf16 contiguous device buffers, refused with a clear message
-// otherwise, since a CUDA tensor cannot yet be converted or made contiguous on the device).
+// otherwise: the kernels take those, and packing strided operands with the device's strided copy before
+// the call is still to be done).
 #pragma once
 
 #include "memtrain/core/allocator.h"
