@@ -8,6 +8,7 @@
 #   MEMTRAIN_JOBS        parallel compile jobs (default: 2)
 #   MEMTRAIN_CUDA        AUTO (default: build CUDA when /usr/local/cuda/bin/nvcc exists), ON, OFF;
 #                        default OFF when sanitizing (ASan does not look inside CUDA kernels)
+#   MEMTRAIN_BENCH       ON / OFF: build the benchmarks (default ON; OFF when sanitizing, to save CI time)
 #   MEMTRAIN_SANITIZE    1 = AddressSanitizer + UndefinedBehaviorSanitizer build
 #   MEMTRAIN_CMAKE_ARGS  extra arguments for the configure step, split on spaces
 set -euo pipefail
@@ -21,11 +22,14 @@ if [[ $sanitize == 1 ]]; then
   build_type=${MEMTRAIN_BUILD_TYPE:-RelWithDebInfo}
   cuda=${MEMTRAIN_CUDA:-OFF}
   sanitize_flag=ON
+  # The sanitizer build exists to run the tests; benchmarks are timed in the normal build only.
+  bench=${MEMTRAIN_BENCH:-OFF}
 else
   build_dir=${MEMTRAIN_BUILD_DIR:-build}
   build_type=${MEMTRAIN_BUILD_TYPE:-Release}
   cuda=${MEMTRAIN_CUDA:-AUTO}
   sanitize_flag=OFF
+  bench=${MEMTRAIN_BENCH:-ON}
 fi
 jobs=${MEMTRAIN_JOBS:-2}
 read -r -a extra_args <<<"${MEMTRAIN_CMAKE_ARGS:-}"
@@ -40,6 +44,7 @@ mt_run cmake -S . -B "$build_dir" -G Ninja \
   -DCMAKE_BUILD_TYPE="$build_type" \
   -DMEMTRAIN_CUDA="$cuda" \
   -DMEMTRAIN_SANITIZE="$sanitize_flag" \
+  -DMEMTRAIN_BENCH="$bench" \
   "${extra_args[@]}"
 
 mt_step "build: compile ${*:-all targets} with $jobs jobs"
