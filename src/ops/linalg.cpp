@@ -3,6 +3,7 @@
 #include "memtrain/ops/linalg.h"
 
 #include "cpu/gemm.h"
+#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/cuda/cuda.h"
@@ -134,9 +135,13 @@ bool fused_linear_applies(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor x2 = x.reshape({-1, x.size(-1)});  // (N, in)
   const std::int64_t N = x2.size(0), out_features = weight.size(0);
-  Tensor out = Tensor::empty({N, out_features}, x.dtype());  // (N, out)
-  out.detach().copy_(bias.detach().reshape({1, out_features}).expand({N, out_features}));
-  gemm_cpu(x2.detach(), weight.detach().t(), out, 1, 1.0);
+  const double flops = 2.0 * static_cast<double>(N) * static_cast<double>(out_features) * static_cast<double>(x2.size(1));
+  Tensor out = ckpt::detail::compute_or_replay("linear", flops, [&] {
+                 Tensor y = Tensor::empty({N, out_features}, x.dtype());  // (N, out)
+                 y.copy_(bias.detach().reshape({1, out_features}).expand({N, out_features}));
+                 gemm_cpu(x2.detach(), weight.detach().t(), y, 1, 1.0);
+                 return std::vector<Tensor>{y};
+               })[0];
   if (needs_grad({&x2, &weight, &bias})) {
     SavedTensor sx(weight.requires_grad() ? x2 : Tensor()), sw(x2.requires_grad() ? weight : Tensor());
     const bool want_db = bias.requires_grad();
@@ -155,7 +160,8 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  Tensor out = matmul_forward(a, b);
+  const double flops = 2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.dim() >= 2 ? b.size(-1) : 0);
+  Tensor out = ckpt::detail::compute_or_replay("matmul", flops, [&] { return std::vector<Tensor>{matmul_forward(a, b)}; })[0];
   if (needs_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
     // A 2-D B stored transposed is a Linear weight seen through .t(): its gradient is computed as

@@ -15,6 +15,7 @@
 // gradient of its own, which a leaf can take over and the engine can add (no strided copies exist on the
 // device yet).
 #include "cpu/attention.h"
+#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/cuda/attention.h"
@@ -122,38 +123,30 @@ void record_attention(const char* op, const Tensor& q, const Tensor& k, const Te
   });
 }
 
-}  // namespace
-
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
-  const char* op = "scaled_dot_product_attention";
-  detail::check_floating(op, q);
-  detail::check_same(op, q, k);
-  detail::check_same(op, q, v);
-  MT_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(), op,
-           "q, k, v must all be [B, H, T, D] of one shape, got {}, {}, {}", shape_str(q.shape()),
-           shape_str(k.shape()), shape_str(v.shape()));
-  MT_CHECK(q.size(3) > 0, op, "head dim must be positive, got q {}", shape_str(q.shape()));
+// The forward on each device: {out [B, H, T, D] (stored [B, T, H, D], see the top of this file), lse [B, H, T]}.
+std::vector<Tensor> attention_forward_cuda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                           bool causal) {
   const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
-  if (q.device().is_cuda()) {
-    MT_CHECK(D == 32 || D == 64 || D == 128, op,
-             "head dim D={} on {} is not supported yet: the CUDA kernels take D in {{32, 64, 128}} (q {})", D,
-             q.device().str(), shape_str(q.shape()));
-    check_cuda_head(op, "q", q);
-    check_cuda_head(op, "k", k);
-    check_cuda_head(op, "v", v);
-    const Device dev = q.device();
-    // Stored [B, T, H, D], seen as [B, H, T, D] (see the top of this file).
-    Tensor out = Tensor::empty({B, T_len, H, D}, q.dtype(), dev).transpose(1, 2);
-    Tensor lse = Tensor::empty({B, H, T_len}, DType::f32, dev);
-    cuda::attention_forward(out.data_ptr(), cuda_layout_of(out), lse.data<float>(), q.data_ptr(), cuda_layout_of(q),
-                            k.data_ptr(), cuda_layout_of(k), v.data_ptr(), cuda_layout_of(v), B, H, T_len, D,
-                            1.0 / std::sqrt(static_cast<double>(D)), causal, q.dtype(), dev.index);
-    record_attention(op, q, k, v, out, lse, causal);
-    return out;
-  }
+  MT_CHECK(D == 32 || D == 64 || D == 128, op,
+           "head dim D={} on {} is not supported yet: the CUDA kernels take D in {{32, 64, 128}} (q {})", D,
+           q.device().str(), shape_str(q.shape()));
+  check_cuda_head(op, "q", q);
+  check_cuda_head(op, "k", k);
+  check_cuda_head(op, "v", v);
+  const Device dev = q.device();
+  Tensor out = Tensor::empty({B, T_len, H, D}, q.dtype(), dev).transpose(1, 2);
+  Tensor lse = Tensor::empty({B, H, T_len}, DType::f32, dev);
+  cuda::attention_forward(out.data_ptr(), cuda_layout_of(out), lse.data<float>(), q.data_ptr(), cuda_layout_of(q),
+                          k.data_ptr(), cuda_layout_of(k), v.data_ptr(), cuda_layout_of(v), B, H, T_len, D,
+                          1.0 / std::sqrt(static_cast<double>(D)), causal, q.dtype(), dev.index);
+  return {out, lse};
+}
+
+std::vector<Tensor> attention_forward_cpu(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          bool causal) {
   detail::check_cpu(op, q);
+  const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
   const Tensor qc = head_input(q), kc = head_input(k), vc = head_input(v);
-  // Stored [B, T, H, D], seen as [B, H, T, D] (see the top of this file).
   Tensor y = Tensor::empty({B, T_len, H, D}, qc.dtype()).transpose(1, 2);
   Tensor lse = Tensor::empty({B, H, T_len}, qc.dtype());
   {
@@ -166,9 +159,29 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                 1.0 / std::sqrt(static_cast<double>(D)), causal, ws.data<T>(), nthreads);
     });
   }
-  Tensor out = detail::as_dtype(y, q.dtype());
-  record_attention(op, q, k, v, out, lse, causal);
-  return out;
+  return {detail::as_dtype(y, q.dtype()), lse};
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const char* op = "scaled_dot_product_attention";
+  detail::check_floating(op, q);
+  detail::check_same(op, q, k);
+  detail::check_same(op, q, v);
+  MT_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(), op,
+           "q, k, v must all be [B, H, T, D] of one shape, got {}, {}, {}", shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()));
+  MT_CHECK(q.size(3) > 0, op, "head dim must be positive, got q {}", shape_str(q.shape()));
+  // Q K^T and P V, 2 * T * T * D FLOPs each per head; causal masking skips about half.
+  const double T_len = static_cast<double>(q.size(2));
+  const double flops = 4.0 * static_cast<double>(q.size(0) * q.size(1)) * T_len * T_len *
+                       static_cast<double>(q.size(3)) * (causal ? 0.5 : 1.0);
+  const std::vector<Tensor> r = ckpt::detail::compute_or_replay(op, flops, [&] {
+    return q.device().is_cuda() ? attention_forward_cuda(op, q, k, v, causal) : attention_forward_cpu(op, q, k, v, causal);
+  });
+  record_attention(op, q, k, v, r[0], r[1], causal);
+  return r[0];
 }
 
 }  // namespace memtrain::ops

@@ -2,6 +2,7 @@
 // the weight needs a gradient and the weight only when x does (dW needs x, dx needs W). Column buffers are
 // workspace, freed on return.
 #include "cpu/conv.h"
+#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ops/nn.h"
@@ -64,10 +65,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
     MT_CHECK(bias.dim() == 1 && bias.size(0) == s.Cout, op, "bias {} does not match weight {}",
              shape_str(bias.shape()), shape_str(weight.shape()));
   }
-  const Tensor xc = detail::compute_input(x), wc = detail::compute_input(weight);
-  const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
-  Tensor y = Tensor::empty({s.B, s.Cout, s.OH, s.OW}, xc.dtype());
-  {
+  const double flops = 2.0 * static_cast<double>(s.B * s.Cout * s.OH * s.OW) *
+                       static_cast<double>(s.Cin / groups * s.KH * s.KW);
+  const Tensor out = ckpt::detail::compute_or_replay(op, flops, [&] {
+    const Tensor xc = detail::compute_input(x), wc = detail::compute_input(weight);
+    const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
+    Tensor y = Tensor::empty({s.B, s.Cout, s.OH, s.OW}, xc.dtype());
     const int nthreads = detail::max_threads();
     const Tensor ws = detail::workspace(std::max<std::int64_t>(cpu::conv2d_forward_workspace(s, nthreads), 1),
                                         xc.dtype());
@@ -76,8 +79,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
       cpu::conv2d_forward<T>(y.data<T>(), xc.data<T>(), wc.data<T>(), bc.defined() ? bc.data<T>() : nullptr, s,
                              ws.data<T>(), nthreads);
     });
-  }
-  Tensor out = detail::as_dtype(y, x.dtype());
+    return std::vector<Tensor>{detail::as_dtype(y, x.dtype())};
+  })[0];
   std::vector<Tensor> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
   if (autograd::needs_grad(inputs)) {

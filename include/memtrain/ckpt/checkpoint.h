@@ -1,0 +1,90 @@
+// Activation checkpointing: ckpt::checkpoint(fn, inputs) runs fn without keeping the tensors its ops save
+// for backward; backward re-runs fn's forward once, under the same RNG state, to get them back.
+//
+// How (the non-reentrant scheme of DESIGN.md): the forward records fn's nodes on the tape as usual, but every
+// tensor an op saves inside the region passes through the region's SavedTensorHooks, which keep it or drop it.
+// A dropped one becomes a placeholder holding its position in the region's save order. The first time backward
+// unpacks a placeholder, the region re-runs fn on detached copies of its inputs (same requires_grad), with the
+// RNG stream set back to where the forward started it, grad mode on; the k-th tensor saved during the re-run
+// fills placeholder k. The re-run's own graph is thrown away, and it stops as soon as the last placeholder is
+// filled. The original nodes then run their backward unchanged, so dropout, captured parameters and nesting
+// need nothing special, and gradients are bit-identical to the run without checkpointing (the kernels are
+// deterministic).
+//
+// What is kept: parameters (leaves that require grad: they are alive anyway), the region's inputs (held by the
+// region itself, through the enclosing hooks so an outer region may drop them in turn) and, when the region
+// names expensive ops (RegionOptions::keep_ops, "selective" checkpointing), the outputs of those ops. Kept
+// outputs are also handed back to the re-run in place of recomputing them: matmul, linear, attention and
+// conv2d ask the region (compute_or_replay, below) before they compute.
+//
+// Contract on fn: it must run the same ops in the same order when called again with the same inputs and RNG
+// state (no data-dependent control flow on values that change in between, no in-place writes to its inputs or
+// to captured tensors between forward and backward). A mismatch found during the re-run throws.
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memtrain::ckpt {
+
+// Ops whose outputs "selective" checkpointing keeps by default: the ones whose recomputation costs FLOPs rather
+// than a pass over memory.
+const std::vector<std::string>& default_keep_ops();
+
+struct RegionOptions {
+  std::vector<std::string> keep_ops;     // op names whose outputs stay saved; empty = keep nothing (full)
+  std::vector<std::string> profile_ops;  // what the profile counts as expensive; empty = keep_ops (see below)
+};
+
+// What one region saw during its forward: the bytes each kind of saved tensor holds (distinct storages, so
+// views of one buffer count once) and the work a re-run would redo. Parameters are not counted.
+// "Expensive ops" below are profile_ops, else keep_ops, else default_keep_ops() (the first non-empty list).
+struct RegionProfile {
+  std::size_t input_bytes = 0;      // the region's inputs, which the region keeps
+  std::size_t saved_bytes = 0;      // what ops saved besides inputs: what the region would keep without checkpointing
+  std::size_t expensive_bytes = 0;  // outputs of expensive ops (saved or not): what selective keeps besides inputs
+  std::size_t cheap_saved_bytes = 0;  // saved, not an input, not an expensive output: what selective drops
+  std::size_t dropped_bytes = 0;    // what this region actually dropped
+  double expensive_flops = 0;       // FLOPs of the expensive ops (matmul: 2*M*N*K, ...)
+  std::int64_t saved_tensors = 0;   // SavedTensors created inside the region
+  std::int64_t dropped_tensors = 0;
+};
+
+using RegionFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// Runs fn(inputs) as a checkpointed region and returns its outputs (with their normal autograd history).
+// Inputs may or may not require grad; undefined inputs are passed through as undefined.
+std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs, const RegionOptions& options = {},
+                               RegionProfile* profile = nullptr);
+// One input, one output.
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,
+                  const RegionOptions& options = {}, RegionProfile* profile = nullptr);
+
+// True while some region's forward is being re-run on this thread (during backward). Modules with side effects
+// in their forward skip them then: batch norm does not update its running statistics twice.
+bool in_rerun();
+
+// Process-wide counters (all threads), for reports and tests.
+struct Counters {
+  std::int64_t regions = 0;     // checkpoint() calls
+  std::int64_t recomputes = 0;  // forward re-runs during backward
+};
+Counters counters();
+
+namespace detail {
+// For ops with expensive forwards (matmul, linear, attention, conv2d). Inside the re-run of a region whose
+// keep_ops names `op`, returns the outputs the forward kept (the next ones in order; a different op there throws)
+// without calling compute. Otherwise returns compute() and, in a region's forward, notes the outputs for the
+// profile (expensive ops, see RegionProfile) and keeps them when keep_ops names
+// `op`. `flops` feeds the profile. Outside any region: just compute().
+std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
+                                      const std::function<std::vector<Tensor>()>& compute);
+}  // namespace detail
+
+}  // namespace memtrain::ckpt

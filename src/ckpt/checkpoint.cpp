@@ -1,0 +1,346 @@
+// Checkpointed regions: the forward's save hooks, the placeholders and the re-run (see checkpoint.h).
+#include "memtrain/ckpt/checkpoint.h"
+
+#include "memtrain/autograd/grad_mode.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace memtrain::ckpt {
+namespace {
+
+constexpr const char* kOp = "ckpt::checkpoint";
+
+std::atomic<std::int64_t> g_regions{0};
+std::atomic<std::int64_t> g_recomputes{0};
+thread_local int t_rerun_depth = 0;  // re-runs in progress on this thread (nested regions re-run inside)
+
+// Thrown by the re-run's save hook once the last placeholder is filled, so the rest of fn is skipped.
+struct StopRerun {};
+
+bool contains(const std::vector<std::string>& names, std::string_view op) {
+  return std::find(names.begin(), names.end(), op) != names.end();
+}
+
+// Distinct storages seen during one forward, with their sizes. A weak reference tells a storage apart from a
+// later one that reuses a freed address.
+class StorageSet {
+ public:
+  void add(const std::shared_ptr<Storage>& s) {
+    if (!s) return;
+    auto [it, fresh] = index_.try_emplace(s.get(), entries_.size());
+    if (!fresh && !entries_[it->second].ref.expired()) return;
+    if (!fresh) {
+      it->second = entries_.size();
+    }
+    entries_.push_back({s, s->nbytes(), s.get()});
+  }
+  bool contains(const Storage* s) const {
+    auto it = index_.find(s);
+    return it != index_.end() && !entries_[it->second].ref.expired();
+  }
+  // Bytes of the storages that are in neither `a` nor `b` (either may be null).
+  std::size_t bytes_outside(const StorageSet* a, const StorageSet* b) const {
+    std::size_t total = 0;
+    for (const Entry& e : entries_) {
+      const bool in_a = a && a->holds(e), in_b = b && b->holds(e);
+      if (!in_a && !in_b) total += e.nbytes;
+    }
+    return total;
+  }
+  std::size_t bytes() const { return bytes_outside(nullptr, nullptr); }
+
+ private:
+  struct Entry {
+    std::weak_ptr<Storage> ref;
+    std::size_t nbytes;
+    const Storage* address;
+  };
+  // Whether `e` (an entry of another set) is one of ours: same address and the same storage object.
+  bool holds(const Entry& e) const {
+    auto it = index_.find(e.address);
+    if (it == index_.end()) return false;
+    const Entry& mine = entries_[it->second];
+    return !mine.ref.owner_before(e.ref) && !e.ref.owner_before(mine.ref);
+  }
+  std::unordered_map<const Storage*, std::size_t> index_;
+  std::vector<Entry> entries_;
+};
+
+struct KeptOutputs {
+  std::string op;
+  std::vector<Tensor> tensors;  // detached
+};
+
+// Everything a region needs after its forward: how to re-run it and where the re-run's saves go.
+struct Frame : std::enable_shared_from_this<Frame> {
+  RegionFn fn;
+  std::vector<std::string> keep_ops;
+  std::vector<autograd::SavedTensor> inputs;  // saved through the enclosing hooks
+  std::vector<bool> input_requires_grad;
+  RngState rng;
+
+  // One entry per SavedTensor created in the forward, in order.
+  struct Slot {
+    bool dropped = false;
+    bool alive = true;  // its handle still exists (some node may unpack it)
+    Shape shape;        // dropped ones: what the re-run must reproduce
+    DType dtype = DType::f32;
+    Tensor refilled;    // dropped ones, after a re-run
+  };
+  std::vector<Slot> slots;
+  std::vector<KeptOutputs> kept;  // expensive ops' outputs, in forward order
+
+  // Forward-only bookkeeping.
+  std::unordered_set<const Storage*> input_storages;
+  std::unordered_set<const Storage*> kept_storages;
+  StorageSet saved, expensive, input_set, dropped;
+  RegionProfile profile;
+
+  // Re-run state.
+  bool rerunning = false;
+  std::size_t rerun_cursor = 0;   // next slot a re-run save fills
+  std::size_t replay_cursor = 0;  // next entry of `kept`
+  std::int64_t unfilled = 0;      // placeholders still waiting during a re-run
+
+  std::vector<std::string> profile_ops;
+  const std::vector<std::string>& expensive_ops() const {
+    if (!profile_ops.empty()) return profile_ops;
+    return keep_ops.empty() ? default_keep_ops() : keep_ops;
+  }
+  void rerun();
+};
+
+// What SavedTensorHooks::pack returns: either the tensor itself or a slot of the frame.
+struct Handle {
+  Tensor kept;
+  std::shared_ptr<Frame> frame;
+  std::size_t slot = 0;
+  ~Handle() {
+    if (!frame) return;
+    Frame::Slot& s = frame->slots[slot];
+    s.alive = false;
+    s.refilled = Tensor();
+  }
+};
+
+class RegionHooks final : public autograd::SavedTensorHooks {
+ public:
+  RegionHooks(std::shared_ptr<Frame> frame, bool rerun) : frame_(std::move(frame)), rerun_(rerun) {}
+  std::shared_ptr<void> pack(const Tensor& tensor) override { return rerun_ ? pack_rerun(tensor) : pack_forward(tensor); }
+  Tensor unpack(const std::shared_ptr<void>& handle) override;
+  Frame& frame() const { return *frame_; }
+  bool rerun() const { return rerun_; }
+
+ private:
+  std::shared_ptr<void> pack_forward(const Tensor& tensor);
+  std::shared_ptr<void> pack_rerun(const Tensor& tensor);
+  std::shared_ptr<Frame> frame_;
+  bool rerun_;
+};
+
+std::shared_ptr<void> RegionHooks::pack_forward(const Tensor& tensor) {
+  Frame& f = *frame_;
+  const std::size_t index = f.slots.size();
+  Frame::Slot& slot = f.slots.emplace_back();
+  ++f.profile.saved_tensors;
+  const Storage* storage = tensor.storage().get();
+  const bool parameter = tensor.is_leaf() && tensor.requires_grad();
+  if (!parameter && !f.input_storages.count(storage)) f.saved.add(tensor.storage());
+  auto handle = std::make_shared<Handle>();
+  if (parameter || f.input_storages.count(storage) || f.kept_storages.count(storage)) {
+    handle->kept = tensor.detach();
+    return handle;
+  }
+  slot.dropped = true;
+  f.dropped.add(tensor.storage());
+  slot.shape = tensor.shape();
+  slot.dtype = tensor.dtype();
+  ++f.profile.dropped_tensors;
+  handle->frame = frame_;
+  handle->slot = index;
+  return handle;
+}
+
+std::shared_ptr<void> RegionHooks::pack_rerun(const Tensor& tensor) {
+  Frame& f = *frame_;
+  MT_CHECK(f.rerun_cursor < f.slots.size(), kOp,
+           "the re-run of a region saved more tensors than its forward ({}): the region's function must run the same "
+           "ops in the same order every time",
+           f.slots.size());
+  Frame::Slot& slot = f.slots[f.rerun_cursor++];
+  if (slot.dropped && slot.alive && !slot.refilled.defined()) {
+    MT_CHECK(slot.shape == tensor.shape() && slot.dtype == tensor.dtype(), kOp,
+             "the re-run of a region saved a {} {} tensor where its forward saved a {} {} (saved tensor {}): the "
+             "region's function must run the same ops in the same order every time",
+             dtype_name(tensor.dtype()), shape_str(tensor.shape()), dtype_name(slot.dtype), shape_str(slot.shape),
+             f.rerun_cursor - 1);
+    slot.refilled = tensor.detach();
+    if (--f.unfilled == 0) throw StopRerun{};
+  }
+  return nullptr;  // the re-run's graph is thrown away; nothing unpacks its saves
+}
+
+Tensor RegionHooks::unpack(const std::shared_ptr<void>& handle) {
+  const auto& h = *static_cast<const Handle*>(handle.get());
+  if (!h.frame) return h.kept;
+  Frame::Slot& slot = h.frame->slots[h.slot];
+  if (!slot.refilled.defined()) h.frame->rerun();
+  MT_CHECK(slot.refilled.defined(), kOp, "internal error: the re-run did not refill saved tensor {}", h.slot);
+  return slot.refilled;
+}
+
+void Frame::rerun() {
+  MT_CHECK(!rerunning, kOp,
+           "a saved tensor of a region was needed while that region was being re-run (backward inside the region's "
+           "function?)");
+  unfilled = 0;
+  for (const Slot& s : slots) unfilled += s.dropped && s.alive && !s.refilled.defined();
+  if (unfilled == 0) return;
+
+  std::vector<Tensor> args;
+  args.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    Tensor t = inputs[i].unpack();  // may re-run an enclosing region first
+    if (t.defined()) {
+      t = t.detach();
+      t.set_requires_grad(input_requires_grad[i]);
+    }
+    args.push_back(std::move(t));
+  }
+  RngStateGuard rng_guard;
+  set_rng_state(rng);
+  autograd::EnableGradGuard grad_on;
+  CategoryGuard category(MemoryCategory::activations);
+  rerunning = true;
+  ++t_rerun_depth;
+  rerun_cursor = 0;
+  replay_cursor = 0;
+  try {
+    autograd::SavedTensorHooksGuard hooks(std::make_shared<RegionHooks>(shared_from_this(), true));
+    fn(args);
+  } catch (const StopRerun&) {
+  } catch (...) {
+    rerunning = false;
+    --t_rerun_depth;
+    throw;
+  }
+  rerunning = false;
+  --t_rerun_depth;
+  g_recomputes.fetch_add(1, std::memory_order_relaxed);
+  MT_CHECK(unfilled == 0, kOp,
+           "the re-run of a region saved {} tensors where its forward saved {}: the region's function must run the "
+           "same ops in the same order every time",
+           rerun_cursor, slots.size());
+}
+
+std::shared_ptr<RegionHooks> innermost_region() {
+  return std::dynamic_pointer_cast<RegionHooks>(autograd::current_saved_tensor_hooks());
+}
+
+}  // namespace
+
+const std::vector<std::string>& default_keep_ops() {
+  static const std::vector<std::string> ops = {"matmul", "linear", "scaled_dot_product_attention", "conv2d"};
+  return ops;
+}
+
+std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs, const RegionOptions& options,
+                               RegionProfile* profile) {
+  MT_CHECK(static_cast<bool>(fn), kOp, "the region's function is empty");
+  if (!autograd::grad_enabled()) return fn(inputs);  // nothing is saved without grad mode
+
+  auto frame = std::make_shared<Frame>();
+  frame->fn = fn;
+  frame->keep_ops = options.keep_ops;
+  frame->profile_ops = options.profile_ops;
+  frame->rng = get_rng_state();
+  for (const Tensor& t : inputs) {
+    frame->inputs.emplace_back(t);  // through the enclosing hooks: an outer region may drop it
+    frame->input_requires_grad.push_back(t.defined() && t.requires_grad());
+    if (t.defined()) {
+      frame->input_storages.insert(t.storage().get());
+      frame->input_set.add(t.storage());
+    }
+  }
+  g_regions.fetch_add(1, std::memory_order_relaxed);
+
+  std::vector<Tensor> outputs;
+  {
+    autograd::SavedTensorHooksGuard hooks(std::make_shared<RegionHooks>(frame, false));
+    outputs = fn(inputs);
+  }
+
+  Frame& f = *frame;
+  f.profile.input_bytes = f.input_set.bytes();
+  f.profile.saved_bytes = f.saved.bytes();
+  f.profile.expensive_bytes = f.expensive.bytes_outside(&f.input_set, nullptr);
+  f.profile.cheap_saved_bytes = f.saved.bytes_outside(&f.input_set, &f.expensive);
+  f.profile.dropped_bytes = f.dropped.bytes();
+  if (profile) *profile = f.profile;
+  // The forward-only sets hold raw addresses and weak references; the frame lives on with the graph.
+  f.input_storages.clear();
+  f.kept_storages.clear();
+  f.saved = f.expensive = f.input_set = f.dropped = StorageSet();
+  return outputs;
+}
+
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input, const RegionOptions& options,
+                  RegionProfile* profile) {
+  MT_CHECK(static_cast<bool>(fn), kOp, "the region's function is empty");
+  const RegionFn wrapped = [fn](const std::vector<Tensor>& args) { return std::vector<Tensor>{fn(args[0])}; };
+  return checkpoint(wrapped, {input}, options, profile)[0];
+}
+
+bool in_rerun() { return t_rerun_depth > 0; }
+
+Counters counters() {
+  return {g_regions.load(std::memory_order_relaxed), g_recomputes.load(std::memory_order_relaxed)};
+}
+
+namespace detail {
+
+std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
+                                      const std::function<std::vector<Tensor>()>& compute) {
+  const std::shared_ptr<RegionHooks> region = innermost_region();
+  if (!region) return compute();
+  Frame& f = region->frame();
+  const bool keep = contains(f.keep_ops, op);
+  if (region->rerun()) {
+    if (!keep) return compute();
+    MT_CHECK(f.replay_cursor < f.kept.size() && f.kept[f.replay_cursor].op == op, kOp,
+             "the re-run of a region reached {} where its forward kept {}: the region's function must run the same "
+             "ops in the same order every time",
+             op, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
+    std::vector<Tensor> out;
+    for (const Tensor& t : f.kept[f.replay_cursor].tensors) out.push_back(t.detach());
+    ++f.replay_cursor;
+    return out;
+  }
+  std::vector<Tensor> out = compute();
+  if (contains(f.expensive_ops(), op)) {
+    f.profile.expensive_flops += flops;
+    for (const Tensor& t : out) {
+      if (t.defined()) f.expensive.add(t.storage());
+    }
+  }
+  if (keep) {
+    KeptOutputs& k = f.kept.emplace_back();
+    k.op = std::string(op);
+    for (const Tensor& t : out) {
+      k.tensors.push_back(t.defined() ? t.detach() : Tensor());
+      if (t.defined()) f.kept_storages.insert(t.storage().get());
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace memtrain::ckpt
