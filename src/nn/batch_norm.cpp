@@ -1,6 +1,7 @@
 #include "memtrain/nn/batch_norm.h"
 
 #include "memtrain/autograd/grad_mode.h"
+#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
@@ -38,7 +39,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   const Tensor xc = x - mean;                            // (B,C,H,W)
   const Tensor var = ops::mean(xc * xc, {0, 2, 3}, true);  // (1,C,1,1), biased: what normalises the batch
   Tensor y = xc * (ops::rsqrt(var + eps_) * w) + b;
-  {
+  if (!ckpt::in_rerun()) {  // a checkpoint re-run recomputes this batch; its statistics are already in
     autograd::NoGradGuard no_grad;
     const double m = momentum_, unbias = static_cast<double>(n) / static_cast<double>(n - 1);
     running_mean_.copy_(running_mean_ * (1.0 - m) + mean.detach().reshape({C}) * m);

@@ -48,8 +48,10 @@ Tensor CNN::forward(const Tensor& x) {
   MT_CHECK(x.dim() == 4 && x.size(1) == c.in_channels && x.size(2) == c.image_size && x.size(3) == c.image_size,
            "nn::CNN", "expected x [B, {}, {}, {}], got {}", c.in_channels, c.image_size, c.image_size,
            shape_str(x.shape()));
-  Tensor h = ops::max_pool2d(ops::relu(bn1_->forward(conv1_->forward(x))), 2);  // (B,C1,S/2,S/2)
-  h = ops::max_pool2d(ops::relu(bn2_->forward(conv2_->forward(h))), 2);         // (B,C2,S/4,S/4)
+  const auto stage1 = [this](const Tensor& in) { return ops::max_pool2d(ops::relu(bn1_->forward(conv1_->forward(in))), 2); };
+  const auto stage2 = [this](const Tensor& in) { return ops::max_pool2d(ops::relu(bn2_->forward(conv2_->forward(in))), 2); };
+  Tensor h = checkpointer_.run(0, 2, stage1, x);  // (B,C1,S/2,S/2)
+  h = checkpointer_.run(1, 2, stage2, h);         // (B,C2,S/4,S/4)
   h = dropout_->forward(ops::relu(fc1_->forward(h.flatten(1))));                // (B,hidden)
   return fc2_->forward(h);                                                      // (B,classes)
 }

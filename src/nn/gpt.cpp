@@ -2,6 +2,7 @@
 
 #include "memtrain/core/error.h"
 #include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/ops/nn.h"
 
@@ -23,22 +24,35 @@ GPT::GPT(const GPTConfig& config, DType dtype) : config_(config) {
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(c.n_embd, c.bias, 1e-5, dtype));
 }
 
-Tensor GPT::forward(const Tensor& idx) const {
+Tensor GPT::hidden(const Tensor& idx) const {
   MT_CHECK(idx.dim() == 2, "GPT::forward", "expected idx [B, T], got {}", shape_str(idx.shape()));
   const std::int64_t T = idx.size(1);
   MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
            config_.block_size);
   Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);            // (T)
   Tensor x = drop_->forward(wte_->forward(idx) + wpe_->forward(pos));           // (B,T,C)
-  for (const auto& block : h_) x = block->forward(x);
-  return ops::matmul(ln_f_->forward(x), wte_->weight().t());                   // (B,T,V), tied head
+  const auto n = static_cast<std::int64_t>(h_.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    x = checkpointer_.run(i, n, [block = h_[i].get()](const Tensor& in) { return block->forward(in); }, x);
+  }
+  return ln_f_->forward(x);
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
+  return ops::matmul(hidden(idx), wte_->weight().t());  // (B,T,V), tied head
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   MT_CHECK(targets.shape() == idx.shape(), "GPT::loss", "targets {} must match idx {}", shape_str(targets.shape()),
            shape_str(idx.shape()));
-  Tensor logits = forward(idx);
   const std::int64_t N = idx.numel();
+  const Tensor h = hidden(idx);
+  const Tensor& head = wte_->weight();
+  if (h.device().is_cpu() && h.dtype() == DType::f32 && head.dtype() == DType::f32) {
+    return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
+                                           ops::Reduction::mean, -100);
+  }
+  const Tensor logits = ops::matmul(h, head.t());
   return ops::cross_entropy(logits.reshape({N, config_.vocab_size}), targets.reshape({N}), ops::Reduction::mean,
                             -100);
 }

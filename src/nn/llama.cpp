@@ -27,7 +27,10 @@ Tensor Llama::forward(const Tensor& idx) const {
   MT_CHECK(T >= 1 && T <= config_.block_size, "Llama::forward", "sequence length {} outside [1, block_size {}]", T,
            config_.block_size);
   Tensor x = embed_tokens_->forward(idx);  // (B,T,C); positions enter through the rotary q/k rotation
-  for (const auto& layer : layers_) x = layer->forward(x);
+  const auto n = static_cast<std::int64_t>(layers_.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    x = checkpointer_.run(i, n, [layer = layers_[i].get()](const Tensor& in) { return layer->forward(in); }, x);
+  }
   return lm_head_->forward(norm_->forward(x));  // (B,T,V)
 }
 

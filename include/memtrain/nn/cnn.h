@@ -9,6 +9,7 @@
 // Default sizes: 421,834 parameters (fc1 holds 401,536 of them).
 #pragma once
 
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/nn/batch_norm.h"
 #include "memtrain/nn/conv2d.h"
 #include "memtrain/nn/dropout.h"
@@ -39,8 +40,13 @@ class CNN : public Module {
   Tensor loss(const Tensor& x, const Tensor& targets);
   const CNNConfig& config() const { return config_; }
 
+  // Activation checkpointing of the two conv stages (conv, batch norm, relu, pool: one region each).
+  void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
+  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
+
  private:
   CNNConfig config_;
+  ckpt::BlockCheckpointer checkpointer_;
   std::shared_ptr<Conv2d> conv1_;
   std::shared_ptr<BatchNorm2d> bn1_;
   std::shared_ptr<Conv2d> conv2_;

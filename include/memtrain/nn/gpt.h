@@ -10,6 +10,7 @@
 // 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1; drawn from the default RNG stream (manual_seed).
 #pragma once
 
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/nn/dropout.h"
 #include "memtrain/nn/embedding.h"
 #include "memtrain/nn/gpt_config.h"
@@ -26,9 +27,15 @@ class GPT : public Module {
   explicit GPT(const GPTConfig& config, DType dtype = DType::f32);
   // idx [B, T] integer, T <= block_size -> logits [B, T, V].
   Tensor forward(const Tensor& idx) const;
-  // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored.
+  // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored. On the CPU in
+  // f32 the head and the loss are fused (ops::fused_linear_cross_entropy): the [B*T, V] logits never exist,
+  // forward or backward; elsewhere the logits are formed and ops::cross_entropy is applied.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
+
+  // Activation checkpointing of the transformer blocks (each block is one region); none by default.
+  void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
+  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
 
  private:
   GPTConfig config_;
@@ -37,6 +44,8 @@ class GPT : public Module {
   std::shared_ptr<Dropout> drop_;
   std::vector<std::shared_ptr<TransformerBlock>> h_;
   std::shared_ptr<LayerNorm> ln_f_;
+  Tensor hidden(const Tensor& idx) const;  // ln_f output (B,T,C)
+  mutable ckpt::BlockCheckpointer checkpointer_;  // forward is const; the budget policy plans on first use
 };
 
 }  // namespace memtrain::nn

@@ -13,6 +13,7 @@
 // normal(0, 0.02), RMSNorm weights 1; drawn from the default RNG stream (manual_seed).
 #pragma once
 
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/nn/embedding.h"
 #include "memtrain/nn/linear.h"
 #include "memtrain/nn/llama_config.h"
@@ -36,6 +37,10 @@ class Llama : public Module {
   const LlamaConfig& config() const { return config_; }
   const RotaryEmbedding& rotary() const { return *rotary_; }
 
+  // Activation checkpointing of the decoder layers (each layer is one region); none by default.
+  void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
+  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
+
  private:
   LlamaConfig config_;
   std::shared_ptr<const RotaryEmbedding> rotary_;
@@ -43,6 +48,7 @@ class Llama : public Module {
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers_;
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<Linear> lm_head_;
+  mutable ckpt::BlockCheckpointer checkpointer_;  // forward is const; the budget policy plans on first use
 };
 
 }  // namespace memtrain::nn
