@@ -40,6 +40,7 @@ double accuracy(nn::CNN& model, const data::Dataset& test, std::int64_t batch) {
 int main(int argc, char** argv) {
   CLI::App app{"Train a small CNN on Fashion-MNIST with memtrain"};
   std::string data_dir = "/usr/share/datasets/fashion-mnist", optimizer = "adamw", out_dir = "runs/fashion_mnist";
+  std::string checkpoint = "none";
   std::int64_t epochs = 2, batch = 64;
   double lr = 2e-3;
   std::uint64_t seed = 1;
@@ -49,6 +50,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "peak learning rate")->capture_default_str();
   app.add_option("--optimizer", optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor")->capture_default_str();
   app.add_option("--out-dir", out_dir, "metrics and summary")->capture_default_str();
+  app.add_option("--checkpoint", checkpoint, "activation checkpointing of the two conv stages: none, full, every:K, "
+                 "selective[:op1,op2], budget:SIZE")->capture_default_str();
   app.add_option("--seed", seed, "seed for init, data order and dropout")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
     config.eval_batches = 20;
     config.log_interval = 50;
     config.seed = seed;
+    config.activation_checkpointing = checkpoint;
     fs::create_directories(out_dir);
     config.metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
     config.summary_path = (fs::path(out_dir) / "summary.json").string();
@@ -77,7 +81,9 @@ int main(int argc, char** argv) {
     fmt::print("model: CNN with {} parameters, optimizer {}, {} steps of {} images\n", model->num_parameters(),
                config.optimizer.to_string(), config.max_steps, batch);
     auto loss_fn = [model](const data::Batch& b) { return ops::cross_entropy(model->forward(b.inputs), b.targets); };
+    model->set_checkpointing(ckpt::Policy::parse(checkpoint));
     train::Trainer trainer(config, model, loss_fn, train_set, test_set);
+    trainer.memory_notes = [model] { return model->checkpointing().describe(2); };
 
     const auto start = std::chrono::steady_clock::now();
     const train::RunSummary summary = trainer.fit();

@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
   app.add_option("--precision", f.precision, "fp32 (bf16/fp16/fp8 come with mixed precision)");
-  app.add_option("--checkpoint", f.checkpoint, "activation checkpointing policy (none)");
+  app.add_option("--checkpoint", f.checkpoint,
+                 "activation checkpointing: none (default), full, every:K, selective[:op1,op2], budget:SIZE (e.g. 64MiB)");
   app.add_option("--galore-rank", f.galore_rank, "GaLore projection rank (0 = off)");
   app.add_option("--device", f.device, "cpu")->capture_default_str();
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
@@ -201,8 +202,10 @@ int main(int argc, char** argv) {
     fs::create_directories(f.out_dir);
     config.save((fs::path(f.out_dir) / "config.json").string());
 
+    model->set_checkpointing(ckpt::Policy::parse(config.activation_checkpointing));
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
+    trainer.memory_notes = [model] { return model->checkpointing().describe(model->config().n_layer); };
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {

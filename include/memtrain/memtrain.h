@@ -5,6 +5,8 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ckpt/checkpoint.h"
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/device.h"
 #include "memtrain/core/dtype.h"

@@ -198,6 +198,10 @@ RunSummary Trainer::fit() {
 
   const std::vector<StepMetrics> ran(history_.begin() + static_cast<std::ptrdiff_t>(first), history_.end());
   RunSummary summary = detail::summarize(config_, ran, allocator.stats(), optimizer_->state_bytes());
+  if (memory_notes) {
+    const std::string notes = memory_notes();
+    if (!notes.empty()) fmt::print(stderr, "{}\n", notes);
+  }
   std::fprintf(stderr, "%s", allocator.report().c_str());
   fmt::print(stderr, "{} steps, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
              summary.steps, summary.final_train_loss,

@@ -3,6 +3,7 @@
 #include "memtrain/train/trainer_config.h"
 
 #include "io/atomic_file.h"
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/core/error.h"
 
 #include <fmt/format.h>
@@ -371,9 +372,11 @@ void TrainerConfig::validate() const {
   MT_CHECK(precision != "bf16" && precision != "fp16" && precision != "fp8", kWhere,
            "precision '{}' is not supported yet: mixed precision is not built yet (use \"fp32\")", precision);
   MT_CHECK(precision == "fp32", kWhere, "unknown precision '{}' (known: fp32; bf16, fp16, fp8 to come)", precision);
-  MT_CHECK(activation_checkpointing == "none", kWhere,
-           "activation_checkpointing '{}' is not supported yet: activation checkpointing is not built yet (use "
-           "\"none\")", activation_checkpointing);
+  try {
+    (void)ckpt::Policy::parse(activation_checkpointing);
+  } catch (const Error& e) {
+    MT_CHECK(false, kWhere, "activation_checkpointing: {}", e.what());
+  }
   MT_CHECK(galore_rank >= 0, kWhere, "galore_rank must be >= 0 (0 = off), got {}", galore_rank);
   MT_CHECK(galore_rank == 0, kWhere, "galore_rank {} is not supported yet: GaLore is not built yet (use 0)",
            galore_rank);

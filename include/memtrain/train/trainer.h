@@ -112,6 +112,8 @@ class Trainer {
 
   // Called after every optimizer step (after eval/checkpoint of that step), e.g. to print samples.
   std::function<void(const StepMetrics&)> on_step;
+  // Extra lines fit() prints just above its memory report (e.g. the model's checkpoint plan); may be empty.
+  std::function<std::string()> memory_notes;
 
  private:
   TrainerConfig config_;

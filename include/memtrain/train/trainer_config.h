@@ -54,7 +54,7 @@ struct TrainerConfig {
   std::int64_t grad_accum = 1;
   std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
   std::string precision = "fp32";        // "fp32" now; "bf16", "fp16", "fp8" with the precision issue
-  std::string activation_checkpointing = "none";  // "none" now; policies with the checkpointing issue
+  std::string activation_checkpointing = "none";  // ckpt::Policy::parse forms: none, full, every:K, selective, budget:64MiB
   std::int64_t galore_rank = 0;          // 0 = off; > 0 with the GaLore issue
   std::int64_t max_steps = 100;
   std::int64_t eval_interval = 50;  // 0 = only at the end
