@@ -120,19 +120,60 @@ GaLoreProjector::GaLoreProjector(GaLoreProjectorOptions options) : options_(opti
            options_.oversample);
 }
 
-void GaLoreProjector::init_shape(const Tensor& G) {
-  const std::int64_t m = G.size(0), n = G.size(1);
-  MT_CHECK(options_.rank <= std::min(m, n), kWhere, "rank {} exceeds min(m, n) = {} of the gradient of shape {}",
-           options_.rank, std::min(m, n), shape_str(G.shape()));
-  switch (options_.proj_type) {
-    case GaLoreProjType::std_side: side_ = m <= n ? Side::left : Side::right; break;
-    case GaLoreProjType::reverse_std_side: side_ = m <= n ? Side::right : Side::left; break;
-    case GaLoreProjType::left: side_ = Side::left; break;
-    case GaLoreProjType::right: side_ = Side::right; break;
-    case GaLoreProjType::full: side_ = Side::both; break;
+GaLoreProjector::Side GaLoreProjector::side_for(GaLoreProjType proj_type, std::int64_t m, std::int64_t n) {
+  switch (proj_type) {
+    case GaLoreProjType::std_side: return m <= n ? Side::left : Side::right;
+    case GaLoreProjType::reverse_std_side: return m <= n ? Side::right : Side::left;
+    case GaLoreProjType::left: return Side::left;
+    case GaLoreProjType::right: return Side::right;
+    case GaLoreProjType::full: return Side::both;
   }
+  return Side::unset;
+}
+
+Shape GaLoreProjector::projected_shape(Side side, std::int64_t m, std::int64_t n, std::int64_t r) {
+  switch (side) {
+    case Side::left: return {r, n};
+    case Side::right: return {m, r};
+    case Side::both: return {r, r};
+    case Side::unset: break;
+  }
+  MT_CHECK(false, kWhere, "projected_shape of an unset side");
+  return {};
+}
+
+void GaLoreProjector::init_shape(std::int64_t m, std::int64_t n) {
+  MT_CHECK(options_.rank <= std::min(m, n), kWhere, "rank {} exceeds min(m, n) = {} of the gradient of shape {}",
+           options_.rank, std::min(m, n), shape_str({m, n}));
+  side_ = side_for(options_.proj_type, m, n);
   m_ = m;
   n_ = n;
+}
+
+void GaLoreProjector::restore(std::int64_t m, std::int64_t n, const Tensor& left, const Tensor& right, RngState rng,
+                              std::int64_t refresh_count) {
+  MT_CHECK(refresh_count > 0, kWhere, "restore needs a refreshed basis, got refresh_count {}", refresh_count);
+  init_shape(m, n);
+  const std::int64_t r = options_.rank;
+  auto take = [&](const Tensor& src, bool wanted, std::int64_t rows, const char* what) {
+    if (!wanted) {
+      MT_CHECK(!src.defined(), kWhere, "restore: the {} side keeps no {} matrix, got shape {}",
+               galore_proj_type_name(options_.proj_type), what, shape_str(src.shape()));
+      return Tensor();
+    }
+    MT_CHECK(src.defined() && src.shape() == Shape({rows, r}) && src.dtype() == DType::f32, kWhere,
+             "restore: the {} matrix of a ({}, {}) gradient should be f32 of shape {}, got {}", what, m, n,
+             shape_str({rows, r}), src.defined() ? shape_str(src.shape()) + " " + std::string(dtype_name(src.dtype())) : std::string("undefined"));
+    CategoryGuard category(MemoryCategory::optimizer_state);
+    Tensor out = Tensor::empty({rows, r}, DType::f32);
+    out.copy_(src);
+    return out;
+  };
+  left_ = take(left, side_ != Side::right, m, "left");
+  right_ = take(right, side_ != Side::left, n, "right");
+  rng_ = rng;
+  refresh_count_ = refresh_count;
+  refreshed_last_ = false;
 }
 
 void GaLoreProjector::refresh(const Tensor& G) {
@@ -164,7 +205,7 @@ void GaLoreProjector::refresh(const Tensor& G) {
 
 Tensor GaLoreProjector::project(const Tensor& G_in, std::int64_t step) {
   check_gradient(G_in);
-  if (side_ == Side::unset) init_shape(G_in);
+  if (side_ == Side::unset) init_shape(G_in.size(0), G_in.size(1));
   MT_CHECK(G_in.size(0) == m_ && G_in.size(1) == n_, kWhere, "gradient shape changed from {} to {}",
            shape_str({m_, n_}), shape_str(G_in.shape()));
   const Tensor G = G_in.is_contiguous() ? G_in.detach() : G_in.detach().contiguous();

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <set>
+#include <string>
 #include <utility>
 
 namespace memtrain::optim {
@@ -35,7 +36,7 @@ Tensor cpu_copy(const Tensor& t) {
   return out;
 }
 
-std::string key_of(std::size_t index, const std::string& name) { return fmt::format("{}.{}", index, name); }
+std::string key_of(const std::string& prefix, const std::string& name) { return fmt::format("{}.{}", prefix, name); }
 
 }  // namespace
 
@@ -71,13 +72,16 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   autograd::NoGradGuard no_grad;
   // The gate runs before any state exists, so a skipped parameter is left exactly as it was.
   if (!all_finite(grad)) return Outcome::nonfinite;
-  ParamState& state = states_[slot.index];
-  const ParamGroup& group = groups_[slot.group];
+  apply_rule(param, grad, groups_[slot.group], states_[slot.index]);
+  return Outcome::updated;
+}
+
+void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state) {
   if (state.step == 0) {
     CategoryGuard category(MemoryCategory::optimizer_state);
     state.tensors.clear();
     try {
-      init_state(param, group, state);
+      init_state(target, group, state);
     } catch (...) {
       state.tensors.clear();
       throw;
@@ -85,8 +89,18 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   }
   ++state.step;
   CategoryGuard category(MemoryCategory::workspace);
-  update(param, grad, group, state);
-  return Outcome::updated;
+  update(target, grad, group, state);
+}
+
+bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
+                              bool grad_checked) {
+  MT_CHECK(target.defined() && grad.defined(), name(), "step_external needs a defined target and gradient");
+  MT_CHECK(grad.shape() == target.shape(), name(), "step_external: target has shape {} but its grad has shape {}",
+           shape_str(target.shape()), shape_str(grad.shape()));
+  autograd::NoGradGuard no_grad;
+  if (!grad_checked && !all_finite(grad)) return false;
+  apply_rule(target, grad, group, state.state_);
+  return true;
 }
 
 StepReport Optimizer::step() {
@@ -115,12 +129,48 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 StateDict Optimizer::state_dict() const {
   StateDict out;
-  for (const auto& [impl, slot] : slots_) {
-    const ParamState& state = states_[slot.index];
-    out.emplace(key_of(slot.index, "step"), tensor<std::int64_t>({state.step}, {}));
-    for (const auto& [name, t] : state.tensors) out.emplace(key_of(slot.index, name), cpu_copy(t));
-  }
+  for (const auto& [impl, slot] : slots_) save_state(states_[slot.index], std::to_string(slot.index), out);
   return out;
+}
+
+void Optimizer::save_state(const ParamState& state, const std::string& prefix, StateDict& out) const {
+  out.emplace(key_of(prefix, "step"), tensor<std::int64_t>({state.step}, {}));
+  for (const auto& [name, t] : state.tensors) out.emplace(key_of(prefix, name), cpu_copy(t));
+}
+
+Optimizer::ParamState Optimizer::load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
+                                            const ParamGroup& group, std::set<std::string>& used,
+                                            std::string_view where) {
+  const std::string step_key = key_of(prefix, "step");
+  auto it = dict.find(step_key);
+  MT_CHECK(it != dict.end(), where, "missing key '{}'", step_key);
+  MT_CHECK(it->second.numel() == 1, where, "key '{}' should hold one step count, got shape {}", step_key,
+           shape_str(it->second.shape()));
+  used.insert(step_key);
+  ParamState state;
+  state.step = static_cast<std::int64_t>(it->second.item());
+  MT_CHECK(state.step >= 0, where, "key '{}' holds a negative step {}", step_key, state.step);
+  if (state.step == 0) return state;  // never stepped: no state tensors expected
+  {
+    // The expected names, shapes and dtypes are what init_state allocates for this target.
+    CategoryGuard category(MemoryCategory::optimizer_state);
+    autograd::NoGradGuard no_grad;
+    init_state(target, group, state);
+  }
+  for (auto& [name, t] : state.tensors) {
+    const std::string key = key_of(prefix, name);
+    auto found = dict.find(key);
+    MT_CHECK(found != dict.end(), where, "missing key '{}' (expected shape {} {})", key, shape_str(t.shape()),
+             dtype_name(t.dtype()));
+    const Tensor& src = found->second;
+    MT_CHECK(src.shape() == t.shape() && src.dtype() == t.dtype(), where,
+             "key '{}' has shape {} {} but this optimizer expects {} {} (param shape {})", key,
+             shape_str(src.shape()), dtype_name(src.dtype()), shape_str(t.shape()), dtype_name(t.dtype()),
+             shape_str(target.shape()));
+    t.copy_(src);
+    used.insert(key);
+  }
+  return state;
 }
 
 void Optimizer::load_state_dict(const StateDict& dict) {
@@ -128,42 +178,32 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   std::vector<ParamState> fresh(states_.size());
   std::set<std::string> used;
   for (const auto& [impl, slot] : slots_) {
-    const std::string step_key = key_of(slot.index, "step");
-    auto it = dict.find(step_key);
-    MT_CHECK(it != dict.end(), where, "missing key '{}'", step_key);
-    MT_CHECK(it->second.numel() == 1, where, "key '{}' should hold one step count, got shape {}", step_key,
-             shape_str(it->second.shape()));
-    used.insert(step_key);
-    ParamState& state = fresh[slot.index];
-    state.step = static_cast<std::int64_t>(it->second.item());
-    MT_CHECK(state.step >= 0, where, "key '{}' holds a negative step {}", step_key, state.step);
-    if (state.step == 0) continue;  // never stepped: no state tensors expected
-    const Tensor& param = groups_[slot.group].params[slot.index_in_group];
-    {
-      // The expected names, shapes and dtypes are what init_state allocates for this parameter.
-      CategoryGuard category(MemoryCategory::optimizer_state);
-      autograd::NoGradGuard no_grad;
-      init_state(param, groups_[slot.group], state);
-    }
-    for (auto& [name, t] : state.tensors) {
-      const std::string key = key_of(slot.index, name);
-      auto found = dict.find(key);
-      MT_CHECK(found != dict.end(), where, "missing key '{}' (expected shape {} {})", key, shape_str(t.shape()),
-               dtype_name(t.dtype()));
-      const Tensor& src = found->second;
-      MT_CHECK(src.shape() == t.shape() && src.dtype() == t.dtype(), where,
-               "key '{}' has shape {} {} but this optimizer expects {} {} (param shape {})", key,
-               shape_str(src.shape()), dtype_name(src.dtype()), shape_str(t.shape()), dtype_name(t.dtype()),
-               shape_str(param.shape()));
-      t.copy_(src);
-      used.insert(key);
-    }
+    fresh[slot.index] = load_state(dict, std::to_string(slot.index), groups_[slot.group].params[slot.index_in_group],
+                                   groups_[slot.group], used, where);
   }
   for (const auto& [key, t] : dict) {
     MT_CHECK(used.count(key) != 0, where, "unexpected key '{}' (shape {}); this optimizer has {} parameters", key,
              shape_str(t.shape()), states_.size());
   }
   states_ = std::move(fresh);
+}
+
+void Optimizer::save_external(const ExternalState& state, const std::string& prefix, StateDict& out) const {
+  save_state(state.state_, prefix, out);
+}
+
+Optimizer::ExternalState Optimizer::load_external(const StateDict& dict, const std::string& prefix,
+                                                  const Tensor& target, const ParamGroup& group,
+                                                  std::set<std::string>& used, std::string_view where) {
+  ExternalState out;
+  out.state_ = load_state(dict, prefix, target, group, used, where);
+  return out;
+}
+
+std::size_t Optimizer::ExternalState::bytes() const {
+  std::size_t total = 0;
+  for (const auto& [name, t] : state_.tensors) total += t.nbytes();
+  return total;
 }
 
 std::size_t Optimizer::state_bytes() const {

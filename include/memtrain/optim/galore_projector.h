@@ -62,8 +62,19 @@ class GaLoreProjector {
   std::size_t bytes() const;  // bytes of the basis matrices: 4*min(m,n)*r for std, 0 before the first call
   const GaLoreProjectorOptions& options() const { return options_; }
 
+  // The side an (m, n) gradient gets under `proj_type`, and the shape of its projection at rank r.
+  static Side side_for(GaLoreProjType proj_type, std::int64_t m, std::int64_t n);
+  static Shape projected_shape(Side side, std::int64_t m, std::int64_t n, std::int64_t r);
+
+  // Checkpoints: the Philox position, and restore() of everything later project() calls depend on (shape,
+  // basis, random stream, refresh count), so a restored projector continues bit-identically. `left` is
+  // (m, r) for the left / both sides, `right` (n, r) for right / both; the unused one is undefined.
+  const RngState& rng_state() const { return rng_; }
+  void restore(std::int64_t m, std::int64_t n, const Tensor& left, const Tensor& right, RngState rng,
+               std::int64_t refresh_count);
+
  private:
-  void init_shape(const Tensor& G);
+  void init_shape(std::int64_t m, std::int64_t n);
   void refresh(const Tensor& G);
 
   GaLoreProjectorOptions options_;

@@ -8,6 +8,10 @@
 // tensor there) and update (runs under NoGrad and CategoryGuard(workspace), so temporaries are not
 // counted as state). The concrete optimizers live in sgd.h, adamw.h, lion.h, adafactor.h; spec.h builds
 // one from a value.
+//
+// Wrappers (GaLore, galore.h) run an optimizer's rule on tensors they own, with state they own, through
+// step_external / save_external / load_external; they override the state accessors to count and save
+// that state (and their own) in place of the per-parameter state kept here.
 #pragma once
 
 #include "memtrain/core/tensor.h"
@@ -15,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -56,12 +61,12 @@ class Optimizer {
   bool step_param(const Tensor& param);
   void zero_grad(bool set_to_none = true);
 
-  StateDict state_dict() const;
+  virtual StateDict state_dict() const;
   // Restores state saved by the same optimizer type over the same parameter shapes; throws naming the key
   // on a missing, unexpected or mis-shaped entry.
-  void load_state_dict(const StateDict& state);
+  virtual void load_state_dict(const StateDict& state);
 
-  std::size_t state_bytes() const;  // bytes of every state tensor, exactly
+  virtual std::size_t state_bytes() const;  // bytes of every state tensor, exactly
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 
@@ -84,6 +89,32 @@ class Optimizer {
   // category).
   static Tensor grad_f32(const Tensor& grad, Device device = Device::cpu());
 
+ public:
+  // The state of one tensor stepped by this optimizer's rule outside its groups (see step_external).
+  class ExternalState {
+   public:
+    std::int64_t step() const { return state_.step; }
+    std::size_t bytes() const;  // bytes of its state tensors, exactly
+
+   private:
+    friend class Optimizer;
+    ParamState state_;
+  };
+
+  // Runs this optimizer's rule on `target` (any tensor the caller owns, not in a group) with gradient
+  // `grad` (target's shape) and `group`'s hyper-parameters (its params are ignored): init_state at the first
+  // step, the step count, NoGrad and the memory categories exactly as step_param. False, with nothing
+  // changed, when grad holds NaN or Inf; `grad_checked` skips that scan for a caller that already made it.
+  bool step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
+                     bool grad_checked = false);
+  // Writes `state` as "<prefix>.step" and "<prefix>.<state name>" (CPU copies), as state_dict does.
+  void save_external(const ExternalState& state, const std::string& prefix, StateDict& out) const;
+  // Reads back what save_external wrote under `prefix` for a target shaped like `target`, checking names,
+  // shapes and dtypes against init_state; adds the keys it read to `used`. Throws "<where>: ..." naming
+  // the key.
+  ExternalState load_external(const StateDict& dict, const std::string& prefix, const Tensor& target,
+                              const ParamGroup& group, std::set<std::string>& used, std::string_view where);
+
  private:
   struct Slot {
     std::size_t group;
@@ -94,6 +125,11 @@ class Optimizer {
   Tensor& param_at(const Slot& slot) { return groups_[slot.group].params[slot.index_in_group]; }
   enum class Outcome { updated, no_grad, nonfinite };
   Outcome step_slot(const Slot& slot);
+  // init_state at the first step, then the update; the gradient is known to be finite.
+  void apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state);
+  void save_state(const ParamState& state, const std::string& prefix, StateDict& out) const;
+  ParamState load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
+                        const ParamGroup& group, std::set<std::string>& used, std::string_view where);
 
   std::vector<ParamGroup> groups_;
   std::unordered_map<const TensorImpl*, Slot> slots_;

@@ -1,0 +1,112 @@
+// GaLore (Zhao et al. 2024, "GaLore: Memory-Efficient LLM Training by Gradient Low-Rank Projection") as a
+// wrapper around any base optimizer described by a Spec. For a projected parameter W (m x n, CPU f32) with
+// gradient G, at its t-th update (t = 0, 1, ...):
+//   R = projector.project(G, t)   basis refreshed from G's SVD at t = 0, update_gap, 2*update_gap, ...
+//   D = the base rule run on a zero workspace tensor of R's shape with gradient R and weight_decay 0, which
+//       leaves D = the update the base would add (-lr * N for AdamW); the base state has R's shape and, as in
+//       galore_torch, is neither reset nor rotated when the basis changes
+//   W = W * (1 - lr * wd) + project_back(D)            (project_back multiplies by scale)
+// Weight decay on projected parameters is decoupled and applied to the old W before the update, the order of
+// our AdamW / Lion / Adafactor (galore_torch decays after; the two differ by lr^2 * wd terms). It is
+// decoupled for an SGD base too, whose own weight_decay is L2 on the gradient: added to G it would mostly be
+// projected away.
+// Parameters in the plain groups are stepped by the base rule itself, exactly as the base optimizer would.
+// Every base works on the zero workspace: SGD (momentum buffer), AdamW, Lion, AdamW8bit / Lion8bit (8-bit
+// state of R's shape when R has >= min_8bit_size elements), Adafactor (our Adafactor has no relative-step
+// or parameter-scale options, so it never reads the parameter; its update clipping uses R's update).
+// Hyper-parameters are read from param_groups() at every step, so schedules that change lr apply to both.
+//
+// State: the base state of every parameter (R's shape for projected ones) plus each projector's basis
+// (GaLoreProjector::bytes()); state_bytes() is exactly their sum. Projection runs on the CPU in f32:
+// projected parameters on a CUDA device are refused; plain ones may live wherever the base supports.
+#pragma once
+
+#include "memtrain/optim/galore_projector.h"
+#include "memtrain/optim/optimizer.h"
+#include "memtrain/optim/spec.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace memtrain::optim {
+
+struct GaLoreSpec {
+  std::int64_t rank = 128;
+  std::int64_t update_gap = 200;
+  double scale = 0.25;
+  GaLoreProjType proj_type = GaLoreProjType::std_side;
+  GaLoreSvd svd = GaLoreSvd::randomized;
+  int power_iterations = 2;  // randomized only
+  int oversample = 8;        // randomized only
+  bool warm_start = true;    // randomized only
+  std::uint64_t seed = 0x6a10'5eed;  // parameter i's projector draws from the Philox stream seed + i
+};
+
+// Parameters split by how they are stepped; param_groups() holds the projected groups, then the plain ones,
+// and state_dict numbers parameters in that order.
+struct GaLoreGroups {
+  std::vector<ParamGroup> projected;  // 2-D CPU f32 weights, stepped in the projected space
+  std::vector<ParamGroup> plain;      // stepped by the base rule as usual
+};
+
+// The default choice of the GaLore paper and galore_torch (target modules "attn" and "mlp"): 2-D ".weight"
+// parameters below a module named "attn", "self_attn" or "mlp" (GPT-2 "h.3.attn.c_attn.weight", LLaMA
+// "layers.0.mlp.gate_proj.weight"). Embeddings, norms, biases and the LM head are not targets.
+bool is_galore_target(std::string_view name, const Tensor& param);
+// Targets in one projected group with `weight_decay`; the rest split by decay_groups (spec.h).
+GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
+                           double weight_decay);
+
+class GaLore final : public Optimizer {
+ public:
+  // The spec's family options (betas, eps, momentum, ...) are written into every group, as Spec::make does.
+  GaLore(const Spec& base, const GaLoreSpec& galore, GaLoreGroups groups);
+
+  std::string_view name() const override { return name_; }  // "galore-adamw", "galore-lion8bit", ...
+
+  // Keys per parameter i: the base's own ("i.step", "i.exp_avg", ...) and, for a projected parameter once
+  // stepped, "i.galore.left" (m, r) and/or "i.galore.right" (n, r), "i.galore.rng" (i64 [2]: Philox seed
+  // and offset) and "i.galore.refresh_count" (i64): a restored optimizer continues bit-identically.
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+
+  std::size_t state_bytes() const override;  // the three below
+  std::size_t projected_state_bytes() const;  // base state of the projected parameters (R's shapes)
+  std::size_t projector_bytes() const;        // the projectors' bases
+  std::size_t plain_state_bytes() const;      // base state of the plain parameters
+
+  bool is_projected(const Tensor& param) const;
+  // The projector of a projected parameter (nullptr for a plain one); throws for a tensor not in a group.
+  const GaLoreProjector* projector(const Tensor& param) const;
+  const GaLoreSpec& galore_spec() const { return galore_; }
+
+ protected:
+  void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
+  void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
+
+ private:
+  struct Entry {
+    std::unique_ptr<GaLoreProjector> projector;  // null for a plain parameter
+    ExternalState base;                          // the base rule's state (R's shape when projected)
+  };
+  // (number of projected groups, all groups with the spec's family options)
+  static std::pair<std::size_t, std::vector<ParamGroup>> merge_groups(const Spec& spec, GaLoreGroups groups);
+  GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t, std::vector<ParamGroup>> merged);
+  std::size_t index_of(const Tensor& param) const;
+  GaLoreProjectorOptions projector_options(std::size_t index) const;
+  // One update of a projected parameter from its projected gradient R (the projector has just seen G).
+  void step_projected(Tensor& param, const Tensor& R, const ParamGroup& group, Entry& entry);
+
+  GaLoreSpec galore_;
+  std::string name_;
+  std::unique_ptr<Optimizer> rule_;  // the base optimizer, holding no parameters: its rule and checks
+  std::vector<Entry> entries_;       // by parameter index (state_dict numbering)
+  std::unordered_map<const TensorImpl*, std::size_t> index_;
+};
+
+}  // namespace memtrain::optim

@@ -1,0 +1,289 @@
+// GaLore: per-parameter projector + base-rule state; the base rule runs on a zero workspace of the projected
+// shape and the projected update is mapped back and added to the parameter with the decoupled decay.
+#include "memtrain/optim/galore.h"
+
+#include "memtrain/core/allocator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace memtrain::optim {
+namespace {
+
+constexpr const char* kWhere = "GaLore";
+
+}  // namespace
+
+// Spec::make writes the family options into every group; the projected groups get them the same way.
+std::pair<std::size_t, std::vector<ParamGroup>> GaLore::merge_groups(const Spec& spec, GaLoreGroups groups) {
+  const std::size_t n_projected = groups.projected.size();
+  std::vector<ParamGroup> all = std::move(groups.projected);
+  for (auto& g : groups.plain) all.push_back(std::move(g));
+  for (auto& g : all) {
+    g.beta1 = spec.beta1;
+    g.beta2 = spec.beta2;
+    g.eps = spec.eps;
+  }
+  return {n_projected, std::move(all)};
+}
+
+namespace {
+
+// The hyper-parameters of `group` without its params; weight_decay as given.
+ParamGroup hyper_of(const ParamGroup& group, double weight_decay) {
+  ParamGroup out;
+  out.lr = group.lr;
+  out.weight_decay = weight_decay;
+  out.beta1 = group.beta1;
+  out.beta2 = group.beta2;
+  out.eps = group.eps;
+  return out;
+}
+
+Tensor cpu_copy(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  out.copy_(t);
+  return out;
+}
+
+std::string key_of(std::size_t index, const char* name) { return fmt::format("{}.{}", index, name); }
+
+// True when `name`, split at '.', has a component equal to one of the GaLore target module names.
+bool under_target_module(std::string_view name) {
+  std::size_t start = 0;
+  while (start <= name.size()) {
+    const std::size_t end = std::min(name.find('.', start), name.size());
+    const std::string_view part = name.substr(start, end - start);
+    if (part == "attn" || part == "self_attn" || part == "mlp") return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool is_galore_target(std::string_view name, const Tensor& param) {
+  constexpr std::string_view suffix = ".weight";
+  const bool weight = name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  return param.defined() && param.dim() == 2 && weight && under_target_module(name);
+}
+
+GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
+                           double weight_decay) {
+  ParamGroup projected;
+  projected.lr = lr;
+  projected.weight_decay = weight_decay;
+  std::vector<std::pair<std::string, Tensor>> rest;
+  for (const auto& [name, t] : named) {
+    MT_CHECK(t.defined(), "galore_groups", "parameter '{}' is an undefined tensor", name);
+    if (is_galore_target(name, t)) {
+      projected.params.push_back(t);
+    } else {
+      rest.emplace_back(name, t);
+    }
+  }
+  GaLoreGroups out;
+  if (!projected.params.empty()) out.projected.push_back(std::move(projected));
+  out.plain = decay_groups(rest, lr, weight_decay);
+  return out;
+}
+
+GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, GaLoreGroups groups)
+    : GaLore(base, galore, merge_groups(base, std::move(groups))) {}
+
+GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t, std::vector<ParamGroup>> merged)
+    : Optimizer(std::move(merged.second)), galore_(galore), name_(fmt::format("galore-{}", kind_name(base.kind))) {
+  const std::size_t n_projected = merged.first;
+  // The base optimizer over parameter-less copies of the groups checks their hyper-parameters once.
+  std::vector<ParamGroup> hypers;
+  for (const auto& g : param_groups()) hypers.push_back(hyper_of(g, g.weight_decay));
+  rule_ = base.make(std::move(hypers));
+  GaLoreProjector check(projector_options(0));  // validates rank, update_gap and the SVD knobs
+
+  std::size_t index = 0;
+  for (std::size_t g = 0; g < param_groups().size(); ++g) {
+    for (const Tensor& p : param_groups()[g].params) {
+      Entry entry;
+      if (g < n_projected) {
+        MT_CHECK(p.device().is_cpu(), kWhere,
+                 "projected param {} (shape {}) is on {}; the GaLore projection runs on the CPU in f32 (put it in "
+                 "the plain groups to step it on the device)",
+                 index, shape_str(p.shape()), p.device().str());
+        MT_CHECK(p.dim() == 2, kWhere, "projected param {} must be a 2-D weight, got shape {}", index,
+                 shape_str(p.shape()));
+        MT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), kWhere,
+                 "projected param {} must be contiguous f32, got {} of shape {}{}", index, dtype_name(p.dtype()),
+                 shape_str(p.shape()), p.is_contiguous() ? "" : " (non-contiguous)");
+        MT_CHECK(galore_.rank <= std::min(p.size(0), p.size(1)), kWhere,
+                 "rank {} exceeds min(m, n) = {} of projected param {} (shape {})", galore_.rank,
+                 std::min(p.size(0), p.size(1)), index, shape_str(p.shape()));
+        entry.projector = std::make_unique<GaLoreProjector>(projector_options(index));
+      }
+      index_.emplace(p.impl_ptr().get(), index);
+      entries_.push_back(std::move(entry));
+      ++index;
+    }
+  }
+}
+
+GaLoreProjectorOptions GaLore::projector_options(std::size_t index) const {
+  GaLoreProjectorOptions o;
+  o.rank = galore_.rank;
+  o.update_gap = galore_.update_gap;
+  o.scale = galore_.scale;
+  o.proj_type = galore_.proj_type;
+  o.svd = galore_.svd;
+  o.power_iterations = galore_.power_iterations;
+  o.oversample = galore_.oversample;
+  o.warm_start = galore_.warm_start;
+  o.seed = galore_.seed + index;  // Philox keys: each parameter its own stream
+  return o;
+}
+
+std::size_t GaLore::index_of(const Tensor& param) const {
+  MT_CHECK(param.defined(), kWhere, "undefined tensor");
+  auto it = index_.find(param.impl_ptr().get());
+  MT_CHECK(it != index_.end(), kWhere, "tensor of shape {} is not in any parameter group", shape_str(param.shape()));
+  return it->second;
+}
+
+bool GaLore::is_projected(const Tensor& param) const { return entries_[index_of(param)].projector != nullptr; }
+
+const GaLoreProjector* GaLore::projector(const Tensor& param) const {
+  return entries_[index_of(param)].projector.get();
+}
+
+// All state lives in entries_ (the base state has R's shape, which the base class cannot know).
+void GaLore::init_state(const Tensor&, const ParamGroup&, ParamState&) {}
+
+void GaLore::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState&) {
+  Entry& entry = entries_[index_of(param)];
+  if (!entry.projector) {
+    rule_->step_external(param, grad, group, entry.base, /*grad_checked=*/true);
+    return;
+  }
+  // R and the workspace below are temporaries: update() runs under MemoryCategory::workspace, and the
+  // projector allocates its refreshed basis under optimizer_state itself.
+  const Tensor R = entry.projector->project(grad_f32(grad), entry.base.step());
+  step_projected(param, R, group, entry);
+}
+
+void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& group, Entry& entry) {
+  Tensor delta = zeros(R.shape(), DType::f32);
+  // R is finite: G passed the base class's gate and the basis is orthonormal.
+  rule_->step_external(delta, R, hyper_of(group, 0.0), entry.base, /*grad_checked=*/true);
+  const Tensor back = entry.projector->project_back(delta);
+  const float* b = back.data<float>();
+  float* p = param.data<float>();
+  const std::int64_t n = param.numel();
+  const float decay = static_cast<float>(1.0 - group.lr * group.weight_decay);
+#pragma omp parallel for simd if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] * decay + b[i];
+}
+
+StateDict GaLore::state_dict() const {
+  StateDict out;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    rule_->save_external(e.base, std::to_string(i), out);
+    if (!e.projector || e.projector->refresh_count() == 0) continue;
+    const GaLoreProjector& proj = *e.projector;
+    if (proj.left_matrix().defined()) out.emplace(key_of(i, "galore.left"), cpu_copy(proj.left_matrix()));
+    if (proj.right_matrix().defined()) out.emplace(key_of(i, "galore.right"), cpu_copy(proj.right_matrix()));
+    // The Philox seed and offset are u64; they travel bit-cast in an i64 tensor.
+    std::int64_t rng[2];
+    std::memcpy(&rng[0], &proj.rng_state().seed, sizeof(rng[0]));
+    std::memcpy(&rng[1], &proj.rng_state().offset, sizeof(rng[1]));
+    out.emplace(key_of(i, "galore.rng"), tensor<std::int64_t>({rng[0], rng[1]}, {2}));
+    out.emplace(key_of(i, "galore.refresh_count"), tensor<std::int64_t>({proj.refresh_count()}, {}));
+  }
+  return out;
+}
+
+void GaLore::load_state_dict(const StateDict& dict) {
+  const std::string where = fmt::format("{}::load_state_dict", name());
+  std::set<std::string> used;
+  std::vector<Entry> fresh(entries_.size());
+  // Entries follow the parameter numbering, which walks the groups in order.
+  std::size_t i = 0;
+  for (const ParamGroup& group : param_groups()) {
+    for (const Tensor& param : group.params) {
+      Entry& e = fresh[i];
+      const std::string prefix = std::to_string(i);
+      if (!entries_[i].projector) {
+        e.base = rule_->load_external(dict, prefix, param, group, used, where);
+        ++i;
+        continue;
+      }
+      e.projector = std::make_unique<GaLoreProjector>(projector_options(i));
+      const std::int64_t m = param.size(0), n = param.size(1);
+      const auto side = GaLoreProjector::side_for(galore_.proj_type, m, n);
+      {
+        // A stand-in of R's shape: init_state reads only its shape, dtype and device.
+        CategoryGuard category(MemoryCategory::workspace);
+        const Tensor like = Tensor::empty(GaLoreProjector::projected_shape(side, m, n, galore_.rank), DType::f32);
+        e.base = rule_->load_external(dict, prefix, like, hyper_of(group, 0.0), used, where);
+      }
+      if (e.base.step() > 0) {
+        // A side the projector does not keep has no key; a stray one is reported as unexpected below.
+        auto take = [&](const char* name, bool wanted) {
+          if (!wanted) return Tensor();
+          const std::string key = key_of(i, name);
+          auto it = dict.find(key);
+          MT_CHECK(it != dict.end(), where, "missing key '{}' (projected param {}, shape {})", key, i,
+                   shape_str(param.shape()));
+          used.insert(key);
+          return it->second;
+        };
+        using Side = GaLoreProjector::Side;
+        const Tensor left = take("galore.left", side != Side::right);
+        const Tensor right = take("galore.right", side != Side::left);
+        const Tensor rng = take("galore.rng", true);
+        const Tensor count = take("galore.refresh_count", true);
+        MT_CHECK(rng.dtype() == DType::i64 && rng.numel() == 2, where,
+                 "key '{}' should hold an i64 [2] (Philox seed, offset), got {} {}", key_of(i, "galore.rng"),
+                 shape_str(rng.shape()), dtype_name(rng.dtype()));
+        MT_CHECK(count.dtype() == DType::i64 && count.numel() == 1, where,
+                 "key '{}' should hold one i64 refresh count, got {} {}", key_of(i, "galore.refresh_count"),
+                 shape_str(count.shape()), dtype_name(count.dtype()));
+        const Tensor rng_c = rng.contiguous();
+        RngState state;
+        std::memcpy(&state.seed, rng_c.data<std::int64_t>(), sizeof(state.seed));
+        std::memcpy(&state.offset, rng_c.data<std::int64_t>() + 1, sizeof(state.offset));
+        e.projector->restore(m, n, left, right, state, count.contiguous().data<std::int64_t>()[0]);
+      }
+      ++i;
+    }
+  }
+  for (const auto& [key, t] : dict) {
+    MT_CHECK(used.count(key) != 0, where, "unexpected key '{}' (shape {}); this optimizer has {} parameters", key,
+             shape_str(t.shape()), entries_.size());
+  }
+  entries_ = std::move(fresh);
+}
+
+std::size_t GaLore::projected_state_bytes() const {
+  std::size_t total = 0;
+  for (const Entry& e : entries_)
+    if (e.projector) total += e.base.bytes();
+  return total;
+}
+
+std::size_t GaLore::projector_bytes() const {
+  std::size_t total = 0;
+  for (const Entry& e : entries_)
+    if (e.projector) total += e.projector->bytes();
+  return total;
+}
+
+std::size_t GaLore::plain_state_bytes() const {
+  std::size_t total = 0;
+  for (const Entry& e : entries_)
+    if (!e.projector) total += e.base.bytes();
+  return total;
+}
+
+std::size_t GaLore::state_bytes() const { return projected_state_bytes() + projector_bytes() + plain_state_bytes(); }
+
+}  // namespace memtrain::optim
