@@ -192,6 +192,12 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   c.memory_budget_bytes = std::size_t{123456789};
   c.metrics_path = "m.jsonl";
   c.summary_path = "s.json";
+  c.activation_checkpointing = "budget:64MiB";
+  c.galore_rank = 16;
+  c.galore_update_gap = 50;
+  c.galore_scale = 0.5;
+  c.galore_proj_type = "reverse_std";
+  c.galore_svd = "exact";
 
   TempDir dir("config");
   c.save(dir.str("run.json"));
@@ -321,7 +327,11 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.precision = "fp64"; }, {"unknown precision 'fp64'"}},
       {[](TrainerConfig& c) { c.activation_checkpointing = "fulll"; }, {"activation_checkpointing", "unknown checkpoint policy 'fulll'"}},
       {[](TrainerConfig& c) { c.activation_checkpointing = "every:0"; }, {"activation_checkpointing", "k >= 1"}},
-      {[](TrainerConfig& c) { c.galore_rank = 64; }, {"galore_rank", "GaLore is not built yet"}},
+      {[](TrainerConfig& c) { c.galore_rank = -1; }, {"galore_rank", ">= 0"}},
+      {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_update_gap = 0; }, {"galore_update_gap"}},
+      {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_scale = 0; }, {"galore_scale"}},
+      {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_proj_type = "diagonal"; }, {"galore_proj_type", "diagonal"}},
+      {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_svd = "qr"; }, {"galore_svd", "qr"}},
       {[](TrainerConfig& c) { c.checkpoint_interval = 10; }, {"checkpoint_interval", "checkpoint_dir"}},
       {[](TrainerConfig& c) { c.keep_checkpoints = 0; }, {"keep_checkpoints"}},
       {[](TrainerConfig& c) { c.eval_batches = 0; }, {"eval_batches"}},
@@ -536,10 +546,10 @@ TrainerConfig resume_config(const std::string& dir) {
   return c;
 }
 
-TEST(TrainerCheckpoint, ResumedRunEqualsUninterruptedBitForBit) {
-  TempDir dir("resume");
+// Runs c.max_steps uninterrupted, then again stopped after 3 steps and resumed from the checkpoint file into
+// a model with another init: losses and final parameters must be equal bit for bit.
+void expect_resume_bit_identical(const TrainerConfig& c, const TempDir& dir) {
   auto ds = std::make_shared<TokenDataset>(10, 8, 32);
-  const TrainerConfig c = resume_config(dir.str());
   const std::int64_t k = 3;
 
   // Uninterrupted.
@@ -577,6 +587,37 @@ TEST(TrainerCheckpoint, ResumedRunEqualsUninterruptedBitForBit) {
   const auto pr = r->named_parameters();
   ASSERT_EQ(pa.size(), pr.size());
   for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(values(pa[i].second), values(pr[i].second)) << pa[i].first;
+}
+
+TEST(TrainerCheckpoint, ResumedRunEqualsUninterruptedBitForBit) {
+  TempDir dir("resume");
+  expect_resume_bit_identical(resume_config(dir.str()), dir);
+}
+
+// GaLore from the config: the attention and MLP weights step in the projected space (with a refresh between
+// the checkpoint and the end), the state is smaller than AdamW's, and a resumed run continues bit for bit.
+TEST(TrainerGaLore, ProjectsTheBlockWeightsAndResumesBitForBit) {
+  TempDir dir("galore");
+  TrainerConfig c = resume_config(dir.str());
+  c.galore_rank = 4;
+  c.galore_update_gap = 2;
+  expect_resume_bit_identical(c, dir);
+
+  auto gpt = std::make_shared<mt::nn::GPT>(tiny_gpt(0.0));
+  auto ds = std::make_shared<TokenDataset>(10, 8, 32);
+  Trainer galore(c, gpt, gpt_loss(gpt), ds);
+  galore.train_step();
+  EXPECT_EQ(galore.optimizer().name(), "galore-adamw");
+  c.galore_rank = 0;
+  Trainer plain(c, gpt, gpt_loss(gpt), ds);
+  plain.train_step();
+  // c_attn (48 x 16), attn c_proj (16 x 16), c_fc (64 x 16), mlp c_proj (16 x 64) project to rank 4 on their
+  // 16-wide side: state 2*4*r*max(m,n) plus the 4*16*r basis, against AdamW's 2*4*m*n.
+  std::size_t saved = 0;
+  for (const auto& [m, n] : std::vector<std::pair<std::size_t, std::size_t>>{{48, 16}, {16, 16}, {64, 16}, {16, 64}}) {
+    saved += 8 * m * n - (8 * 4 * std::max(m, n) + 4 * 16 * 4);
+  }
+  EXPECT_EQ(plain.optimizer().state_bytes() - galore.optimizer().state_bytes(), saved);
 }
 
 TEST(TrainerCheckpoint, FileHoldsModelOptimizerAndMetadata) {

@@ -26,7 +26,8 @@ struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, checkpoint, device = "cpu";
-  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, vocab_size;
+  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
+  std::optional<double> galore_scale;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
   std::int64_t sample_tokens = 96;
@@ -67,6 +68,8 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.precision) c.precision = *f.precision;
   if (f.checkpoint) c.activation_checkpointing = *f.checkpoint;
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
+  if (f.galore_gap) c.galore_update_gap = *f.galore_gap;
+  if (f.galore_scale) c.galore_scale = *f.galore_scale;
   if (f.seed) c.seed = *f.seed;
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
   if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
@@ -172,7 +175,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", f.precision, "fp32 (bf16/fp16/fp8 come with mixed precision)");
   app.add_option("--checkpoint", f.checkpoint,
                  "activation checkpointing: none (default), full, every:K, selective[:op1,op2], budget:SIZE (e.g. 64MiB)");
-  app.add_option("--galore-rank", f.galore_rank, "GaLore projection rank (0 = off)");
+  app.add_option("--galore-rank", f.galore_rank,
+                 "GaLore rank for the attention and MLP weights (0 = off); --optimizer is its base rule");
+  app.add_option("--galore-gap", f.galore_gap, "steps between GaLore projector refreshes (200)");
+  app.add_option("--galore-scale", f.galore_scale, "GaLore scale alpha of the projected update (0.25)");
   app.add_option("--device", f.device, "cpu")->capture_default_str();
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training");

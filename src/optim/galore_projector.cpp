@@ -112,6 +112,25 @@ const char* galore_proj_type_name(GaLoreProjType t) {
   return "?";
 }
 
+const char* galore_svd_name(GaLoreSvd s) { return s == GaLoreSvd::exact ? "exact" : "randomized"; }
+
+GaLoreProjType galore_proj_type_from_name(std::string_view name) {
+  for (const GaLoreProjType t : {GaLoreProjType::std_side, GaLoreProjType::reverse_std_side, GaLoreProjType::left,
+                                 GaLoreProjType::right, GaLoreProjType::full}) {
+    if (name == galore_proj_type_name(t)) return t;
+  }
+  MT_CHECK(false, "GaLore", "galore_proj_type '{}' is not one of std, reverse_std, left, right, full", name);
+  return GaLoreProjType::std_side;
+}
+
+GaLoreSvd galore_svd_from_name(std::string_view name) {
+  for (const GaLoreSvd s : {GaLoreSvd::exact, GaLoreSvd::randomized}) {
+    if (name == galore_svd_name(s)) return s;
+  }
+  MT_CHECK(false, "GaLore", "galore_svd '{}' is not one of exact, randomized", name);
+  return GaLoreSvd::randomized;
+}
+
 GaLoreProjector::GaLoreProjector(GaLoreProjectorOptions options) : options_(options), rng_{options.seed, 0} {
   MT_CHECK(options_.rank > 0, kWhere, "rank must be positive, got {}", options_.rank);
   MT_CHECK(options_.update_gap > 0, kWhere, "update_gap must be positive, got {}", options_.update_gap);

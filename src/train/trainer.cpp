@@ -6,6 +6,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
 #include "train/progress.h"
 #include "train/run_summary.h"
@@ -33,6 +34,23 @@ struct TrainModeRestorer {
   ~TrainModeRestorer() { model.train(); }
 };
 
+// The configured optimizer over the model's parameters: weights decay, biases and norms do not; with
+// galore_rank > 0 the attention and MLP weights step in GaLore's projected space.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const nn::NamedTensors& named) {
+  const optim::Spec& spec = c.optimizer;
+  if (c.galore_rank == 0) return spec.make(optim::decay_groups(named, spec.lr, spec.weight_decay));
+  optim::GaLoreSpec g;
+  g.rank = c.galore_rank;
+  g.update_gap = c.galore_update_gap;
+  g.scale = c.galore_scale;
+  g.proj_type = optim::galore_proj_type_from_name(c.galore_proj_type);
+  g.svd = optim::galore_svd_from_name(c.galore_svd);
+  optim::GaLoreGroups groups = optim::galore_groups(named, spec.lr, spec.weight_decay);
+  MT_CHECK(!groups.projected.empty(), "Trainer", "galore_rank {}: the model has no attention or MLP weights to project",
+           c.galore_rank);
+  return std::make_unique<optim::GaLore>(spec, g, std::move(groups));
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
@@ -46,7 +64,7 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train");
   device_ = named.front().second.device();
 
-  optimizer_ = config_.optimizer.make(optim::decay_groups(named, config_.optimizer.lr, config_.optimizer.weight_decay));
+  optimizer_ = make_optimizer(config_, named);
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
 
   data::LoaderOptions options;

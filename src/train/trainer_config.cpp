@@ -4,6 +4,7 @@
 
 #include "io/atomic_file.h"
 #include "memtrain/ckpt/policy.h"
+#include "memtrain/optim/galore_projector.h"
 #include "memtrain/core/error.h"
 
 #include <fmt/format.h>
@@ -265,6 +266,10 @@ json TrainerConfig::to_json() const {
   j["precision"] = precision;
   j["activation_checkpointing"] = activation_checkpointing;
   j["galore_rank"] = galore_rank;
+  j["galore_update_gap"] = galore_update_gap;
+  j["galore_scale"] = galore_scale;
+  j["galore_proj_type"] = galore_proj_type;
+  j["galore_svd"] = galore_svd;
   j["max_steps"] = max_steps;
   j["eval_interval"] = eval_interval;
   j["eval_batches"] = eval_batches;
@@ -320,6 +325,10 @@ TrainerConfig TrainerConfig::from_json(const json& j) {
   r.get("precision", c.precision);
   r.get("activation_checkpointing", c.activation_checkpointing);
   r.get("galore_rank", c.galore_rank);
+  r.get("galore_update_gap", c.galore_update_gap);
+  r.get("galore_scale", c.galore_scale);
+  r.get("galore_proj_type", c.galore_proj_type);
+  r.get("galore_svd", c.galore_svd);
   r.get("max_steps", c.max_steps);
   r.get("eval_interval", c.eval_interval);
   r.get("eval_batches", c.eval_batches);
@@ -378,8 +387,17 @@ void TrainerConfig::validate() const {
     MT_CHECK(false, kWhere, "activation_checkpointing: {}", e.what());
   }
   MT_CHECK(galore_rank >= 0, kWhere, "galore_rank must be >= 0 (0 = off), got {}", galore_rank);
-  MT_CHECK(galore_rank == 0, kWhere, "galore_rank {} is not supported yet: GaLore is not built yet (use 0)",
-           galore_rank);
+  if (galore_rank > 0) {
+    MT_CHECK(galore_update_gap >= 1, kWhere, "galore_update_gap must be >= 1, got {}", galore_update_gap);
+    MT_CHECK(std::isfinite(galore_scale) && galore_scale > 0.0, kWhere, "galore_scale must be > 0, got {}",
+             galore_scale);
+    try {
+      (void)optim::galore_proj_type_from_name(galore_proj_type);
+      (void)optim::galore_svd_from_name(galore_svd);
+    } catch (const Error& e) {
+      MT_CHECK(false, kWhere, "{}", e.what());
+    }
+  }
 
   MT_CHECK(std::isfinite(grad_clip) && grad_clip >= 0.0, kWhere, "grad_clip must be >= 0 (0 = off), got {}",
            grad_clip);

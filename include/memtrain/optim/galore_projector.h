@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace memtrain::optim {
 
@@ -27,6 +28,10 @@ enum class GaLoreProjType { std_side, reverse_std_side, left, right, full };
 enum class GaLoreSvd { exact, randomized };
 
 const char* galore_proj_type_name(GaLoreProjType t);  // "std", "reverse_std", "left", "right", "full"
+const char* galore_svd_name(GaLoreSvd s);             // "exact", "randomized"
+// The inverses; throw memtrain::Error naming the known values.
+GaLoreProjType galore_proj_type_from_name(std::string_view name);
+GaLoreSvd galore_svd_from_name(std::string_view name);
 
 struct GaLoreProjectorOptions {
   std::int64_t rank = 128;

@@ -55,7 +55,13 @@ struct TrainerConfig {
   std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
   std::string precision = "fp32";        // "fp32" now; "bf16", "fp16", "fp8" with the precision issue
   std::string activation_checkpointing = "none";  // ckpt::Policy::parse forms: none, full, every:K, selective, budget:64MiB
-  std::int64_t galore_rank = 0;          // 0 = off; > 0 with the GaLore issue
+  // GaLore (optim/galore.h) on the 2-D attention and MLP weights when galore_rank > 0; the optimizer above
+  // is its base rule (adamw8bit = 8-bit GaLore).
+  std::int64_t galore_rank = 0;          // 0 = off
+  std::int64_t galore_update_gap = 200;  // steps between projector refreshes
+  double galore_scale = 0.25;            // alpha: the projected update is scaled by it
+  std::string galore_proj_type = "std";  // std, reverse_std, left, right, full
+  std::string galore_svd = "randomized"; // randomized, exact
   std::int64_t max_steps = 100;
   std::int64_t eval_interval = 50;  // 0 = only at the end
   std::int64_t eval_batches = 8;    // val batches of micro_batch samples per evaluation (at most one pass)
