@@ -14,8 +14,18 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
   } else if (name == "llama-130M") {
     c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 12, c.n_head = 12, c.n_embd = 768;
     c.intermediate_size = 2048;
+  } else if (name == "llama-350M") {
+    c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
+    c.intermediate_size = 2736;
+  } else if (name == "llama-1B") {
+    c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 24, c.n_head = 32, c.n_embd = 2048;
+    c.intermediate_size = 5461;
+  } else if (name == "llama-7B") {
+    c.vocab_size = 32000, c.block_size = 2048, c.n_layer = 32, c.n_head = 32, c.n_embd = 4096;
+    c.intermediate_size = 11008;
   } else {
-    MT_CHECK(false, "LlamaConfig::preset", "unknown preset '{}' (known: llama-tiny, llama-60M, llama-130M)", name);
+    MT_CHECK(false, "LlamaConfig::preset", "unknown preset '{}' (known: llama-tiny, llama-60M, llama-130M, llama-350M, "
+             "llama-1B, llama-7B)", name);
   }
   return c;
 }
