@@ -31,7 +31,7 @@ struct Flags {
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
   std::int64_t sample_tokens = 96;
-  bool eval_only = false, resume = false;
+  bool eval_only = false, resume = false, layerwise = false;
 };
 
 // The defaults of a run without --config: small enough for minutes on 2 CPU cores.
@@ -70,6 +70,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
   if (f.galore_gap) c.galore_update_gap = *f.galore_gap;
   if (f.galore_scale) c.galore_scale = *f.galore_scale;
+  if (f.layerwise) c.layerwise_update = true;
   if (f.seed) c.seed = *f.seed;
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
   if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
@@ -181,6 +182,8 @@ int main(int argc, char** argv) {
   app.add_option("--galore-scale", f.galore_scale, "GaLore scale alpha of the projected update (0.25)");
   app.add_option("--device", f.device, "cpu")->capture_default_str();
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
+  app.add_flag("--layerwise", f.layerwise,
+               "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training");
   app.add_flag("--resume", f.resume, "continue from the newest checkpoint in <out-dir>/checkpoints");
   app.add_option("--summary-json", f.summary_json, "run summary path (default <out-dir>/summary.json)");

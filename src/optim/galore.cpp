@@ -2,9 +2,13 @@
 // shape and the projected update is mapped back and added to the parameter with the decoupled decay.
 #include "memtrain/optim/galore.h"
 
+#include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 
+#include <Eigen/Core>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -12,6 +16,36 @@ namespace memtrain::optim {
 namespace {
 
 constexpr const char* kWhere = "GaLore";
+
+using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMap = Eigen::Map<RowMatF>;
+using ConstRowMap = Eigen::Map<const RowMatF>;
+
+bool all_finite(const Tensor& t) {
+  const float* x = t.data<float>();
+  const std::int64_t n = t.numel();
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+  return bad == 0;
+}
+
+// acc += the projection of G (contiguous f32, the projector's shape) on the projector's current basis, the
+// products GaLoreProjector::project computes, but never refreshing: project() would refresh again at every
+// micro-batch of a refresh step.
+void add_projection(const GaLoreProjector& proj, const Tensor& G, Tensor& acc) {
+  using Side = GaLoreProjector::Side;
+  const std::int64_t m = G.size(0), n = G.size(1), r = proj.options().rank;
+  const ConstRowMap g(G.data<float>(), m, n);
+  if (proj.side() == Side::left) {
+    RowMap(acc.data<float>(), r, n).noalias() += ConstRowMap(proj.left_matrix().data<float>(), m, r).transpose() * g;
+  } else if (proj.side() == Side::right) {
+    RowMap(acc.data<float>(), m, r).noalias() += g * ConstRowMap(proj.right_matrix().data<float>(), n, r);
+  } else {
+    const Eigen::MatrixXf pg = ConstRowMap(proj.left_matrix().data<float>(), m, r).transpose() * g;  // (r, n)
+    RowMap(acc.data<float>(), r, r).noalias() += pg * ConstRowMap(proj.right_matrix().data<float>(), n, r);
+  }
+}
 
 }  // namespace
 
@@ -180,6 +214,94 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
   const float decay = static_cast<float>(1.0 - group.lr * group.weight_decay);
 #pragma omp parallel for simd if (n > 32768)
   for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] * decay + b[i];
+}
+
+const ParamGroup& GaLore::group_of(std::size_t index) const {
+  for (const ParamGroup& g : param_groups()) {
+    if (index < g.params.size()) return g;
+    index -= g.params.size();
+  }
+  MT_CHECK(false, kWhere, "parameter index {} is past the {} parameters", index, entries_.size());
+  return param_groups().front();
+}
+
+GaLore::Entry& GaLore::projected_entry(const Tensor& param, const char* who) {
+  Entry& entry = entries_[index_of(param)];
+  MT_CHECK(entry.projector != nullptr, who, "param of shape {} is not projected (it is in a plain group)",
+           shape_str(param.shape()));
+  return entry;
+}
+
+void GaLore::accumulate(const Tensor& param, const Tensor& grad) {
+  const char* who = "GaLore::accumulate";
+  Entry& entry = projected_entry(param, who);
+  MT_CHECK(grad.defined() && grad.shape() == param.shape(), who, "param has shape {} but its grad has shape {}",
+           shape_str(param.shape()), grad.defined() ? shape_str(grad.shape()) : std::string("(undefined)"));
+  if (entry.skip) return;
+  autograd::NoGradGuard no_grad;
+  Tensor G;
+  {
+    CategoryGuard category(MemoryCategory::workspace);
+    G = grad_f32(grad);
+  }
+  if (!all_finite(G)) {
+    entry.skip = true;
+    entry.accumulated = Tensor();
+    return;
+  }
+  if (!entry.accumulated.defined()) {
+    // The first micro-batch: project() refreshes the basis when this step is a refresh step.
+    CategoryGuard category(MemoryCategory::gradients);
+    entry.accumulated = entry.projector->project(G, entry.base.step());
+    return;
+  }
+  add_projection(*entry.projector, G, entry.accumulated);
+}
+
+bool GaLore::has_accumulated(const Tensor& param) const {
+  const Entry& entry = entries_[index_of(param)];
+  return entry.accumulated.defined() || entry.skip;
+}
+
+Tensor GaLore::projected_gradient(const Tensor& param, const Tensor& grad) {
+  const char* who = "GaLore::projected_gradient";
+  Entry& entry = projected_entry(param, who);
+  MT_CHECK(grad.defined() || has_accumulated(param), who,
+           "param of shape {} has neither a gradient nor an accumulated one", shape_str(param.shape()));
+  if (grad.defined()) accumulate(param, grad);
+  Tensor R = std::move(entry.accumulated);
+  entry.accumulated = Tensor();
+  if (entry.skip) R = Tensor();
+  entry.skip = false;
+  return R;
+}
+
+bool GaLore::step_projected_gradient(const Tensor& param, const Tensor& R) {
+  const char* who = "GaLore::step_projected_gradient";
+  const std::size_t index = index_of(param);
+  Entry& entry = projected_entry(param, who);
+  MT_CHECK(entry.projector->side() != GaLoreProjector::Side::unset, who,
+           "param of shape {}: no gradient was projected yet (call projected_gradient first)",
+           shape_str(param.shape()));
+  const Shape want = GaLoreProjector::projected_shape(entry.projector->side(), param.size(0), param.size(1),
+                                                      galore_.rank);
+  MT_CHECK(R.defined() && R.shape() == want && R.dtype() == DType::f32 && R.device().is_cpu() && R.is_contiguous(),
+           who, "R must be a contiguous CPU f32 tensor of shape {} for param of shape {}, got {}", shape_str(want),
+           shape_str(param.shape()),
+           R.defined() ? fmt::format("{} {}", dtype_name(R.dtype()), shape_str(R.shape())) : "an undefined tensor");
+  if (!all_finite(R)) return false;
+  autograd::NoGradGuard no_grad;
+  CategoryGuard category(MemoryCategory::workspace);
+  Tensor target = param;
+  step_projected(target, R, group_of(index), entry);
+  return true;
+}
+
+std::size_t GaLore::accumulator_bytes() const {
+  std::size_t total = 0;
+  for (const Entry& e : entries_)
+    if (e.accumulated.defined()) total += e.accumulated.nbytes();
+  return total;
 }
 
 StateDict GaLore::state_dict() const {

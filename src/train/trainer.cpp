@@ -8,6 +8,7 @@
 #include "memtrain/core/rng.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
+#include "train/layerwise.h"
 #include "train/progress.h"
 #include "train/run_summary.h"
 
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 namespace memtrain::train {
 
@@ -66,6 +68,7 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
 
   optimizer_ = make_optimizer(config_, named);
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
+  if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
 
   data::LoaderOptions options;
   options.batch_size = config_.micro_batch;
@@ -119,6 +122,11 @@ StepMetrics Trainer::train_step() {
     samples += batches.back().samples;
   }
   MT_CHECK(total > 0, where, "step {}: the {} micro-batches hold no target elements", step_, config_.grad_accum);
+  // Layer-wise mode steps during the backward of the last micro-batch that runs one.
+  std::size_t last_backward = 0;
+  for (std::size_t i = 0; i < batches.size(); ++i)
+    if (batches[i].targets_count > 0) last_backward = i;
+  if (layerwise_) layerwise_->begin_step();
 
   double loss_value = 0.0;
   for (std::size_t i = 0; i < batches.size(); ++i) {
@@ -142,13 +150,19 @@ StepMetrics Trainer::train_step() {
       CategoryGuard category(MemoryCategory::gradients);
       seed_grad = full(loss.shape(), weight, loss.dtype(), loss.device());
     }
+    std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
+    if (layerwise_) hooks_on.emplace(*layerwise_, i == last_backward);
     autograd::backward({loss}, {seed_grad});
   }
   batches.clear();
 
-  const double grad_norm =
-      config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
-  optimizer_->step();
+  double grad_norm = 0.0;
+  if (layerwise_) {
+    grad_norm = layerwise_->finish_step();
+  } else {
+    grad_norm = config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
+    optimizer_->step();
+  }
   optimizer_->zero_grad();
   ++step_;
 

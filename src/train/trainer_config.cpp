@@ -270,6 +270,7 @@ json TrainerConfig::to_json() const {
   j["galore_scale"] = galore_scale;
   j["galore_proj_type"] = galore_proj_type;
   j["galore_svd"] = galore_svd;
+  j["layerwise_update"] = layerwise_update;
   j["max_steps"] = max_steps;
   j["eval_interval"] = eval_interval;
   j["eval_batches"] = eval_batches;
@@ -329,6 +330,7 @@ TrainerConfig TrainerConfig::from_json(const json& j) {
   r.get("galore_scale", c.galore_scale);
   r.get("galore_proj_type", c.galore_proj_type);
   r.get("galore_svd", c.galore_svd);
+  r.get("layerwise_update", c.layerwise_update);
   r.get("max_steps", c.max_steps);
   r.get("eval_interval", c.eval_interval);
   r.get("eval_batches", c.eval_batches);
@@ -378,6 +380,11 @@ void TrainerConfig::validate() const {
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size == 1, kWhere, "world_size {} is not supported: data-parallel training comes with the "
            "distributed issue (use world_size 1)", world_size);
+  // Checked before the precision itself: this combination stays impossible once fp16 exists.
+  MT_CHECK(!(layerwise_update && precision == "fp16"), kWhere,
+           "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
+           "gradient overflows, which is known only after the last one, and layer-wise updates have applied the "
+           "others by then (use fp32, or bf16 once mixed precision is built: it needs no loss scaler)");
   MT_CHECK(precision != "bf16" && precision != "fp16" && precision != "fp8", kWhere,
            "precision '{}' is not supported yet: mixed precision is not built yet (use \"fp32\")", precision);
   MT_CHECK(precision == "fp32", kWhere, "unknown precision '{}' (known: fp32; bf16, fp16, fp8 to come)", precision);

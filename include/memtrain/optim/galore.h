@@ -16,6 +16,13 @@
 // or parameter-scale options, so it never reads the parameter; its update clipping uses R's update).
 // Hyper-parameters are read from param_groups() at every step, so schedules that change lr apply to both.
 //
+// Accumulation in the projected space (layer-wise updates, train/trainer.h): projection is linear, so the
+// projected gradients of a step's micro-batches can be summed there and the full gradient freed at once:
+//   accumulate(W, G_1) ... accumulate(W, G_{k-1});  R = projected_gradient(W, G_k);  step_projected_gradient(W, R)
+// steps W from sum_i P^T G_i = P^T sum_i G_i, which is ordinary GaLore with grad_accum = k up to fp32 rounding,
+// except at a refresh step: the basis is refreshed from the FIRST micro-batch's gradient G_1 (the summed
+// gradient never exists), and the step's later micro-batches project on that basis without refreshing again.
+//
 // State: the base state of every parameter (R's shape for projected ones) plus each projector's basis
 // (GaLoreProjector::bytes()); state_bytes() is exactly their sum. Projection runs on the CPU in f32:
 // projected parameters on a CUDA device are refused; plain ones may live wherever the base supports.
@@ -85,6 +92,22 @@ class GaLore final : public Optimizer {
   const GaLoreProjector* projector(const Tensor& param) const;
   const GaLoreSpec& galore_spec() const { return galore_; }
 
+  // Adds project(grad) into the accumulator of projected `param` for the step in progress, refreshing the
+  // basis first when this is a refresh step and nothing was accumulated yet. The accumulator (R's shape, f32)
+  // is allocated under MemoryCategory::gradients: it is gradient memory. A non-finite grad marks the step
+  // to be skipped (nothing is projected, so a refresh never sees it).
+  void accumulate(const Tensor& param, const Tensor& grad);
+  // Whether `param` has an accumulator for the step in progress.
+  bool has_accumulated(const Tensor& param) const;
+  // The projected gradient of the step in progress: the accumulator plus project(grad) (grad may be
+  // undefined when accumulate() ran before); clears the accumulator. With nothing accumulated this is the
+  // R that step() would use. Undefined when the step must be skipped (a non-finite gradient was seen).
+  Tensor projected_gradient(const Tensor& param, const Tensor& grad);
+  // One update of projected `param` from R (projected_gradient's, possibly scaled, e.g. clipped), as step()
+  // makes it. False, with nothing changed, when R holds NaN or Inf.
+  bool step_projected_gradient(const Tensor& param, const Tensor& R);
+  std::size_t accumulator_bytes() const;  // accumulators alive now (rank x n floats per left-projected W)
+
  protected:
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
@@ -93,6 +116,8 @@ class GaLore final : public Optimizer {
   struct Entry {
     std::unique_ptr<GaLoreProjector> projector;  // null for a plain parameter
     ExternalState base;                          // the base rule's state (R's shape when projected)
+    Tensor accumulated;                          // sum of this step's projected micro-batch gradients
+    bool skip = false;                           // a non-finite micro-batch gradient was seen this step
   };
   // (number of projected groups, all groups with the spec's family options)
   static std::pair<std::size_t, std::vector<ParamGroup>> merge_groups(const Spec& spec, GaLoreGroups groups);
@@ -101,6 +126,8 @@ class GaLore final : public Optimizer {
   GaLoreProjectorOptions projector_options(std::size_t index) const;
   // One update of a projected parameter from its projected gradient R (the projector has just seen G).
   void step_projected(Tensor& param, const Tensor& R, const ParamGroup& group, Entry& entry);
+  Entry& projected_entry(const Tensor& param, const char* who);
+  const ParamGroup& group_of(std::size_t index) const;
 
   GaLoreSpec galore_;
   std::string name_;

@@ -6,6 +6,14 @@
 //                                                     // also when the last micro-batch is partial
 //     clip by global norm; optimizer step; zero grads; metrics; eval / checkpoint when due
 //
+// With config.layerwise_update, hooks registered once by the constructor step each parameter during the
+// backward of the last micro-batch and free its gradient at once (src/train/layerwise.h), so the gradient
+// peak is about one layer's. Without clipping the parameters end bit-identical to the ordinary step's (GaLore
+// with grad_accum > 1: to fp32 rounding, as its weights accumulate earlier micro-batches in the projected
+// space). grad_clip clips each parameter to its share grad_clip * sqrt(n_p / N) of the threshold, which keeps
+// the global norm of the applied gradients <= grad_clip (the global norm is known only once all are applied).
+// The hooks stay on the parameters after the Trainer is gone and do nothing then.
+//
 // Progress: on a terminal one live line (step/total, loss, lr, tokens/s or samples/s, peak memory, ETA);
 // otherwise a plain line every log_interval steps. Per-step metrics go to config.metrics_path (JSONL). At
 // the end of fit(): the memory report and the run summary (config, final train/val loss, throughput, step
@@ -40,6 +48,10 @@
 #include <vector>
 
 namespace memtrain::train {
+
+namespace detail {
+class LayerwiseUpdater;
+}  // namespace detail
 
 // Mean loss over batch.targets_count target elements (a one-element tensor that requires grad). Called in
 // training mode for training batches; evaluate() calls it in eval mode under NoGrad.
@@ -124,6 +136,7 @@ class Trainer {
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them
+  std::shared_ptr<detail::LayerwiseUpdater> layerwise_;  // with config.layerwise_update
   std::int64_t step_ = 0;
   std::vector<StepMetrics> history_;
   Device device_ = Device::cpu();  // of the model's parameters: whose allocator the budget and peaks are

@@ -62,6 +62,10 @@ struct TrainerConfig {
   double galore_scale = 0.25;            // alpha: the projected update is scaled by it
   std::string galore_proj_type = "std";  // std, reverse_std, left, right, full
   std::string galore_svd = "randomized"; // randomized, exact
+  // Layer-wise updates (Trainer): each parameter is stepped inside its gradient-ready hook during the
+  // backward of the step's last micro-batch and its gradient freed at once. Works with grad_accum > 1 (GaLore
+  // weights accumulate in the projected space) and with grad_clip (a per-parameter rule, see trainer.h).
+  bool layerwise_update = false;
   std::int64_t max_steps = 100;
   std::int64_t eval_interval = 50;  // 0 = only at the end
   std::int64_t eval_batches = 8;    // val batches of micro_batch samples per evaluation (at most one pass)
