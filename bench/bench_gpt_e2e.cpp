@@ -3,10 +3,15 @@
 // prints the same lines, so bench/run_gpt_side_by_side.sh can put the two side by side.
 //
 // Run: ./bench_gpt_e2e [--model small|gpt2-124M|tiny] [--seq-len T] [--batch B] [--steps N] [--warmup W]
-//                      [--threads P]
+//                      [--threads P] [--checkpoint none|full|every:K|selective|budget:SIZE]
 // Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
-// memtrain's allocator peak. A plain main(), not google-benchmark: one step takes seconds, and the
-// median over a few steps is what we compare. The last line is machine-readable ("RESULT ...").
+// memtrain's allocator peaks over the timed steps: all categories, and activations alone (the forward runs
+// under CategoryGuard(activations), as train::Trainer runs it, so that category is what the forward allocated
+// and is still alive, plus what checkpointed regions recompute during backward). --checkpoint sets the
+// model's ckpt::Policy; a budget policy plans on the first forward, so with W = 0 the first timed step is
+// its profiling step. A plain main(), not google-benchmark: one step takes seconds, and the median over a
+// few steps is what we compare. The last line is machine-readable ("RESULT ...").
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/rng.h"
@@ -19,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +45,7 @@ struct Args {
   int steps = 10;
   int warmup = 3;
   int threads = 0;  // 0 = OpenMP's default
+  std::string checkpoint = "none";  // ckpt::Policy::parse's forms
 };
 
 Args parse(int argc, char** argv) {
@@ -53,8 +60,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--checkpoint") a.checkpoint = v;
     else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
-                  "--threads)", k);
+                  "--threads --checkpoint)", k);
   }
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
@@ -79,6 +87,8 @@ std::int64_t peak_rss_kib() {
   return 0;
 }
 
+double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -102,6 +112,7 @@ int main(int argc, char** argv) try {
            cfg.block_size, a.model);
   manual_seed(1337);
   nn::GPT model(cfg);
+  model.set_checkpointing(ckpt::Policy::parse(a.checkpoint));
   auto opt = optim::Spec::adamw({.lr = 3e-4, .weight_decay = 0.1})
                  .make(optim::decay_groups(model.named_parameters(), 3e-4, 0.1));
 
@@ -109,14 +120,22 @@ int main(int argc, char** argv) try {
   const Tensor idx = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
   const Tensor targets = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
 
-  fmt::print("memtrain GPT {} (params {:.2f}M) B={} T={} threads={}\n", a.model,
-             static_cast<double>(model.num_parameters()) * 1e-6, a.batch, a.seq_len, omp_get_max_threads());
+  fmt::print("memtrain GPT {} (params {:.2f}M) B={} T={} threads={} checkpoint={}\n", a.model,
+             static_cast<double>(model.num_parameters()) * 1e-6, a.batch, a.seq_len, omp_get_max_threads(),
+             model.checkpointing().policy().to_string());
+  Allocator& allocator = Allocator::get(Device::cpu());
   std::vector<double> ms, cpu_ms;
   double last_loss = 0.0;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
+    // Peaks over the timed steps only: the warm-up creates the optimizer state and, for budget, the plan.
+    if (s == a.warmup) allocator.reset_peak();
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor loss = model.loss(idx, targets);
+    Tensor loss;
+    {
+      CategoryGuard category(MemoryCategory::activations);  // backward's gradients are tagged by the engine
+      loss = model.loss(idx, targets);
+    }
     loss.backward();  // autograd::backward({loss}, {ones_like(loss)})
     opt->step();
     opt->zero_grad();
@@ -132,12 +151,22 @@ int main(int argc, char** argv) try {
   const double median = median_of(ms), cpu_median = median_of(cpu_ms);
   const double tok_s = static_cast<double>(a.batch * a.seq_len) / (median * 1e-3);
   const double rss_mib = static_cast<double>(peak_rss_kib()) / 1024.0;
-  const double alloc_mib = static_cast<double>(memory_stats().peak_bytes) / (1024.0 * 1024.0);
-  fmt::print("median step {:.1f} ms (cpu {:.1f} ms), {:.0f} tokens/s, peak RSS {:.0f} MiB, allocator peak {:.0f} MiB\n",
-             median, cpu_median, tok_s, rss_mib, alloc_mib);
+  const MemoryStats mem = allocator.stats();
+  const CategoryStats& act = mem[MemoryCategory::activations];
+  const ckpt::BlockCheckpointer& checkpointer = model.checkpointing();
+  const auto& plan = checkpointer.plan();
+  const double alloc_mib = mib(mem.peak_bytes);
+  fmt::print("{}\n", checkpointer.describe(cfg.n_layer));
+  fmt::print("median step {:.1f} ms (cpu {:.1f} ms), {:.0f} tokens/s, peak RSS {:.0f} MiB, allocator peak {:.0f} MiB "
+             "(activations: peak {:.1f} MiB, {:.1f} MiB at the total peak)\n",
+             median, cpu_median, tok_s, rss_mib, alloc_mib, mib(act.peak_bytes), mib(act.at_total_peak));
+  // plan_kept_bytes: what the budget plan keeps in the blocks (its bound), 0 without a plan.
   fmt::print("RESULT impl=memtrain model={} B={} T={} threads={} step_ms={:.1f} cpu_ms={:.1f} tok_s={:.0f} "
-             "rss_mib={:.0f} alloc_mib={:.0f}\n",
-             a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib);
+             "rss_mib={:.0f} alloc_mib={:.0f} policy={} act_peak_bytes={} act_at_peak_bytes={} total_peak_bytes={} "
+             "plan_kept_bytes={}\n",
+             a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib,
+             checkpointer.policy().to_string(), act.peak_bytes, act.at_total_peak, mem.peak_bytes,
+             plan ? plan->kept_bytes : std::size_t{0});
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());  // memtrain::Error names the op already
