@@ -527,11 +527,14 @@ TEST(NnLlama, PresetsAndParameterCounts) {
   EXPECT_EQ(llama_param_count(nn::LlamaConfig::preset("llama-tiny")), 2 * 512 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 172 + 128) + 64);
   EXPECT_EQ(llama_param_count(nn::LlamaConfig::preset("llama-60M")), 58073600);
   EXPECT_EQ(llama_param_count(nn::LlamaConfig::preset("llama-130M")), 134105856);
+  EXPECT_EQ(llama_param_count(nn::LlamaConfig::preset("llama-350M")), 367969280);
+  EXPECT_EQ(llama_param_count(nn::LlamaConfig::preset("llama-1B")), 1339082752);
+  EXPECT_EQ(llama_param_count(nn::LlamaConfig::preset("llama-7B")), 6738415616);  // Meta's LLaMA-7B count
   const auto c = nn::LlamaConfig::preset("llama-60M");
   EXPECT_EQ(c.intermediate_size, 1376);
   EXPECT_EQ(c.n_head, 8);
   EXPECT_EQ(nn::LlamaConfig::preset("llama-130M").n_layer, 12);
-  std::string msg = error_of([] { nn::LlamaConfig::preset("llama-7B"); });
+  std::string msg = error_of([] { nn::LlamaConfig::preset("llama-13B"); });
   EXPECT_NE(msg.find("llama-tiny"), std::string::npos) << msg;
   nn::LlamaConfig odd = nn::LlamaConfig::preset("llama-tiny");
   odd.n_head = 64;  // head dim 1: rotary needs an even head dim
