@@ -233,7 +233,10 @@ TEST(Checkpoint, FullDropsMoreThanSelectiveAndReportsIt) {
   EXPECT_EQ(full.saved_bytes, selective.saved_bytes);
   EXPECT_EQ(full.dropped_bytes, full.saved_bytes);
   EXPECT_LT(selective.dropped_bytes, full.dropped_bytes);
-  EXPECT_EQ(full.expensive_bytes, 4 * row + row);  // fc output [64, 128] and proj output [64, 32]
+  // The fc output [64, 128] is saved (by gelu); the proj output [64, 32] feeds the residual add, which saves
+  // nothing, so it is not counted and selective lets it go.
+  EXPECT_EQ(full.expensive_bytes, 4 * row);
+  EXPECT_DOUBLE_EQ(full.unsaved_expensive_flops, 2.0 * 64 * 32 * 128);
   EXPECT_EQ(selective.cheap_saved_bytes, selective.dropped_bytes);
   EXPECT_DOUBLE_EQ(full.expensive_flops, 2.0 * 64 * 32 * 128 * 2);
 }
@@ -259,24 +262,30 @@ TEST(Checkpoint, FunctionThatChangesOnRerunIsCaught) {
   }
 }
 
-// Selective regions hand the kept outputs of expensive ops back to the re-run instead of recomputing them.
+// Selective regions hand the kept outputs of expensive ops back to the re-run instead of recomputing them;
+// an output that no op saved is let go after the forward and recomputed.
 TEST(Checkpoint, SelectiveReRunReplaysKeptOpsInsteadOfComputing) {
   for (const bool selective : {false, true}) {
-    int computed = 0;
-    const Tensor x = randn({4, 4}).set_requires_grad();
-    const auto fn = [&](const Tensor& in) {
-      // An op built like matmul: compute (or replay) without a graph, then record its own node.
-      const Tensor h = ckpt::detail::compute_or_replay("costly", 1.0, [&] {
-        ++computed;
-        autograd::NoGradGuard no_grad;
-        return std::vector<Tensor>{ops::mul(in, 3.0)};
-      })[0];
-      autograd::record("costly", {in}, {h}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{ops::mul(g[0], 3.0)}; });
-      return ops::tanh(ops::tanh(h));  // the inner tanh's output is saved and dropped: backward re-runs
-    };
-    const ckpt::RegionOptions options{selective ? std::vector<std::string>{"costly"} : std::vector<std::string>{}};
-    ops::sum(ckpt::checkpoint(fn, x, options)).backward();
-    EXPECT_EQ(computed, selective ? 1 : 2) << (selective ? "selective" : "full");
+    for (const bool output_saved : {true, false}) {
+      int computed = 0;
+      const Tensor x = randn({4, 4}).set_requires_grad();
+      const auto fn = [&](const Tensor& in) {
+        // An op built like matmul: compute (or replay) without a graph, then record its own node.
+        const Tensor h = ckpt::detail::compute_or_replay("costly", 1.0, [&] {
+          ++computed;
+          autograd::NoGradGuard no_grad;
+          return std::vector<Tensor>{ops::mul(in, 3.0)};
+        })[0];
+        autograd::record("costly", {in}, {h},
+                         [](const std::vector<Tensor>& g) { return std::vector<Tensor>{ops::mul(g[0], 3.0)}; });
+        // mul saves h; tanh saves only its output. Either way a dropped tensor makes backward re-run.
+        return output_saved ? ops::tanh(ops::mul(h, h)) : ops::tanh(ops::add(h, 1.0));
+      };
+      const ckpt::RegionOptions options{selective ? std::vector<std::string>{"costly"} : std::vector<std::string>{}};
+      ops::sum(ckpt::checkpoint(fn, x, options)).backward();
+      EXPECT_EQ(computed, selective && output_saved ? 1 : 2)
+          << (selective ? "selective" : "full") << (output_saved ? ", output saved" : ", output not saved");
+    }
   }
 }
 

@@ -76,7 +76,16 @@ class StorageSet {
 
 struct KeptOutputs {
   std::string op;
-  std::vector<Tensor> tensors;  // detached
+  std::vector<Tensor> tensors;  // detached; empty once released (nothing saved them: the re-run recomputes)
+};
+
+// One expensive op's outputs in the forward, for the profile and for releasing kept outputs nobody saved.
+struct ExpensiveOp {
+  std::vector<std::weak_ptr<Storage>> outputs;
+  std::size_t nbytes = 0;
+  double flops = 0;
+  bool saved = false;     // some op inside the region saved one of the outputs
+  std::ptrdiff_t kept = -1;  // its entry in Frame::kept, if kept
 };
 
 // Everything a region needs after its forward: how to re-run it and where the re-run's saves go.
@@ -102,6 +111,8 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::unordered_set<const Storage*> input_storages;
   std::unordered_set<const Storage*> kept_storages;
   StorageSet saved, expensive, input_set, dropped;
+  std::vector<ExpensiveOp> expensive_op_list;
+  std::unordered_map<const Storage*, std::size_t> expensive_op_of;  // output storage -> expensive_op_list index
   RegionProfile profile;
 
   // Re-run state.
@@ -154,6 +165,10 @@ std::shared_ptr<void> RegionHooks::pack_forward(const Tensor& tensor) {
   const Storage* storage = tensor.storage().get();
   const bool parameter = tensor.is_leaf() && tensor.requires_grad();
   if (!parameter && !f.input_storages.count(storage)) f.saved.add(tensor.storage());
+  if (auto it = f.expensive_op_of.find(storage); it != f.expensive_op_of.end()) {
+    ExpensiveOp& op = f.expensive_op_list[it->second];
+    for (const auto& w : op.outputs) op.saved |= w.lock().get() == storage;  // the address, not a reused one
+  }
   auto handle = std::make_shared<Handle>();
   if (parameter || f.input_storages.count(storage) || f.kept_storages.count(storage)) {
     handle->kept = tensor.detach();
@@ -281,14 +296,25 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
   Frame& f = *frame;
   f.profile.input_bytes = f.input_set.bytes();
   f.profile.saved_bytes = f.saved.bytes();
-  f.profile.expensive_bytes = f.expensive.bytes_outside(&f.input_set, nullptr);
   f.profile.cheap_saved_bytes = f.saved.bytes_outside(&f.input_set, &f.expensive);
+  // Outputs of expensive ops that nothing saved are not needed by backward: a selective region lets them go
+  // (the re-run recomputes them if a later op needs them) instead of holding bytes `none` would not hold.
+  for (const ExpensiveOp& op : f.expensive_op_list) {
+    if (op.saved) {
+      f.profile.expensive_bytes += op.nbytes;
+    } else {
+      f.profile.unsaved_expensive_flops += op.flops;
+      if (op.kept >= 0) f.kept[static_cast<std::size_t>(op.kept)].tensors.clear();
+    }
+  }
   f.profile.dropped_bytes = f.dropped.bytes();
   if (profile) *profile = f.profile;
   // The forward-only sets hold raw addresses and weak references; the frame lives on with the graph.
   f.input_storages.clear();
   f.kept_storages.clear();
   f.saved = f.expensive = f.input_set = f.dropped = StorageSet();
+  f.expensive_op_list.clear();
+  f.expensive_op_of.clear();
   return outputs;
 }
 
@@ -319,16 +345,24 @@ std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
              "the re-run of a region reached {} where its forward kept {}: the region's function must run the same "
              "ops in the same order every time",
              op, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
+    const KeptOutputs& kept = f.kept[f.replay_cursor++];
+    if (kept.tensors.empty()) return compute();  // released after the forward: nothing saved it
     std::vector<Tensor> out;
-    for (const Tensor& t : f.kept[f.replay_cursor].tensors) out.push_back(t.detach());
-    ++f.replay_cursor;
+    for (const Tensor& t : kept.tensors) out.push_back(t.detach());
     return out;
   }
   std::vector<Tensor> out = compute();
   if (contains(f.expensive_ops(), op)) {
     f.profile.expensive_flops += flops;
+    ExpensiveOp& e = f.expensive_op_list.emplace_back();
+    e.flops = flops;
+    if (keep) e.kept = static_cast<std::ptrdiff_t>(f.kept.size());
     for (const Tensor& t : out) {
-      if (t.defined()) f.expensive.add(t.storage());
+      if (!t.defined()) continue;
+      f.expensive.add(t.storage());
+      e.outputs.push_back(t.storage());
+      e.nbytes += t.storage()->nbytes();
+      f.expensive_op_of[t.storage().get()] = f.expensive_op_list.size() - 1;
     }
   }
   if (keep) {

@@ -145,7 +145,7 @@ RegionCost region_cost(const RegionProfile& p, RegionMode mode) {
   const double cheap = kFlopsPerSavedByte * static_cast<double>(p.cheap_saved_bytes);
   switch (mode) {
     case RegionMode::none: return {p.input_bytes + p.saved_bytes, 0.0};
-    case RegionMode::selective: return {p.input_bytes + p.expensive_bytes, cheap};
+    case RegionMode::selective: return {p.input_bytes + p.expensive_bytes, cheap + p.unsaved_expensive_flops};
     case RegionMode::full: return {p.input_bytes, p.expensive_flops + cheap};
   }
   return {};

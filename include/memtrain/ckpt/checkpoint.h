@@ -13,9 +13,11 @@
 //
 // What is kept: parameters (leaves that require grad: they are alive anyway), the region's inputs (held by the
 // region itself, through the enclosing hooks so an outer region may drop them in turn) and, when the region
-// names expensive ops (RegionOptions::keep_ops, "selective" checkpointing), the outputs of those ops. Kept
-// outputs are also handed back to the re-run in place of recomputing them: matmul, linear, attention and
-// conv2d ask the region (compute_or_replay, below) before they compute.
+// names expensive ops (RegionOptions::keep_ops, "selective" checkpointing), the outputs of those ops that some
+// op inside the region saved (an output nothing saved, such as a projection feeding a residual add, is let go
+// after the forward: keeping it would hold bytes that no checkpointing would not). Kept outputs are also handed
+// back to the re-run in place of recomputing them: matmul, linear, attention and conv2d ask the region
+// (compute_or_replay, below) before they compute.
 //
 // Contract on fn: it must run the same ops in the same order when called again with the same inputs and RNG
 // state (no data-dependent control flow on values that change in between, no in-place writes to its inputs or
@@ -48,10 +50,11 @@ struct RegionOptions {
 struct RegionProfile {
   std::size_t input_bytes = 0;      // the region's inputs, which the region keeps
   std::size_t saved_bytes = 0;      // what ops saved besides inputs: what the region would keep without checkpointing
-  std::size_t expensive_bytes = 0;  // outputs of expensive ops (saved or not): what selective keeps besides inputs
+  std::size_t expensive_bytes = 0;  // outputs of expensive ops that some op saved: what selective keeps besides inputs
   std::size_t cheap_saved_bytes = 0;  // saved, not an input, not an expensive output: what selective drops
   std::size_t dropped_bytes = 0;    // what this region actually dropped
   double expensive_flops = 0;       // FLOPs of the expensive ops (matmul: 2*M*N*K, ...)
+  double unsaved_expensive_flops = 0;  // of those, the ops whose outputs nothing saved (selective recomputes them)
   std::int64_t saved_tensors = 0;   // SavedTensors created inside the region
   std::int64_t dropped_tensors = 0;
 };
