@@ -8,49 +8,22 @@
 #include "memtrain/optim/galore.h"
 #include "memtrain/train/train.h"
 
+#include "temp_dir.h"
+#include "token_dataset.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 
 namespace mt = memtrain;
-namespace fs = std::filesystem;
 using mt::Tensor;
 using mt::train::Trainer;
 using mt::train::TrainerConfig;
 
 namespace {
 
-// Token windows over a fixed pseudo-random stream: sample i = stream[i*T, i*T + T] (T+1 tokens).
-class TokenDataset : public mt::data::Dataset {
- public:
-  TokenDataset(std::int64_t n, std::int64_t t, std::int64_t vocab) : n_(n), t_(t), vocab_(vocab) {}
-  std::int64_t size() const override { return n_; }
-  mt::data::Batch collate(const std::vector<std::int64_t>& idx) const override {
-    const auto b = static_cast<std::int64_t>(idx.size());
-    std::vector<std::int64_t> in, tg;
-    for (std::int64_t i : idx) {
-      for (std::int64_t k = 0; k < t_; ++k) {
-        in.push_back(token(i * t_ + k));
-        tg.push_back(token(i * t_ + k + 1));
-      }
-    }
-    mt::CategoryGuard category(mt::MemoryCategory::data);
-    mt::data::Batch batch;
-    batch.inputs = mt::tensor(in, {b, t_});
-    batch.targets = mt::tensor(tg, {b, t_});
-    batch.samples = b;
-    batch.targets_count = b * t_;
-    return batch;
-  }
-  std::string describe() const override { return "tokens"; }
-
- private:
-  std::int64_t token(std::int64_t j) const { return (j * j * 31 + j * 7 + 3) % vocab_; }
-  std::int64_t n_, t_, vocab_;
-};
+using mt::test_support::TokenDataset;
 
 mt::nn::GPTConfig gpt_config(std::int64_t n_layer, std::int64_t n_embd) {
   mt::nn::GPTConfig c;
@@ -117,15 +90,6 @@ std::vector<std::vector<float>> train(const TrainerConfig& c, std::int64_t steps
   return all_values(*gpt);
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / fmt::format("memtrain_lw_{}_{}", name, ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // ---- layer-wise == ordinary ------------------------------------------------------------------------------
 
@@ -283,9 +247,9 @@ TEST(LayerwiseGaLore, AccumulatorHoldsTheProjectedSumAndRefreshesOnce) {
 // normalises R (eps 1e-6 keeps tiny components from amplifying it), so the weights agree to a few ulps:
 // 2e-6 (measured 6e-8).
 TEST(LayerwiseGaLore, AccumulationEqualsOrdinaryGaLoreBetweenRefreshes) {
-  TempDir dir("galore");
+  mt::test_support::TempDir dir;
   TrainerConfig c = galore_config(3);
-  c.checkpoint_dir = dir.path.string();
+  c.checkpoint_dir = dir.path();
   auto a = make_gpt();
   Trainer ordinary(c, a, gpt_loss(a), std::make_shared<TokenDataset>(40, 8, 32));
   ordinary.train_step();

@@ -12,6 +12,8 @@
 #include "memtrain/ops/reduce.h"
 #include "memtrain/train/train.h"
 
+#include "token_dataset.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -58,34 +60,7 @@ class RegressionDataset : public mt::data::Dataset {
   std::int64_t n_, d_, o_;
 };
 
-// Token windows over a fixed pseudo-random stream: sample i = stream[i*T, i*T + T] (T+1 tokens).
-class TokenDataset : public mt::data::Dataset {
- public:
-  TokenDataset(std::int64_t n, std::int64_t t, std::int64_t vocab) : n_(n), t_(t), vocab_(vocab) {}
-  std::int64_t size() const override { return n_; }
-  mt::data::Batch collate(const std::vector<std::int64_t>& idx) const override {
-    const auto b = static_cast<std::int64_t>(idx.size());
-    std::vector<std::int64_t> in, tg;
-    for (std::int64_t i : idx) {
-      for (std::int64_t k = 0; k < t_; ++k) {
-        in.push_back(token(i * t_ + k));
-        tg.push_back(token(i * t_ + k + 1));
-      }
-    }
-    mt::CategoryGuard category(mt::MemoryCategory::data);
-    mt::data::Batch batch;
-    batch.inputs = mt::tensor(in, {b, t_});
-    batch.targets = mt::tensor(tg, {b, t_});
-    batch.samples = b;
-    batch.targets_count = b * t_;
-    return batch;
-  }
-  std::string describe() const override { return "tokens"; }
-
- private:
-  std::int64_t token(std::int64_t j) const { return (j * j * 31 + j * 7 + 3) % vocab_; }
-  std::int64_t n_, t_, vocab_;
-};
+using mt::test_support::TokenDataset;
 
 class TinyNet : public mt::nn::Module {
  public:
