@@ -2,7 +2,7 @@
 //   none        every block keeps what its ops save (no recomputation)
 //   full        every block is a region that keeps only its input
 //   every(k)    blocks 0, k, 2k, ... are full regions; the others keep everything
-//   selective   every block is a region that keeps its input and the outputs of expensive ops (keep_ops:
+//   selective   every block is a region that keeps its input and the saved outputs of expensive ops (keep_ops:
 //               matmul, linear, attention, conv2d by default) and recomputes the cheap ones (norms,
 //               activations, dropout, elementwise)
 //   budget(b)   per block, none / selective / full, chosen to keep at most b bytes of saved activations over
