@@ -5,8 +5,6 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,36 +14,6 @@ namespace memtrain::optim {
 namespace {
 
 constexpr const char* kWhere = "GaLore";
-
-using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using RowMap = Eigen::Map<RowMatF>;
-using ConstRowMap = Eigen::Map<const RowMatF>;
-
-bool all_finite(const Tensor& t) {
-  const float* x = t.data<float>();
-  const std::int64_t n = t.numel();
-  int bad = 0;
-#pragma omp parallel for reduction(| : bad) if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
-  return bad == 0;
-}
-
-// acc += the projection of G (contiguous f32, the projector's shape) on the projector's current basis, the
-// products GaLoreProjector::project computes, but never refreshing: project() would refresh again at every
-// micro-batch of a refresh step.
-void add_projection(const GaLoreProjector& proj, const Tensor& G, Tensor& acc) {
-  using Side = GaLoreProjector::Side;
-  const std::int64_t m = G.size(0), n = G.size(1), r = proj.options().rank;
-  const ConstRowMap g(G.data<float>(), m, n);
-  if (proj.side() == Side::left) {
-    RowMap(acc.data<float>(), r, n).noalias() += ConstRowMap(proj.left_matrix().data<float>(), m, r).transpose() * g;
-  } else if (proj.side() == Side::right) {
-    RowMap(acc.data<float>(), m, r).noalias() += g * ConstRowMap(proj.right_matrix().data<float>(), n, r);
-  } else {
-    const Eigen::MatrixXf pg = ConstRowMap(proj.left_matrix().data<float>(), m, r).transpose() * g;  // (r, n)
-    RowMap(acc.data<float>(), r, r).noalias() += pg * ConstRowMap(proj.right_matrix().data<float>(), n, r);
-  }
-}
 
 }  // namespace
 
@@ -244,7 +212,7 @@ void GaLore::accumulate(const Tensor& param, const Tensor& grad) {
     CategoryGuard category(MemoryCategory::workspace);
     G = grad_f32(grad);
   }
-  if (!all_finite(G)) {
+  if (!is_finite(G)) {
     entry.skip = true;
     entry.accumulated = Tensor();
     return;
@@ -255,7 +223,7 @@ void GaLore::accumulate(const Tensor& param, const Tensor& grad) {
     entry.accumulated = entry.projector->project(G, entry.base.step());
     return;
   }
-  add_projection(*entry.projector, G, entry.accumulated);
+  entry.projector->project_add(G, entry.accumulated);
 }
 
 bool GaLore::has_accumulated(const Tensor& param) const {
@@ -289,7 +257,7 @@ bool GaLore::step_projected_gradient(const Tensor& param, const Tensor& R) {
            who, "R must be a contiguous CPU f32 tensor of shape {} for param of shape {}, got {}", shape_str(want),
            shape_str(param.shape()),
            R.defined() ? fmt::format("{} {}", dtype_name(R.dtype()), shape_str(R.shape())) : "an undefined tensor");
-  if (!all_finite(R)) return false;
+  if (!is_finite(R)) return false;
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::workspace);
   Tensor target = param;

@@ -231,21 +231,41 @@ Tensor GaLoreProjector::project(const Tensor& G_in, std::int64_t step) {
   refreshed_last_ = refresh_count_ == 0 || step % options_.update_gap == 0;
   if (refreshed_last_) refresh(G);
 
+  Tensor out = Tensor::empty(projected_shape(side_, m_, n_, options_.rank), DType::f32);
+  project_into(G, out, /*accumulate=*/false);
+  return out;
+}
+
+void GaLoreProjector::project_add(const Tensor& G_in, Tensor& acc) const {
+  MT_CHECK(side_ != Side::unset, kWhere, "project_add before the first project()");
+  check_gradient(G_in);
+  MT_CHECK(G_in.size(0) == m_ && G_in.size(1) == n_, kWhere, "gradient shape changed from {} to {}",
+           shape_str({m_, n_}), shape_str(G_in.shape()));
+  MT_CHECK(acc.shape() == projected_shape(side_, m_, n_, options_.rank) && acc.dtype() == DType::f32 &&
+               acc.is_contiguous() && acc.device().is_cpu(),
+           kWhere, "project_add: the accumulator must be a contiguous f32 CPU tensor of shape {}, got {}",
+           shape_str(projected_shape(side_, m_, n_, options_.rank)), shape_str(acc.shape()));
+  project_into(G_in.is_contiguous() ? G_in.detach() : G_in.detach().contiguous(), acc, /*accumulate=*/true);
+}
+
+void GaLoreProjector::project_into(const Tensor& G, Tensor& out, bool accumulate) const {
   const std::int64_t r = options_.rank;
   const ConstRowMap g(G.data<float>(), m_, n_);
-  Tensor out;
+  const auto store = [accumulate](auto&& dst, const auto& value) {
+    if (accumulate) {
+      dst.noalias() += value;
+    } else {
+      dst.noalias() = value;
+    }
+  };
   if (side_ == Side::left) {
-    out = Tensor::empty({r, n_}, DType::f32);
-    RowMap(out.data<float>(), r, n_).noalias() = ConstRowMap(left_.data<float>(), m_, r).transpose() * g;
+    store(RowMap(out.data<float>(), r, n_), ConstRowMap(left_.data<float>(), m_, r).transpose() * g);
   } else if (side_ == Side::right) {
-    out = Tensor::empty({m_, r}, DType::f32);
-    RowMap(out.data<float>(), m_, r).noalias() = g * ConstRowMap(right_.data<float>(), n_, r);
+    store(RowMap(out.data<float>(), m_, r), g * ConstRowMap(right_.data<float>(), n_, r));
   } else {
     const MatF pg = ConstRowMap(left_.data<float>(), m_, r).transpose() * g;  // (r, n)
-    out = Tensor::empty({r, r}, DType::f32);
-    RowMap(out.data<float>(), r, r).noalias() = pg * ConstRowMap(right_.data<float>(), n_, r);
+    store(RowMap(out.data<float>(), r, r), pg * ConstRowMap(right_.data<float>(), n_, r));
   }
-  return out;
 }
 
 Tensor GaLoreProjector::project_back(const Tensor& N_in) const {

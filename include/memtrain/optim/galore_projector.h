@@ -55,6 +55,9 @@ class GaLoreProjector {
   // G: (m, n) f32 CPU, the same shape at every call. Refreshes the basis when due (see the top), then
   // returns the projected gradient: (r, n) left, (m, r) right, (r, r) full.
   Tensor project(const Tensor& G, std::int64_t step);
+  // acc += the projection of G on the current basis, never refreshing (accumulating micro-batches of one
+  // step: project() has seen the step's first one). G and acc as for project(); acc contiguous.
+  void project_add(const Tensor& G, Tensor& acc) const;
   // N: the projected shape above. Returns scale * (P N | N Q^T | P N Q^T), shape (m, n), f32.
   Tensor project_back(const Tensor& N) const;
 
@@ -80,6 +83,8 @@ class GaLoreProjector {
 
  private:
   void init_shape(std::int64_t m, std::int64_t n);
+  // out = (or +=, when accumulate) the projection of contiguous G on the current basis.
+  void project_into(const Tensor& G, Tensor& out, bool accumulate) const;
   void refresh(const Tensor& G);
 
   GaLoreProjectorOptions options_;
