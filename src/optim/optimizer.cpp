@@ -14,8 +14,18 @@
 namespace memtrain::optim {
 namespace {
 
+Tensor cpu_copy(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  out.copy_(t);
+  return out;
+}
+
+std::string key_of(const std::string& prefix, const std::string& name) { return fmt::format("{}.{}", prefix, name); }
+
+}  // namespace
+
 // True when every element of `g` is finite. Works on an f32 view (converting other dtypes once).
-bool all_finite(const Tensor& g) {
+bool Optimizer::is_finite(const Tensor& g) {
   if (g.device().is_cuda() && g.dtype() == DType::f32 && g.is_contiguous()) {
     return cuda::grad_is_finite(g.data<float>(), static_cast<std::size_t>(g.numel()), g.device().index);
   }
@@ -29,16 +39,6 @@ bool all_finite(const Tensor& g) {
   for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
   return bad == 0;
 }
-
-Tensor cpu_copy(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
-  out.copy_(t);
-  return out;
-}
-
-std::string key_of(const std::string& prefix, const std::string& name) { return fmt::format("{}.{}", prefix, name); }
-
-}  // namespace
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
   std::size_t index = 0;
@@ -71,7 +71,7 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
            shape_str(param.shape()), shape_str(grad.shape()));
   autograd::NoGradGuard no_grad;
   // The gate runs before any state exists, so a skipped parameter is left exactly as it was.
-  if (!all_finite(grad)) return Outcome::nonfinite;
+  if (!is_finite(grad)) return Outcome::nonfinite;
   apply_rule(param, grad, groups_[slot.group], states_[slot.index]);
   return Outcome::updated;
 }
@@ -98,7 +98,7 @@ bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGro
   MT_CHECK(grad.shape() == target.shape(), name(), "step_external: target has shape {} but its grad has shape {}",
            shape_str(target.shape()), shape_str(grad.shape()));
   autograd::NoGradGuard no_grad;
-  if (!grad_checked && !all_finite(grad)) return false;
+  if (!grad_checked && !is_finite(grad)) return false;
   apply_rule(target, grad, group, state.state_);
   return true;
 }

@@ -88,6 +88,8 @@ class Optimizer {
   // `grad` itself when it is contiguous f32 on `device`, else a converted copy there (under the current
   // category).
   static Tensor grad_f32(const Tensor& grad, Device device = Device::cpu());
+  // True when every element is finite (any dtype, CPU or CUDA): the gate in front of every update.
+  static bool is_finite(const Tensor& g);
 
  public:
   // The state of one tensor stepped by this optimizer's rule outside its groups (see step_external).
