@@ -195,11 +195,29 @@ TEST(FusedLinearCrossEntropy, PeakMemoryBelowUnfusedByTheLogits) {
   EXPECT_GT(unfused - fused, logits_bytes - chunk_bytes);
 }
 
+TEST(FusedLinearCrossEntropy, NarrowRowsEqualTheirWidenedF32Run) {
+  // bf16/f16 x is widened exactly to f32, so the loss and dweight must equal the f32 run on the widened x bit
+  // for bit, and dx must be that run's dx rounded once to x's dtype. Chunk 7 does not divide N.
+  for (DType narrow : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(narrow));
+    const Tensor x = normal({50, 12}, 900, DType::f32).to(narrow), w = normal({23, 12}, 901, DType::f32);
+    const Tensor t = make_targets(50, 23, -100, DType::i64, 902);
+    const Tensor up = full({}, 0.7, DType::f32);
+    const Result n = run(true, x, w, Tensor(), t, Reduction::mean, -100, 7, up);
+    const Result f = run(true, x.to(DType::f32), w, Tensor(), t, Reduction::mean, -100, 7, up);
+    EXPECT_EQ(n.loss.dtype(), DType::f32);
+    EXPECT_EQ(n.loss.item(), f.loss.item());
+    ASSERT_EQ(n.dx.dtype(), narrow);
+    EXPECT_EQ(values_of(n.dx), values_of(f.dx.to(narrow)));
+    EXPECT_EQ(values_of(n.dw), values_of(f.dw));
+  }
+}
+
 TEST(FusedLinearCrossEntropy, RejectsBadArguments) {
   const Tensor x = normal({4, 8}, 800, DType::f32), w = normal({5, 8}, 801, DType::f32), b = normal({5}, 802, DType::f32);
   const Tensor t = tensor(std::vector<std::int64_t>{0, 1, 4, -100}, {4});
   const char* op = "fused_linear_cross_entropy";
-  expect_error([&] { ops::fused_linear_cross_entropy(x.to(DType::f64), w, b, t); }, {op, "x", "f32", "f64"});
+  expect_error([&] { ops::fused_linear_cross_entropy(x.to(DType::f64), w, b, t); }, {op, "x", "f32, bf16 or f16", "f64"});
   expect_error([&] { ops::fused_linear_cross_entropy(x, w.to(DType::bf16), b, t); }, {op, "weight", "bf16"});
   expect_error([&] { ops::fused_linear_cross_entropy(x, w, b.to(DType::f64), t); }, {op, "bias", "f64"});
   expect_error([&] { ops::fused_linear_cross_entropy(x, normal({5, 9}, 803, DType::f32), b, t); },

@@ -44,6 +44,7 @@ std::string human_bytes(std::size_t b) {
 std::string_view category_name(MemoryCategory c) {
   switch (c) {
     case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::compute_weights: return "compute_weights";
     case MemoryCategory::gradients: return "gradients";
     case MemoryCategory::optimizer_state: return "optimizer_state";
     case MemoryCategory::activations: return "activations";

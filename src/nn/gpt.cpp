@@ -48,7 +48,9 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   const std::int64_t N = idx.numel();
   const Tensor h = hidden(idx);
   const Tensor& head = wte_->weight();
-  if (h.device().is_cpu() && h.dtype() == DType::f32 && head.dtype() == DType::f32) {
+  // Under amp::Autocast h is bf16/f16; the fused head widens it and computes the loss in f32 either way.
+  const bool narrow_or_f32 = h.dtype() == DType::f32 || h.dtype() == DType::bf16 || h.dtype() == DType::f16;
+  if (h.device().is_cpu() && narrow_or_f32 && head.dtype() == DType::f32) {
     return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
                                            ops::Reduction::mean, -100);
   }

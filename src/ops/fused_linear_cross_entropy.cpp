@@ -5,8 +5,11 @@
 // dlogits = dloss * (softmax - onehot) with the same kernel cross_entropy's backward uses, then
 // dx_chunk = dlogits W, dW += dlogits^T x_chunk, db += column sums of dlogits (in double).
 // Reductions, ignore_index and the mean's count follow ops::cross_entropy exactly.
+// bf16/f16 rows of x (mixed precision) are widened to f32 a chunk at a time and dx is rounded back to x's
+// dtype, so the saved x stays narrow while the head and the loss are computed in f32.
 #include "memtrain/ops/fused_loss.h"
 
+#include "cpu/convert.h"
 #include "cpu/cross_entropy.h"
 #include "cpu/gemm.h"
 #include "memtrain/autograd/node.h"
@@ -35,6 +38,28 @@ void check_f32_cpu(const char* what, const Tensor& t) {
   MT_CHECK(t.dtype() == DType::f32 && t.device().is_cpu(), kOp,
            "{} must be an f32 tensor on the CPU (only f32 CPU is supported), got {} {} on {}", what,
            dtype_name(t.dtype()), shape_str(t.shape()), t.device().str());
+}
+
+void check_rows_cpu(const Tensor& x) {
+  const DType t = x.dtype();
+  MT_CHECK((t == DType::f32 || t == DType::bf16 || t == DType::f16) && x.device().is_cpu(), kOp,
+           "x must be an f32, bf16 or f16 tensor on the CPU, got {} {} on {}", dtype_name(t), shape_str(x.shape()),
+           x.device().str());
+}
+
+// Rows [n0, n0 + r) of the contiguous (N, C) matrix x as f32: in place for f32, else widened into `wide`
+// (at least r x C floats).
+const float* rows_f32(const Tensor& x, std::int64_t n0, std::int64_t r, const Tensor& wide) {
+  const std::int64_t C = x.size(1);
+  if (x.dtype() == DType::f32) return x.data<float>() + n0 * C;
+  const auto* src = static_cast<const unsigned char*>(x.data_ptr()) + n0 * C * static_cast<std::int64_t>(x.element_size());
+  cpu::convert(src, x.dtype(), wide.data_ptr(), DType::f32, static_cast<std::size_t>(r * C));
+  return wide.data<float>();
+}
+
+// A (chunk, C) f32 scratch for widening narrow rows; undefined when x is f32 already.
+Tensor widening_buffer(const Tensor& x, std::int64_t chunk) {
+  return x.dtype() == DType::f32 ? Tensor() : detail::workspace(chunk * x.size(1), DType::f32);
 }
 
 // logits (r, V) = x (r, C) W^T (+ b): the bias is written into the rows and the GEMM adds onto it, as
@@ -77,7 +102,7 @@ std::vector<Tensor> fused_backward(const Tensor& g, const Saved& s, Reduction re
   }
 
   Tensor dx, dw, db;
-  if (want_dx) dx = Tensor::empty({N, C}, DType::f32);  // (N, C), every row written below
+  if (want_dx) dx = Tensor::empty({N, C}, x.dtype());  // (N, C), every row written below
   if (want_dw) dw = zeros({V, C}, DType::f32);           // (V, C), accumulated over chunks
   Tensor db_acc;                                         // (V) in double
   if (want_db) {
@@ -88,7 +113,9 @@ std::vector<Tensor> fused_backward(const Tensor& g, const Saved& s, Reduction re
   if (chunk > 0 && (want_dx || want_dw || want_db)) {
     Tensor buf = detail::workspace(chunk * V, DType::f32);  // (chunk, V): logits, then dlogits
     float* dl = buf.data<float>();
-    const float* xp = x.data<float>();
+    const Tensor wide = widening_buffer(x, chunk);
+    // dx rows of a narrow x are computed in f32 here and rounded once into dx.
+    const Tensor dx_wide = want_dx ? widening_buffer(x, chunk) : Tensor();
     const float* wp = w.data<float>();
     const float* bp = b.defined() ? b.data<float>() : nullptr;
     double* acc = want_db ? db_acc.data<double>() : nullptr;
@@ -97,12 +124,20 @@ std::vector<Tensor> fused_backward(const Tensor& g, const Saved& s, Reduction re
       const I* tp = t.data<I>();
       for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {
         const std::int64_t r = std::min(chunk, N - n0);
-        chunk_logits(dl, xp + n0 * C, wp, bp, r, V, C);
+        const float* xp = rows_f32(x, n0, r, wide);
+        chunk_logits(dl, xp, wp, bp, r, V, C);
         // In place: each element of a row is read once before it is overwritten.
         cpu::cross_entropy_backward<float, I>(dl, dloss + n0 * dloss_stride, dloss_stride, dl, lse.data<float>() + n0,
                                               tp + n0, r, V, ignore_index);
-        if (want_dx) cpu::gemm_f32(false, false, r, C, V, 1.0f, dl, V, wp, C, 0.0f, dx.data<float>() + n0 * C, C);
-        if (want_dw) cpu::gemm_f32(true, false, V, C, r, 1.0f, dl, V, xp + n0 * C, C, 1.0f, dw.data<float>(), C);
+        if (want_dx) {
+          float* out = dx_wide.defined() ? dx_wide.data<float>() : dx.data<float>() + n0 * C;
+          cpu::gemm_f32(false, false, r, C, V, 1.0f, dl, V, wp, C, 0.0f, out, C);
+          if (dx_wide.defined()) {
+            cpu::convert(out, DType::f32, static_cast<unsigned char*>(dx.data_ptr()) + n0 * C * dx.element_size(),
+                         dx.dtype(), static_cast<std::size_t>(r * C));
+          }
+        }
+        if (want_dw) cpu::gemm_f32(true, false, V, C, r, 1.0f, dl, V, xp, C, 1.0f, dw.data<float>(), C);
         if (want_db) {
           for (std::int64_t i = 0; i < r; ++i) {
             const float* row = dl + i * V;
@@ -125,7 +160,7 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
   detail::check_defined(kOp, x);
   detail::check_defined(kOp, weight);
   detail::check_index(kOp, "targets", targets);
-  check_f32_cpu("x", x);
+  check_rows_cpu(x);
   check_f32_cpu("weight", weight);
   if (bias.defined()) check_f32_cpu("bias", bias);
   MT_CHECK(targets.device().is_cpu(), kOp, "targets {} must be on the CPU, got {}", shape_str(targets.shape()),
@@ -156,13 +191,14 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
   if (chunk > 0) {
     Tensor buf = detail::workspace(chunk * V, DType::f32);  // (chunk, V) logits
     float* logits = buf.data<float>();
+    const Tensor wide = widening_buffer(xc, chunk);
     detail::dispatch_index(t.dtype(), [&](auto izero) {
       using I = decltype(izero);
       const I* tp = t.data<I>();
       for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {
         const std::int64_t r = std::min(chunk, N - n0);
-        chunk_logits(logits, xc.data<float>() + n0 * C, wc.data<float>(), bc.defined() ? bc.data<float>() : nullptr,
-                     r, V, C);
+        chunk_logits(logits, rows_f32(xc, n0, r, wide), wc.data<float>(), bc.defined() ? bc.data<float>() : nullptr, r,
+                     V, C);
         cpu::cross_entropy_forward<float, I>(losses.data<float>() + n0, lse.data<float>() + n0, logits, tp + n0, r, V,
                                              ignore_index);
       }

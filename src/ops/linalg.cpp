@@ -2,6 +2,7 @@
 // read straight from their strides, so the transposed views backward makes cost no copies.
 #include "memtrain/ops/linalg.h"
 
+#include "amp/autocast_state.h"
 #include "cpu/gemm.h"
 #include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
@@ -160,6 +161,7 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (auto c = amp::detail::autocast_to_compute({a, b})) return matmul((*c)[0], (*c)[1]);
   const double flops = 2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.dim() >= 2 ? b.size(-1) : 0);
   Tensor out = ckpt::detail::compute_or_replay("matmul", flops, [&] { return std::vector<Tensor>{matmul_forward(a, b)}; })[0];
   if (needs_grad({&a, &b})) {
@@ -191,6 +193,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_defined("linear", x);
   detail::check_defined("linear", weight);
+  if (auto c = amp::detail::autocast_to_compute({x, weight, bias})) return linear((*c)[0], (*c)[1], (*c)[2]);
   MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
            "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
   Shape out_shape = x.shape();

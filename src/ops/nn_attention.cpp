@@ -14,6 +14,7 @@
 // when q, k and v are distinct views of one storage (the split(qkv) case); otherwise each gets a contiguous
 // gradient of its own, which a leaf can take over and the engine can add (no strided copies exist on the
 // device yet).
+#include "amp/autocast_state.h"
 #include "cpu/attention.h"
 #include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
@@ -166,6 +167,7 @@ std::vector<Tensor> attention_forward_cpu(const char* op, const Tensor& q, const
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   const char* op = "scaled_dot_product_attention";
+  if (auto c = amp::detail::autocast_to_compute({q, k, v})) return scaled_dot_product_attention((*c)[0], (*c)[1], (*c)[2], causal);
   detail::check_floating(op, q);
   detail::check_same(op, q, k);
   detail::check_same(op, q, v);

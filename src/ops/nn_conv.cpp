@@ -1,6 +1,7 @@
 // conv2d (NCHW, stride, padding, groups) by im2col + GEMM (see cpu/conv.h). The forward saves x only when
 // the weight needs a gradient and the weight only when x does (dW needs x, dx needs W). Column buffers are
 // workspace, freed on return.
+#include "amp/autocast_state.h"
 #include "cpu/conv.h"
 #include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
@@ -44,6 +45,8 @@ ConvGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& wei
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,
               std::int64_t groups) {
   const char* op = "conv2d";
+  if (auto c = amp::detail::autocast_to_compute({x, weight, bias}))
+    return conv2d((*c)[0], (*c)[1], (*c)[2], stride, padding, groups);
   detail::check_floating(op, x);
   detail::check_same(op, x, weight);
   detail::check_cpu(op, x);

@@ -2,6 +2,7 @@
 // scatters the output gradient into a zero [V, C] gradient. On a CUDA device the kernels of
 // memtrain/cuda/nn.h gather and scatter (f32 or bf16 weight, contiguous); the indices, on the same device,
 // are copied to the host once to be range-checked like the CPU path's.
+#include "amp/autocast_state.h"
 #include "cpu/embedding.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
@@ -83,6 +84,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                        return std::vector<Tensor>{embedding_backward(g[0], sidx.unpack(), wshape, wdtype)};
                      });
   }
+  // Under autocast the lookup stays exact and its output is stored in the compute dtype (amp/autocast.h).
+  if (auto c = amp::detail::autocast_to_compute({out})) return (*c)[0];
   return out;
 }
 

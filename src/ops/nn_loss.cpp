@@ -5,6 +5,7 @@
 // On a CUDA device the kernels of memtrain/cuda/nn.h compute the f32 per-row losses and lse; the targets
 // (and, for mean/sum, the [N] losses) are copied to the host, where they are range-checked, counted and
 // summed in double exactly like the CPU path, and the scalar goes back to the device.
+#include "amp/autocast_state.h"
 #include "cpu/cross_entropy.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
@@ -83,6 +84,7 @@ Tensor cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tenso
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction, std::int64_t ignore_index) {
   const char* op = "cross_entropy";
+  if (auto c = amp::detail::autocast_to_f32({logits})) return cross_entropy((*c)[0], targets, reduction, ignore_index);
   detail::check_floating(op, logits);
   detail::check_index(op, "targets", targets);
   detail::check_same_device(op, "logits", logits, "targets", targets);

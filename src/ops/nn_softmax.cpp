@@ -1,6 +1,7 @@
 // softmax and log_softmax along any dim. The input is viewed as (outer, C, inner) around `dim`; the
 // forward saves only its output, which is all either backward needs. On a CUDA device the kernels of
 // memtrain/cuda/nn.h run (last dim only, i.e. inner == 1; f32 or bf16; contiguous), forward and backward.
+#include "amp/autocast_state.h"
 #include "cpu/softmax.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
@@ -107,7 +108,13 @@ Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim_arg, bool 
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+Tensor softmax(const Tensor& x, std::int64_t dim) {
+  if (auto c = amp::detail::autocast_to_f32({x})) return softmax((*c)[0], dim);
+  return softmax_impl("softmax", x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, std::int64_t dim) {
+  if (auto c = amp::detail::autocast_to_f32({x})) return log_softmax((*c)[0], dim);
+  return softmax_impl("log_softmax", x, dim, true);
+}
 
 }  // namespace memtrain::ops

@@ -23,6 +23,7 @@ namespace memtrain {
 
 enum class MemoryCategory : std::uint8_t {
   parameters,
+  compute_weights,  // low-precision copies of the parameters made for one forward (amp::Autocast)
   gradients,
   optimizer_state,
   activations,
@@ -30,7 +31,7 @@ enum class MemoryCategory : std::uint8_t {
   data,
   other,
 };
-inline constexpr int kNumMemoryCategories = 7;
+inline constexpr int kNumMemoryCategories = 8;
 std::string_view category_name(MemoryCategory c);
 
 // Sets the category of allocations made on this thread while it lives; guards nest.

@@ -1,0 +1,50 @@
+// Autocast: run a region's ops in a low-precision compute dtype (bf16 or f16) while the parameters stay
+// f32. A guard, usable around any C++ code:
+//
+//   { amp::Autocast bf16(DType::bf16); loss = model.loss(tokens, targets); }   // forward in bf16
+//   loss.backward();                                                         // grads reach f32 weights
+//
+// Op list (what each op does while a guard is active):
+//   low precision  matmul, linear, scaled_dot_product_attention, conv2d: floating inputs are cast to the
+//                  compute dtype and the op runs there (f32 accumulation); the output is in the compute dtype.
+//                  embedding: the lookup is exact; its output is cast, so the residual stream, and every
+//                  activation saved for backward after it, is stored in the compute dtype.
+//   f32            softmax, log_softmax, cross_entropy: inputs are cast up to f32 (a loss in bf16 would lose
+//                  the small differences training follows). fused_linear_cross_entropy keeps the f32 head
+//                  weight, widens bf16/f16 rows chunk by chunk and computes the loss in f32.
+//   f32 inside     layer_norm, rms_norm: statistics and arithmetic in f32, output in the input's dtype; their
+//                  f32 weights are used as they are.
+//   as given       everything else (elementwise, dropout, views, reductions) runs in its inputs' dtype.
+//
+// Compute copies of parameters (leaf tensors that require grad) are made once per outermost guard, under
+// MemoryCategory::compute_weights, and shared by every use inside it (a tied embedding and head cast once);
+// the guard's end drops the cache, so a copy lives on only where backward saved it. Gradients flow back
+// through the cast: a parameter's .grad() is f32.
+// Backward runs with autocast off (autograd::backward turns it off); an activation-checkpoint re-run
+// restores the dtype its region's forward ran with.
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <memory>
+
+namespace memtrain::amp {
+
+class Autocast {
+ public:
+  // dtype: bf16 or f16 turn autocast on; f32 turns it off inside the guard (a region that must stay f32).
+  explicit Autocast(DType dtype = DType::bf16);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  struct Saved;
+  std::unique_ptr<Saved> previous_;
+};
+
+// The compute dtype of the innermost active guard; f32 when autocast is off.
+DType autocast_dtype();
+inline bool autocast_enabled() { return autocast_dtype() != DType::f32; }
+
+}  // namespace memtrain::amp

@@ -1,0 +1,27 @@
+// Precision policies: what TrainerConfig.precision and the examples' --precision name.
+//   fp32  everything in f32.
+//   bf16  f32 master weights (the optimizer's), bf16 compute copies and stored activations under
+//         amp::Autocast; no loss scaling (bf16 has f32's exponent range).
+//   fp16  the same in f16, plus a dynamic loss scaler (amp/loss_scaler.h): f16 gradients underflow without it.
+//   fp8   matmul inputs in FP8 (E4M3 forward, E5M2 gradients) with delayed or blockwise scaling (amp/fp8.h);
+//         bf16 everywhere else.
+#pragma once
+
+#include "memtrain/core/dtype.h"
+
+#include <string>
+#include <string_view>
+
+namespace memtrain::amp {
+
+enum class Precision { fp32, bf16, fp16, fp8 };
+
+// "fp32", "bf16", "fp16", "fp8"; anything else throws, listing the known names.
+Precision parse_precision(std::string_view name);
+std::string precision_name(Precision p);
+
+// The dtype activations and compute copies of weights are stored in: f32, bf16, f16, and bf16 for fp8
+// (only matmul inputs are FP8).
+DType activation_dtype(Precision p);
+
+}  // namespace memtrain::amp

@@ -1,0 +1,36 @@
+#include "memtrain/amp/precision.h"
+
+#include "memtrain/core/error.h"
+
+namespace memtrain::amp {
+
+Precision parse_precision(std::string_view name) {
+  if (name == "fp32") return Precision::fp32;
+  if (name == "bf16") return Precision::bf16;
+  if (name == "fp16") return Precision::fp16;
+  if (name == "fp8") return Precision::fp8;
+  MT_CHECK(false, "amp::parse_precision", "unknown precision '{}' (known: fp32, bf16, fp16, fp8)", name);
+  return Precision::fp32;
+}
+
+std::string precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+    case Precision::fp8: return "fp8";
+  }
+  return "?";
+}
+
+DType activation_dtype(Precision p) {
+  switch (p) {
+    case Precision::fp32: return DType::f32;
+    case Precision::fp16: return DType::f16;
+    case Precision::bf16:
+    case Precision::fp8: return DType::bf16;
+  }
+  return DType::f32;
+}
+
+}  // namespace memtrain::amp

@@ -1,0 +1,208 @@
+// amp::Autocast: which ops run narrow, which stay f32, where gradients land, the parameter-copy cache, and
+// a GPT trained under bf16 / f16 compute against the same model in f32.
+#include "memtrain/amp/autocast.h"
+#include "memtrain/autograd/engine.h"
+#include "memtrain/ckpt/policy.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/nn/gpt.h"
+#include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/linalg.h"
+#include "memtrain/ops/nn.h"
+#include "memtrain/ops/reduce.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <random>
+
+namespace memtrain {
+namespace {
+
+using amp::Autocast;
+
+Tensor random_tokens(const Shape& shape, std::int64_t vocab, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  Tensor t = Tensor::empty(shape, DType::i64);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int64_t>()[i] = static_cast<std::int64_t>(gen() % vocab);
+  return t;
+}
+
+// ||a - b|| / ||b|| in float64 over any floating dtypes.
+double relative_error(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.detach().to(DType::f64).contiguous(), y = b.detach().to(DType::f64).contiguous();
+  double num = 0, den = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const double d = x.data<double>()[i] - y.data<double>()[i];
+    num += d * d;
+    den += y.data<double>()[i] * y.data<double>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(Autocast, LinearRunsInBf16AndItsGradientsReachTheF32Weights) {
+  manual_seed(1);
+  Tensor x = randn({8, 16}).set_requires_grad(), w = randn({4, 16}).set_requires_grad(),
+         b = randn({4}).set_requires_grad();
+  Tensor y;
+  {
+    Autocast bf16(DType::bf16);
+    EXPECT_EQ(amp::autocast_dtype(), DType::bf16);
+    y = ops::linear(x, w, b);
+  }
+  EXPECT_EQ(amp::autocast_dtype(), DType::f32);
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  ops::sum(y.to(DType::f32)).backward();
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  ASSERT_EQ(x.grad().dtype(), DType::f32);
+  // d sum(x W^T + b) / dW[o, i] = sum_n x[n, i]; from bf16-rounded x: within bf16's relative precision.
+  const Tensor xs = ops::sum(x.detach(), {0});
+  for (std::int64_t o = 0; o < 4; ++o)
+    for (std::int64_t i = 0; i < 16; ++i) {
+      const double want = xs.data<float>()[i];
+      EXPECT_NEAR(w.grad().data<float>()[o * 16 + i], want, 8 * 0.0078 + 0.02 * std::abs(want));
+    }
+  for (std::int64_t o = 0; o < 4; ++o) EXPECT_FLOAT_EQ(b.grad().data<float>()[o], 8.0f);
+  // The forward against f32 math: bf16 operands (8-bit mantissa), f32 accumulation.
+  EXPECT_LT(relative_error(y, ops::linear(x.detach(), w.detach(), b.detach())), 1e-2);
+}
+
+TEST(Autocast, LossOpsAndSoftmaxRunInF32) {
+  manual_seed(2);
+  const Tensor logits = randn({6, 10}).to(DType::bf16), targets = random_tokens({6}, 10, 3);
+  Autocast bf16(DType::bf16);
+  EXPECT_EQ(ops::cross_entropy(logits, targets).dtype(), DType::f32);
+  EXPECT_EQ(ops::softmax(logits).dtype(), DType::f32);
+  EXPECT_EQ(ops::log_softmax(logits).dtype(), DType::f32);
+  // Ops outside the list keep their inputs' dtype.
+  EXPECT_EQ(ops::add(logits, logits).dtype(), DType::bf16);
+  EXPECT_EQ(ops::add(randn({2}), randn({2})).dtype(), DType::f32);
+}
+
+TEST(Autocast, F32GuardTurnsItOffAndF16IsAccepted) {
+  manual_seed(3);
+  const Tensor a = randn({4, 4}), b = randn({4, 4});
+  Autocast f16(DType::f16);
+  EXPECT_EQ(ops::matmul(a, b).dtype(), DType::f16);
+  {
+    Autocast off(DType::f32);
+    EXPECT_FALSE(amp::autocast_enabled());
+    EXPECT_EQ(ops::matmul(a, b).dtype(), DType::f32);
+  }
+  EXPECT_EQ(amp::autocast_dtype(), DType::f16);
+  EXPECT_THROW(Autocast(DType::f64), Error);
+  EXPECT_THROW(Autocast(DType::f8_e4m3), Error);
+}
+
+TEST(Autocast, AParameterIsCastOncePerGuardUnderComputeWeights) {
+  manual_seed(4);
+  Tensor w = randn({64, 32}).set_requires_grad();
+  const Tensor x = randn({5, 32});
+  auto& alloc = Allocator::get(Device::cpu());
+  const std::size_t before = alloc.stats()[MemoryCategory::compute_weights].live_bytes;
+  Tensor y1, y2;
+  {
+    Autocast bf16(DType::bf16);
+    y1 = ops::linear(x, w);
+    y2 = ops::linear(x, w);
+    // One bf16 copy of w (2 bytes per element), shared by both uses.
+    EXPECT_EQ(alloc.stats()[MemoryCategory::compute_weights].live_bytes - before, 64u * 32u * 2u);
+  }
+  ops::sum(ops::add(y1, y2).to(DType::f32)).backward();
+  // Both uses reach w through the one copy: the gradient is twice one use's.
+  const Tensor xs = ops::sum(x, {0}).to(DType::bf16).to(DType::f32);
+  EXPECT_NEAR(w.grad().data<float>()[0], 2 * xs.data<float>()[0], 0.05 * std::abs(xs.data<float>()[0]) + 0.05);
+  y1 = Tensor();
+  y2 = Tensor();
+  EXPECT_EQ(alloc.stats()[MemoryCategory::compute_weights].live_bytes, before);
+}
+
+TEST(Autocast, BackwardInsideAGuardKeepsTheForwardsDtypes) {
+  manual_seed(5);
+  Tensor w = randn({8, 8}).set_requires_grad();
+  const Tensor x = randn({3, 8});
+  Autocast bf16(DType::bf16);
+  const Tensor y = ops::linear(x, w);
+  ops::sum(y).backward();  // the engine turns autocast off: dW is computed from the bf16 operands, then f32
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+  EXPECT_TRUE(amp::autocast_enabled());
+}
+
+nn::GPTConfig small_gpt(double dropout) {
+  nn::GPTConfig c;
+  c.vocab_size = 97;
+  c.block_size = 16;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.dropout = dropout;
+  return c;
+}
+
+struct GptRun {
+  Tensor loss;
+  std::vector<Tensor> grads;
+  std::size_t activations_kept = 0;
+};
+
+// One forward + backward of a fixed GPT at `dtype` (f32: no autocast), with a checkpoint policy.
+GptRun gpt_step(DType dtype, const ckpt::Policy& policy, double dropout = 0.0) {
+  manual_seed(11);
+  nn::GPT model(small_gpt(dropout));
+  model.set_checkpointing(policy);
+  const Tensor idx = random_tokens({4, 16}, 97, 1), targets = random_tokens({4, 16}, 97, 2);
+  auto& alloc = Allocator::get(Device::cpu());
+  const std::size_t base = alloc.stats()[MemoryCategory::activations].live_bytes;
+  GptRun r;
+  {
+    CategoryGuard category(MemoryCategory::activations);
+    std::optional<Autocast> guard;
+    if (dtype != DType::f32) guard.emplace(dtype);
+    r.loss = model.loss(idx, targets);
+  }
+  r.activations_kept = alloc.stats()[MemoryCategory::activations].live_bytes - base;
+  r.loss.backward();
+  for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().clone());
+  return r;
+}
+
+TEST(Autocast, GptUnderBf16AndF16TracksF32AndStoresHalfTheActivations) {
+  const GptRun f32 = gpt_step(DType::f32, ckpt::Policy::none());
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const GptRun low = gpt_step(dt, ckpt::Policy::none());
+    EXPECT_EQ(low.loss.dtype(), DType::f32);
+    EXPECT_NEAR(low.loss.item(), f32.loss.item(), 0.01 * f32.loss.item());
+    ASSERT_EQ(low.grads.size(), f32.grads.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < low.grads.size(); ++i) {
+      EXPECT_EQ(low.grads[i].dtype(), DType::f32);
+      worst = std::max(worst, relative_error(low.grads[i], f32.grads[i]));
+    }
+    // bf16 keeps 8 mantissa bits (relative step 2^-8 = 0.4%); errors compound over the layers.
+    EXPECT_LT(worst, dt == DType::bf16 ? 0.08 : 0.02) << "worst per-tensor gradient relative error";
+    const double ratio = static_cast<double>(low.activations_kept) / static_cast<double>(f32.activations_kept);
+    EXPECT_GT(ratio, 0.45);
+    EXPECT_LT(ratio, 0.56) << "activations kept for backward: " << low.activations_kept << " vs " << f32.activations_kept;
+  }
+}
+
+TEST(Autocast, CheckpointReRunRestoresTheForwardsComputeDtype) {
+  // The re-run happens in backward, where autocast is off: it must run in bf16 again, or the recomputed
+  // tensors would differ from the forward's (and their shapes' dtypes would not match the placeholders).
+  const GptRun plain = gpt_step(DType::bf16, ckpt::Policy::none(), 0.1);
+  for (const ckpt::Policy& p : {ckpt::Policy::full(), ckpt::Policy::selective()}) {
+    SCOPED_TRACE(p.to_string());
+    const GptRun ck = gpt_step(DType::bf16, p, 0.1);
+    EXPECT_EQ(ck.loss.item(), plain.loss.item());
+    ASSERT_EQ(ck.grads.size(), plain.grads.size());
+    for (std::size_t i = 0; i < ck.grads.size(); ++i)
+      EXPECT_EQ(std::memcmp(ck.grads[i].data_ptr(), plain.grads[i].data_ptr(), plain.grads[i].nbytes()), 0) << i;
+    EXPECT_LT(ck.activations_kept, plain.activations_kept);
+  }
+}
+
+}  // namespace
+}  // namespace memtrain
