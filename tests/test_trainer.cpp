@@ -173,6 +173,9 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   c.galore_scale = 0.5;
   c.galore_proj_type = "reverse_std";
   c.galore_svd = "exact";
+  c.precision = "fp16";
+  c.loss_scaler = {.init_scale = 512, .growth_factor = 4, .backoff_factor = 0.25, .growth_interval = 7,
+                   .min_scale = 2, .max_scale = 8192};
 
   TempDir dir("config");
   c.save(dir.str("run.json"));
@@ -297,9 +300,10 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.grad_accum = 0; }, {"grad_accum"}},
       {[](TrainerConfig& c) { c.max_steps = 0; }, {"max_steps"}},
       {[](TrainerConfig& c) { c.world_size = 2; }, {"world_size", "distributed issue"}},
-      {[](TrainerConfig& c) { c.precision = "bf16"; }, {"precision", "mixed precision is not built yet"}},
-      {[](TrainerConfig& c) { c.precision = "fp16"; }, {"precision", "mixed precision is not built yet"}},
-      {[](TrainerConfig& c) { c.precision = "fp64"; }, {"unknown precision 'fp64'"}},
+      {[](TrainerConfig& c) { c.precision = "fp8"; }, {"precision 'fp8'", "not supported yet"}},
+      {[](TrainerConfig& c) { c.precision = "fp64"; }, {"precision", "unknown precision 'fp64'"}},
+      {[](TrainerConfig& c) { c.precision = "fp16"; c.loss_scaler.backoff_factor = 1.5; },
+       {"loss_scaler", "backoff_factor"}},
       {[](TrainerConfig& c) { c.activation_checkpointing = "fulll"; }, {"activation_checkpointing", "unknown checkpoint policy 'fulll'"}},
       {[](TrainerConfig& c) { c.activation_checkpointing = "every:0"; }, {"activation_checkpointing", "k >= 1"}},
       {[](TrainerConfig& c) { c.galore_rank = -1; }, {"galore_rank", ">= 0"}},
@@ -836,8 +840,8 @@ TEST(TrainerFit, ConstructorChecksItsInputs) {
   auto net = std::make_shared<TinyNet>(4, 8, 3);
   auto ds = std::make_shared<RegressionDataset>(8, 4, 3);
   TrainerConfig bad = base_config();
-  bad.precision = "bf16";
-  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("mixed precision"), std::string::npos);
+  bad.precision = "fp8";
+  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("precision 'fp8'"), std::string::npos);
   EXPECT_NE(error_of([&] { Trainer t(base_config(), nullptr, mse_loss(net), ds); }).find("model is null"),
             std::string::npos);
   Trainer t(base_config(), net, mse_loss(net), ds);

@@ -24,6 +24,8 @@ constexpr const char* kFormat = "memtrain-checkpoint";
 constexpr const char* kFormatVersion = "1";
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimPrefix = "optim.";
+constexpr const char* kAmpPrefix = "amp.";
+constexpr const char* kLossScalerKey = "loss_scaler";
 
 // (step, path) of every checkpoint file in dir, oldest first.
 std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
@@ -132,6 +134,11 @@ void Trainer::save_checkpoint(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back(kModelPrefix + name, t);
   for (auto& [key, t] : optimizer_->state_dict()) tensors.emplace_back(kOptimPrefix + key, t);
+  if (scaler_) {
+    optim::StateDict amp_sd;
+    scaler_->save(amp_sd, kLossScalerKey);
+    for (auto& [key, t] : amp_sd) tensors.emplace_back(kAmpPrefix + key, t);
+  }
 
   const RngState rng = get_rng_state();
   const data::LoaderPosition pos = train_loader_->position();
@@ -179,14 +186,16 @@ void Trainer::load_checkpoint(const std::string& path) {
     all = io::load_safetensors(path);
   }
   nn::StateDict model_sd;
-  optim::StateDict optim_sd;
+  optim::StateDict optim_sd, amp_sd;
   for (auto& [name, t] : all) {
     if (name.rfind(kModelPrefix, 0) == 0) {
       model_sd.emplace(name.substr(std::char_traits<char>::length(kModelPrefix)), t);
     } else if (name.rfind(kOptimPrefix, 0) == 0) {
       optim_sd.emplace(name.substr(std::char_traits<char>::length(kOptimPrefix)), t);
+    } else if (name.rfind(kAmpPrefix, 0) == 0) {
+      amp_sd.emplace(name.substr(std::char_traits<char>::length(kAmpPrefix)), t);
     } else {
-      MT_CHECK(false, where, "'{}': unexpected tensor '{}' (expected 'model.*' or 'optim.*')", path, name);
+      MT_CHECK(false, where, "'{}': unexpected tensor '{}' (expected 'model.*', 'optim.*' or 'amp.*')", path, name);
     }
   }
 
@@ -205,7 +214,10 @@ void Trainer::load_checkpoint(const std::string& path) {
              shape_str(t.shape()));
   }
   try {
-    // Optimizer first: it checks every key before it replaces its state, and the model is untouched if it throws.
+    // The scaler and the optimizer first: each checks every key before it replaces its state, and the model is
+    // untouched if one throws. A file without scaler state (written by a run of another precision) leaves an
+    // fp16 run's scaler fresh; scaler state in a file read by a bf16/fp32 run has nothing to restore.
+    if (scaler_ && !amp_sd.empty()) scaler_->load(amp_sd, kLossScalerKey);
     optimizer_->load_state_dict(optim_sd);
     model_->load_state_dict(model_sd, /*strict=*/true);
   } catch (const Error& e) {

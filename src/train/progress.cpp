@@ -22,6 +22,10 @@ nlohmann::json StepMetrics::to_json() const {
       {"peak_bytes", peak_bytes},
   };
   if (val_loss) j["val_loss"] = *val_loss;
+  if (loss_scale) {
+    j["loss_scale"] = *loss_scale;
+    j["skipped"] = skipped;
+  }
   return j;
 }
 

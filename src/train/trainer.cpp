@@ -2,6 +2,8 @@
 #include "memtrain/train/trainer.h"
 
 #include "io/atomic_file.h"
+#include "memtrain/amp/autocast.h"
+#include "memtrain/amp/precision.h"
 #include "memtrain/autograd/engine.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
@@ -69,6 +71,9 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   optimizer_ = make_optimizer(config_, named);
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
+  const amp::Precision precision = amp::parse_precision(config_.precision);
+  compute_dtype_ = amp::activation_dtype(precision);
+  if (precision == amp::Precision::fp16) scaler_ = std::make_unique<amp::DynamicLossScaler>(config_.loss_scaler);
 
   data::LoaderOptions options;
   options.batch_size = config_.micro_batch;
@@ -137,6 +142,7 @@ StepMetrics Trainer::train_step() {
       // What the forward pass allocates (and keeps for backward) is activation memory.
       autograd::EnableGradGuard grad_on;
       CategoryGuard category(MemoryCategory::activations);
+      amp::Autocast autocast(compute_dtype_);
       loss = loss_fn_(batch);
     }
     MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",
@@ -148,7 +154,7 @@ StepMetrics Trainer::train_step() {
     Tensor seed_grad;
     {
       CategoryGuard category(MemoryCategory::gradients);
-      seed_grad = full(loss.shape(), weight, loss.dtype(), loss.device());
+      seed_grad = full(loss.shape(), scaler_ ? weight * scaler_->scale() : weight, loss.dtype(), loss.device());
     }
     std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
     if (layerwise_) hooks_on.emplace(*layerwise_, i == last_backward);
@@ -156,13 +162,24 @@ StepMetrics Trainer::train_step() {
   }
   batches.clear();
 
+  // fp16: gradients back in true units before anything reads them; an overflow skips the whole step.
+  const std::optional<double> loss_scale = scaler_ ? std::optional<double>(scaler_->scale()) : std::nullopt;
+  bool skipped = false;
+  if (scaler_) {
+    std::vector<Tensor> grads;
+    for (const Tensor& p : params) grads.push_back(p.grad());
+    skipped = !scaler_->unscale_(grads);
+  }
   double grad_norm = 0.0;
   if (layerwise_) {
     grad_norm = layerwise_->finish_step();
+  } else if (skipped) {
+    grad_norm = global_grad_norm(params);
   } else {
     grad_norm = config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
     optimizer_->step();
   }
+  if (scaler_) scaler_->update(skipped);
   optimizer_->zero_grad();
   ++step_;
 
@@ -175,6 +192,8 @@ StepMetrics Trainer::train_step() {
   m.tokens = total;
   m.step_seconds = seconds_since(t0);
   m.peak_bytes = Allocator::get(device_).stats().peak_bytes;
+  m.loss_scale = loss_scale;
+  m.skipped = skipped;
   history_.push_back(m);
   return m;
 }
@@ -194,6 +213,7 @@ double Trainer::evaluate() {
     data::Batch batch = val_loader_->next();
     if (batch.targets_count == 0) continue;
     CategoryGuard category(MemoryCategory::activations);
+    amp::Autocast autocast(compute_dtype_);
     const Tensor loss = loss_fn_(batch);
     MT_CHECK(loss.defined() && loss.numel() == 1, "Trainer::evaluate", "loss_fn must return a one-element tensor");
     sum += loss.item() * static_cast<double>(batch.targets_count);

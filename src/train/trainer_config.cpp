@@ -3,6 +3,7 @@
 #include "memtrain/train/trainer_config.h"
 
 #include "io/atomic_file.h"
+#include "memtrain/amp/precision.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/optim/galore_projector.h"
 #include "memtrain/core/error.h"
@@ -264,6 +265,12 @@ json TrainerConfig::to_json() const {
   j["grad_accum"] = grad_accum;
   j["world_size"] = world_size;
   j["precision"] = precision;
+  j["loss_scaler"] = {{"init_scale", loss_scaler.init_scale},
+                      {"growth_factor", loss_scaler.growth_factor},
+                      {"backoff_factor", loss_scaler.backoff_factor},
+                      {"growth_interval", loss_scaler.growth_interval},
+                      {"min_scale", loss_scaler.min_scale},
+                      {"max_scale", loss_scaler.max_scale}};
   j["activation_checkpointing"] = activation_checkpointing;
   j["galore_rank"] = galore_rank;
   j["galore_update_gap"] = galore_update_gap;
@@ -324,6 +331,16 @@ TrainerConfig TrainerConfig::from_json(const json& j) {
   r.get("grad_accum", c.grad_accum);
   r.get("world_size", c.world_size);
   r.get("precision", c.precision);
+  if (const json* l = r.find("loss_scaler")) {
+    ObjectReader lr(*l, "loss_scaler", kWhere);
+    lr.get("init_scale", c.loss_scaler.init_scale);
+    lr.get("growth_factor", c.loss_scaler.growth_factor);
+    lr.get("backoff_factor", c.loss_scaler.backoff_factor);
+    lr.get("growth_interval", c.loss_scaler.growth_interval);
+    lr.get("min_scale", c.loss_scaler.min_scale);
+    lr.get("max_scale", c.loss_scaler.max_scale);
+    lr.finish();
+  }
   r.get("activation_checkpointing", c.activation_checkpointing);
   r.get("galore_rank", c.galore_rank);
   r.get("galore_update_gap", c.galore_update_gap);
@@ -384,10 +401,22 @@ void TrainerConfig::validate() const {
   MT_CHECK(!(layerwise_update && precision == "fp16"), kWhere,
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
            "gradient overflows, which is known only after the last one, and layer-wise updates have applied the "
-           "others by then (use fp32, or bf16 once mixed precision is built: it needs no loss scaler)");
-  MT_CHECK(precision != "bf16" && precision != "fp16" && precision != "fp8", kWhere,
-           "precision '{}' is not supported yet: mixed precision is not built yet (use \"fp32\")", precision);
-  MT_CHECK(precision == "fp32", kWhere, "unknown precision '{}' (known: fp32; bf16, fp16, fp8 to come)", precision);
+           "others by then (use fp32, or bf16: it needs no loss scaler)");
+  amp::Precision p = amp::Precision::fp32;
+  try {
+    p = amp::parse_precision(precision);
+  } catch (const Error& e) {
+    MT_CHECK(false, kWhere, "precision: {}", e.what());
+  }
+  MT_CHECK(p != amp::Precision::fp8, kWhere,
+           "precision 'fp8' is not supported yet: its FP8 matmul path is not built (use bf16 or fp16)");
+  if (p == amp::Precision::fp16) {
+    try {
+      amp::DynamicLossScaler check(loss_scaler);
+    } catch (const Error& e) {
+      MT_CHECK(false, kWhere, "loss_scaler: {}", e.what());
+    }
+  }
   try {
     (void)ckpt::Policy::parse(activation_checkpointing);
   } catch (const Error& e) {

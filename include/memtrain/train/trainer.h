@@ -6,6 +6,12 @@
 //                                                     // also when the last micro-batch is partial
 //     clip by global norm; optimizer step; zero grads; metrics; eval / checkpoint when due
 //
+// Precision (config.precision, amp/precision.h): with bf16 or fp16 each micro-batch's forward (and
+// evaluate()) runs under amp::Autocast, so activations and the compute copies of weights are narrow while the
+// optimizer keeps f32 weights. fp16 seeds backward with the loss scale, unscales the gradients before
+// clipping, and skips the step (no parameter or optimizer state changes) when any gradient is Inf/NaN; the
+// scaler's state is saved in checkpoint files ("amp.loss_scaler.*").
+//
 // With config.layerwise_update, hooks registered once by the constructor step each parameter during the
 // backward of the last micro-batch and free its gradient at once (src/train/layerwise.h), so the gradient
 // peak is about one layer's. Without clipping the parameters end bit-identical to the ordinary step's (GaLore
@@ -20,8 +26,8 @@
 // time, peak bytes per category and in total, peak RSS), written to config.summary_path when set.
 //
 // Checkpoints are one safetensors file, ckpt_<step, 8 digits>.safetensors in checkpoint_dir, written
-// atomically: "model.<name>" and "optim.<key>" tensors, and metadata with the step, the RNG state, the
-// loader position and the config JSON. load_checkpoint() restores all of it, so a run stopped at step k
+// atomically: "model.<name>", "optim.<key>" (and for fp16 "amp.<key>") tensors, and metadata with the
+// step, the RNG state, the loader position and the config JSON. load_checkpoint() restores all of it, so a run stopped at step k
 // and resumed continues bit for bit as if it had not stopped (CPU).
 //   metadata keys: format ("memtrain-checkpoint"), format_version ("1"), step, rng_seed, rng_offset,
 //   loader_epoch, loader_batch, optimizer (its kind_name), config (TrainerConfig JSON)
@@ -33,6 +39,7 @@
 // while the Trainer lives; the previous budget is restored by the destructor.
 #pragma once
 
+#include "memtrain/amp/loss_scaler.h"
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/module.h"
 #include "memtrain/optim/optimizer.h"
@@ -67,8 +74,12 @@ struct StepMetrics {
   double step_seconds = 0.0;
   std::size_t peak_bytes = 0;  // allocator total peak so far
   std::optional<double> val_loss;  // when an eval ran after this step
+  // fp16 only: the loss scale this step's backward was seeded with, and whether its gradients overflowed
+  // (then no parameter changed and the scale backed off).
+  std::optional<double> loss_scale;
+  bool skipped = false;
   // {"step", "loss", "lr", "grad_norm", "samples", "tokens", "step_seconds", "tokens_per_s", "peak_bytes"
-  //  [, "val_loss"]}: one line of the metrics JSONL.
+  //  [, "val_loss"] [, "loss_scale", "skipped"]}: one line of the metrics JSONL.
   nlohmann::json to_json() const;
 };
 
@@ -121,6 +132,7 @@ class Trainer {
   optim::Optimizer& optimizer() { return *optimizer_; }
   data::Loader& train_loader() { return *train_loader_; }
   const std::vector<StepMetrics>& history() const { return history_; }
+  const amp::DynamicLossScaler* loss_scaler() const { return scaler_.get(); }  // null unless fp16
 
   // Called after every optimizer step (after eval/checkpoint of that step), e.g. to print samples.
   std::function<void(const StepMetrics&)> on_step;
@@ -137,6 +149,8 @@ class Trainer {
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them
   std::shared_ptr<detail::LayerwiseUpdater> layerwise_;  // with config.layerwise_update
+  DType compute_dtype_ = DType::f32;                     // amp::Autocast dtype of forward passes
+  std::unique_ptr<amp::DynamicLossScaler> scaler_;       // fp16
   std::int64_t step_ = 0;
   std::vector<StepMetrics> history_;
   Device device_ = Device::cpu();  // of the model's parameters: whose allocator the budget and peaks are

@@ -4,6 +4,7 @@
 // value the library cannot run yet, or a combination that cannot work, with the reason.
 #pragma once
 
+#include "memtrain/amp/loss_scaler.h"
 #include "memtrain/optim/spec.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -53,7 +54,10 @@ struct TrainerConfig {
   std::int64_t micro_batch = 8;
   std::int64_t grad_accum = 1;
   std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
-  std::string precision = "fp32";        // "fp32" now; "bf16", "fp16", "fp8" with the precision issue
+  // amp/precision.h: fp32, bf16 (bf16 compute and stored activations over f32 master weights), fp16 (the same
+  // with dynamic loss scaling, options below); fp8 is refused until its matmul path is built.
+  std::string precision = "fp32";
+  amp::LossScalerOptions loss_scaler;  // fp16 only
   std::string activation_checkpointing = "none";  // ckpt::Policy::parse forms: none, full, every:K, selective, budget:64MiB
   // GaLore (optim/galore.h) on the 2-D attention and MLP weights when galore_rank > 0; the optimizer above
   // is its base rule (adamw8bit = 8-bit GaLore).
