@@ -102,6 +102,23 @@ TEST(ElementwiseUnary, ForwardF32WithinFloatPrecision) {
   }
 }
 
+TEST(ElementwiseUnary, NarrowGeluInBlocksEqualsTheWidenedF32Run) {
+  // Contiguous bf16/f16 tanh-GELU runs in stack blocks of 2048; more elements than one block, and a partial
+  // last one, must give exactly the f32 kernel on the widened array rounded once, forward and backward.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = uniform({3, 2731}, -5, 5, 14, dt), g = uniform({3, 2731}, -2, 2, 15, dt);
+    const Tensor y = ops::gelu(x, ops::GeluApproximation::tanh);
+    ASSERT_EQ(y.dtype(), dt);
+    EXPECT_EQ(values_of(y), values_of(ops::gelu(x.to(DType::f32), ops::GeluApproximation::tanh).to(dt)));
+    Tensor xn = x.clone().set_requires_grad(), xw = x.to(DType::f32).set_requires_grad();
+    ops::gelu(xn, ops::GeluApproximation::tanh).backward(g);
+    ops::gelu(xw, ops::GeluApproximation::tanh).backward(g.to(DType::f32));
+    ASSERT_EQ(xn.grad().dtype(), dt);
+    EXPECT_EQ(values_of(xn.grad()), values_of(xw.grad().to(dt)));
+  }
+}
+
 TEST(ElementwiseUnary, ForwardBf16WithinOneRounding) {
   for (const auto& c : unary_cases()) {
     const Tensor x = uniform({5, 6}, c.lo, c.hi, 13, DType::bf16);

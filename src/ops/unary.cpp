@@ -4,6 +4,7 @@
 // small backward op below (<op>_backward: one fused map of the gradient and one saved tensor), so the
 // rule lives once and a device backend only adds that op's kernel. Where the derivative is cheaper from
 // the output (exp, sqrt, rsqrt, tanh, sigmoid, relu) the output is saved instead of the input.
+#include "cpu/convert.h"
 #include "cpu/gelu.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
@@ -13,6 +14,7 @@
 #include "ops/nn_common.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace memtrain::ops {
@@ -105,9 +107,37 @@ Tensor clamp_backward(const Tensor& g, const Tensor& x, double lo, double hi) {
   });
 }
 
+// Contiguous bf16/f16 arrays of n elements through an f32 array kernel in blocks widened on the stack, so a
+// narrow activation never gets a full-size f32 copy (mixed precision stores the MLP's widest tensors narrow
+// to halve them; two f32 temporaries of their size would give the saving back at the peak). kernel(out, in...,
+// len) runs on f32 blocks; each result is rounded once, as widening the whole array would give.
+constexpr std::int64_t kNarrowBlock = 2048;
+
+template <std::size_t kInputs, typename Kernel>
+void narrow_blocks(DType dtype, std::int64_t n, void* out, const std::array<const void*, kInputs>& in, Kernel kernel) {
+  const std::size_t es = dtype_size(dtype);
+  const std::int64_t blocks = (n + kNarrowBlock - 1) / kNarrowBlock;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    std::array<std::array<float, kNarrowBlock>, kInputs + 1> buf;
+    const std::int64_t off = b * kNarrowBlock, len = std::min(kNarrowBlock, n - off);
+    for (std::size_t i = 0; i < kInputs; ++i)
+      cpu::convert(static_cast<const unsigned char*>(in[i]) + off * es, dtype, buf[i + 1].data(), DType::f32,
+                   static_cast<std::size_t>(len));
+    if constexpr (kInputs == 1) kernel(buf[0].data(), buf[1].data(), len);
+    else kernel(buf[0].data(), buf[1].data(), buf[2].data(), len);
+    cpu::convert(buf[0].data(), DType::f32, static_cast<unsigned char*>(out) + off * es, dtype,
+                 static_cast<std::size_t>(len));
+  }
+}
+
+bool is_narrow_contiguous(const Tensor& t) {
+  return (t.dtype() == DType::bf16 || t.dtype() == DType::f16) && t.is_contiguous();
+}
+
 // gelu (tanh) and its backward on the fused array kernels of cpu/gelu.h: inputs in the compute dtype and
-// contiguous (a copy only for views or bf16/f16), the result back in the input's dtype. On a CUDA device,
-// the kernels of memtrain/cuda/nn.h (contiguous f32 or bf16).
+// contiguous (a copy only for views), the result back in the input's dtype; contiguous bf16/f16 in blocks
+// (narrow_blocks). On a CUDA device, the kernels of memtrain/cuda/nn.h (contiguous f32 or bf16).
 Tensor gelu_tanh_kernel(const Tensor& a) {
   detail::check_floating("gelu", a);
   if (a.device().is_cuda()) {
@@ -118,6 +148,12 @@ Tensor gelu_tanh_kernel(const Tensor& a) {
     return y;
   }
   detail::check_cpu("gelu", a);
+  if (is_narrow_contiguous(a)) {
+    Tensor y = Tensor::empty(a.shape(), a.dtype());
+    narrow_blocks<1>(a.dtype(), a.numel(), y.data_ptr(), {a.data_ptr()},
+                     [](float* out, const float* x, std::int64_t len) { cpu::gelu_tanh_forward<float>(out, x, len); });
+    return y;
+  }
   Tensor x = detail::to_compute(a);
   if (!x.is_contiguous()) x = x.contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype());
@@ -143,6 +179,14 @@ Tensor gelu_tanh_backward_kernel(const Tensor& g, const Tensor& x) {
     return dx;
   }
   detail::check_cpu("gelu_backward", x);
+  if (is_narrow_contiguous(x) && is_narrow_contiguous(g)) {
+    Tensor dx = Tensor::empty(x.shape(), x.dtype());
+    narrow_blocks<2>(x.dtype(), x.numel(), dx.data_ptr(), {g.data_ptr(), x.data_ptr()},
+                     [](float* out, const float* dy, const float* v, std::int64_t len) {
+                       cpu::gelu_tanh_backward<float>(out, dy, v, len);
+                     });
+    return dx;
+  }
   Tensor gc = detail::to_compute(g), xc = detail::to_compute(x);
   if (!gc.is_contiguous()) gc = gc.contiguous();
   if (!xc.is_contiguous()) xc = xc.contiguous();
