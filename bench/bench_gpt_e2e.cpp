@@ -4,13 +4,20 @@
 //
 // Run: ./bench_gpt_e2e [--model small|gpt2-124M|tiny] [--seq-len T] [--batch B] [--steps N] [--warmup W]
 //                      [--threads P] [--checkpoint none|full|every:K|selective|budget:SIZE]
+//                      [--precision fp32|bf16|fp16]
 // Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
 // memtrain's allocator peaks over the timed steps: all categories, and activations alone (the forward runs
 // under CategoryGuard(activations), as train::Trainer runs it, so that category is what the forward allocated
 // and is still alive, plus what checkpointed regions recompute during backward). --checkpoint sets the
 // model's ckpt::Policy; a budget policy plans on the first forward, so with W = 0 the first timed step is
 // its profiling step. A plain main(), not google-benchmark: one step takes seconds, and the median over a
-// few steps is what we compare. The last line is machine-readable ("RESULT ...").
+// few steps is what we compare. --precision runs the forward under amp::Autocast as train::Trainer does
+// (fp16: backward seeded with a dynamic loss scale, gradients unscaled before the step, overflowing steps
+// skipped); weights and AdamW state stay f32. The last line is machine-readable ("RESULT ...").
+#include "memtrain/amp/autocast.h"
+#include "memtrain/amp/loss_scaler.h"
+#include "memtrain/amp/precision.h"
+#include "memtrain/autograd/engine.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
@@ -29,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sys/resource.h>
 #include <string>
@@ -46,6 +54,7 @@ struct Args {
   int warmup = 3;
   int threads = 0;  // 0 = OpenMP's default
   std::string checkpoint = "none";  // ckpt::Policy::parse's forms
+  std::string precision = "fp32";   // fp8 is not built yet
 };
 
 Args parse(int argc, char** argv) {
@@ -61,8 +70,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--threads") a.threads = std::stoi(v);
     else if (k == "--checkpoint") a.checkpoint = v;
+    else if (k == "--precision") a.precision = v;
     else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
-                  "--threads --checkpoint)", k);
+                  "--threads --checkpoint --precision)", k);
   }
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
@@ -120,9 +130,17 @@ int main(int argc, char** argv) try {
   const Tensor idx = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
   const Tensor targets = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
 
-  fmt::print("memtrain GPT {} (params {:.2f}M) B={} T={} threads={} checkpoint={}\n", a.model,
+  const amp::Precision precision = amp::parse_precision(a.precision);
+  MT_CHECK(precision != amp::Precision::fp8, "bench_gpt_e2e", "--precision fp8 is not built yet");
+  const DType compute = amp::activation_dtype(precision);
+  std::optional<amp::DynamicLossScaler> scaler;
+  if (precision == amp::Precision::fp16) scaler.emplace();
+  std::vector<Tensor> params;
+  for (const auto& [name, p] : model.named_parameters()) params.push_back(p);
+  int skipped = 0;
+  fmt::print("memtrain GPT {} (params {:.2f}M) B={} T={} threads={} checkpoint={} precision={}\n", a.model,
              static_cast<double>(model.num_parameters()) * 1e-6, a.batch, a.seq_len, omp_get_max_threads(),
-             model.checkpointing().policy().to_string());
+             model.checkpointing().policy().to_string(), a.precision);
   Allocator& allocator = Allocator::get(Device::cpu());
   std::vector<double> ms, cpu_ms;
   double last_loss = 0.0;
@@ -134,10 +152,16 @@ int main(int argc, char** argv) try {
     Tensor loss;
     {
       CategoryGuard category(MemoryCategory::activations);  // backward's gradients are tagged by the engine
+      amp::Autocast autocast(compute);
       loss = model.loss(idx, targets);
     }
-    loss.backward();  // autograd::backward({loss}, {ones_like(loss)})
-    opt->step();
+    autograd::backward({loss}, {full({}, scaler ? scaler->scale() : 1.0, loss.dtype())});
+    std::vector<Tensor> grads;
+    for (const Tensor& p : params) grads.push_back(p.grad());
+    const bool finite = !scaler || scaler->unscale_(grads);
+    if (finite) opt->step();
+    if (scaler) scaler->update(!finite);
+    skipped += !finite;
     opt->zero_grad();
     const auto t1 = std::chrono::steady_clock::now();
     const double dc = 1e3 * (cpu_seconds() - c0);
@@ -153,20 +177,22 @@ int main(int argc, char** argv) try {
   const double rss_mib = static_cast<double>(peak_rss_kib()) / 1024.0;
   const MemoryStats mem = allocator.stats();
   const CategoryStats& act = mem[MemoryCategory::activations];
+  const CategoryStats& copies = mem[MemoryCategory::compute_weights];
   const ckpt::BlockCheckpointer& checkpointer = model.checkpointing();
   const auto& plan = checkpointer.plan();
   const double alloc_mib = mib(mem.peak_bytes);
   fmt::print("{}\n", checkpointer.describe(cfg.n_layer));
+  if (scaler) fmt::print("fp16: {} of {} steps skipped, final loss scale {}\n", skipped, a.warmup + a.steps, scaler->scale());
   fmt::print("median step {:.1f} ms (cpu {:.1f} ms), {:.0f} tokens/s, peak RSS {:.0f} MiB, allocator peak {:.0f} MiB "
              "(activations: peak {:.1f} MiB, {:.1f} MiB at the total peak)\n",
              median, cpu_median, tok_s, rss_mib, alloc_mib, mib(act.peak_bytes), mib(act.at_total_peak));
   // plan_kept_bytes: what the budget plan keeps in the blocks (its bound), 0 without a plan.
   fmt::print("RESULT impl=memtrain model={} B={} T={} threads={} step_ms={:.1f} cpu_ms={:.1f} tok_s={:.0f} "
              "rss_mib={:.0f} alloc_mib={:.0f} policy={} act_peak_bytes={} act_at_peak_bytes={} total_peak_bytes={} "
-             "plan_kept_bytes={}\n",
+             "plan_kept_bytes={} precision={} weight_copies_peak_bytes={} loss={:.4f}\n",
              a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib,
              checkpointer.policy().to_string(), act.peak_bytes, act.at_total_peak, mem.peak_bytes,
-             plan ? plan->kept_bytes : std::size_t{0});
+             plan ? plan->kept_bytes : std::size_t{0}, a.precision, copies.peak_bytes, last_loss);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());  // memtrain::Error names the op already

@@ -162,6 +162,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--checkpoint", default="none", choices=["none", "full"])
+    # bf16: the forward under torch.autocast("cpu", torch.bfloat16), torch's CPU mixed precision (f32 weights).
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = p.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.batch < 1 or a.seq_len < 1:
         p.error("need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1")
@@ -192,7 +194,8 @@ def main():
         c0 = cpu_seconds()
         t0 = time.perf_counter()
         saved.reset()
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             loss = model.loss(idx, targets, saved)
         loss.backward()
         opt.step()
@@ -214,7 +217,8 @@ def main():
           f"saved for backward {act / 2**20:.1f} MiB")
     print(f"RESULT impl=torch-py model={a.model} B={a.batch} T={a.seq_len} threads={torch.get_num_threads()} "
           f"step_ms={med:.1f} cpu_ms={cpu_med:.1f} tok_s={tok_s:.0f} rss_mib={rss_mib:.0f} alloc_mib=0 "
-          f"policy={a.checkpoint} act_peak_bytes={act} act_at_peak_bytes=0 total_peak_bytes=0 plan_kept_bytes=0")
+          f"policy={a.checkpoint} act_peak_bytes={act} act_at_peak_bytes=0 total_peak_bytes=0 plan_kept_bytes=0 "
+          f"precision={a.precision} weight_copies_peak_bytes=0 loss={loss.item():.4f}")
     return 0
 
 
