@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
-  app.add_option("--precision", f.precision, "fp32 (bf16/fp16/fp8 come with mixed precision)");
+  app.add_option("--precision", f.precision, "fp32, bf16 or fp16 (f32 master weights; fp16 with loss scaling)");
   app.add_option("--checkpoint", f.checkpoint,
                  "activation checkpointing: none (default), full, every:K, selective[:op1,op2], budget:SIZE (e.g. 64MiB)");
   app.add_option("--galore-rank", f.galore_rank,

@@ -1,6 +1,10 @@
 // memtrain: everything a training program needs, in one include.
 #pragma once
 
+#include "memtrain/amp/autocast.h"
+#include "memtrain/amp/fp8.h"
+#include "memtrain/amp/loss_scaler.h"
+#include "memtrain/amp/precision.h"
 #include "memtrain/autograd/engine.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
