@@ -1,6 +1,7 @@
 // amp::Autocast: which ops run narrow, which stay f32, where gradients land, the parameter-copy cache, and
 // a GPT trained under bf16 / f16 compute against the same model in f32.
 #include "memtrain/amp/autocast.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/autograd/engine.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
@@ -147,8 +148,9 @@ struct GptRun {
   std::size_t activations_kept = 0;
 };
 
-// One forward + backward of a fixed GPT at `dtype` (f32: no autocast), with a checkpoint policy.
-GptRun gpt_step(DType dtype, const ckpt::Policy& policy, double dropout = 0.0) {
+// One forward + backward of a fixed GPT at `dtype` (f32: no autocast; with fp8: the fp8 policy), with a
+// checkpoint policy.
+GptRun gpt_step(DType dtype, const ckpt::Policy& policy, double dropout = 0.0, amp::Fp8State* fp8 = nullptr) {
   manual_seed(11);
   nn::GPT model(small_gpt(dropout));
   model.set_checkpointing(policy);
@@ -159,7 +161,8 @@ GptRun gpt_step(DType dtype, const ckpt::Policy& policy, double dropout = 0.0) {
   {
     CategoryGuard category(MemoryCategory::activations);
     std::optional<Autocast> guard;
-    if (dtype != DType::f32) guard.emplace(dtype);
+    if (fp8 != nullptr) guard.emplace(*fp8);
+    else if (dtype != DType::f32) guard.emplace(dtype);
     r.loss = model.loss(idx, targets);
   }
   r.activations_kept = alloc.stats()[MemoryCategory::activations].live_bytes - base;
@@ -189,19 +192,47 @@ TEST(Autocast, GptUnderBf16AndF16TracksF32AndStoresHalfTheActivations) {
   }
 }
 
-TEST(Autocast, CheckpointReRunRestoresTheForwardsComputeDtype) {
-  // The re-run happens in backward, where autocast is off: it must run in bf16 again, or the recomputed
-  // tensors would differ from the forward's (and their shapes' dtypes would not match the placeholders).
-  const GptRun plain = gpt_step(DType::bf16, ckpt::Policy::none(), 0.1);
+TEST(Autocast, GptUnderFp8TracksF32AndStoresLessThanBf16) {
+  const GptRun f32 = gpt_step(DType::f32, ckpt::Policy::none());
+  const GptRun bf16 = gpt_step(DType::bf16, ckpt::Policy::none());
+  for (amp::Fp8ScalingKind kind : {amp::Fp8ScalingKind::blockwise, amp::Fp8ScalingKind::delayed}) {
+    SCOPED_TRACE(amp::fp8_scaling_name(kind));
+    amp::Fp8State fp8(amp::Fp8Recipe{.kind = kind, .delayed = {}});
+    const GptRun r = gpt_step(DType::bf16, ckpt::Policy::none(), 0.0, &fp8);
+    // A fresh delayed state quantizes with scale 1: values below E4M3's smallest subnormal (2^-9) vanish,
+    // so the first delayed step is the coarse one; blockwise scales each tile to its range.
+    EXPECT_NEAR(r.loss.item(), f32.loss.item(), 0.02 * f32.loss.item());
+    double worst = 0;
+    for (std::size_t i = 0; i < r.grads.size(); ++i) worst = std::max(worst, relative_error(r.grads[i], f32.grads[i]));
+    if (kind == amp::Fp8ScalingKind::blockwise) EXPECT_LT(worst, 0.25) << "worst per-tensor gradient relative error";
+    // Linear inputs are saved as FP8 codes (1 byte) instead of bf16 (2).
+    EXPECT_LT(r.activations_kept, bf16.activations_kept);
+  }
+}
+
+// Gradients of every checkpoint policy equal the plain run's bit for bit, under bf16 or under fp8 (`fp8`).
+void expect_checkpointing_bit_identical(amp::Fp8State* fp8) {
+  const GptRun plain = gpt_step(DType::bf16, ckpt::Policy::none(), 0.1, fp8);
   for (const ckpt::Policy& p : {ckpt::Policy::full(), ckpt::Policy::selective()}) {
     SCOPED_TRACE(p.to_string());
-    const GptRun ck = gpt_step(DType::bf16, p, 0.1);
+    const GptRun ck = gpt_step(DType::bf16, p, 0.1, fp8);
     EXPECT_EQ(ck.loss.item(), plain.loss.item());
     ASSERT_EQ(ck.grads.size(), plain.grads.size());
     for (std::size_t i = 0; i < ck.grads.size(); ++i)
       EXPECT_EQ(std::memcmp(ck.grads[i].data_ptr(), plain.grads[i].data_ptr(), plain.grads[i].nbytes()), 0) << i;
     EXPECT_LT(ck.activations_kept, plain.activations_kept);
   }
+}
+
+TEST(Autocast, CheckpointReRunRestoresTheForwardsComputeDtype) {
+  // The re-run happens in backward, where autocast is off: it must run in bf16 again, or the recomputed
+  // tensors would differ from the forward's (and their shapes' dtypes would not match the placeholders).
+  expect_checkpointing_bit_identical(nullptr);
+}
+
+TEST(Autocast, CheckpointReRunRoutesLinearsThroughFp8Again) {
+  amp::Fp8State fp8;
+  expect_checkpointing_bit_identical(&fp8);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "memtrain/amp/autocast.h"
 
 #include "amp/autocast_state.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 
@@ -17,11 +18,16 @@ struct WeightCache {
   struct Entry {
     Tensor source, copy;
   };
+  struct Fp8Entry {
+    Tensor source;
+    Fp8Weight copy;
+  };
   std::unordered_map<const TensorImpl*, Entry> entries;
+  std::unordered_map<const TensorImpl*, Fp8Entry> fp8_entries;
 };
 
 struct State {
-  DType dtype = DType::f32;
+  AutocastMode mode;
   std::shared_ptr<WeightCache> cache;
 };
 
@@ -37,6 +43,16 @@ Tensor cast_parameter(const Tensor& p, DType dtype) {
   Tensor copy = p.to(dtype);
   cache.entries[&p.impl()] = {p, copy};
   return copy;
+}
+
+const Fp8Weight& fp8_weight(const Tensor& w) {
+  WeightCache& cache = *t_state.cache;
+  auto it = cache.fp8_entries.find(&w.impl());
+  if (it != cache.fp8_entries.end()) return it->second.copy;
+  Fp8State& fp8 = *t_state.mode.fp8;
+  CategoryGuard category(MemoryCategory::compute_weights);
+  Fp8Weight q = quantize_weight(w.detach(), fp8.recipe(), fp8.meta_for(w));
+  return cache.fp8_entries.emplace(&w.impl(), WeightCache::Fp8Entry{w, std::move(q)}).first->second.copy;
 }
 
 std::optional<std::vector<Tensor>> cast_floating(const std::vector<Tensor>& inputs, DType dtype, bool use_cache) {
@@ -59,26 +75,47 @@ struct Autocast::Saved {
   State state;
 };
 
-Autocast::Autocast(DType dtype) : previous_(std::make_unique<Saved>(Saved{t_state})) {
-  MT_CHECK(dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f32, "amp::Autocast",
-           "the compute dtype must be bf16 or f16 (or f32 to turn autocast off), got {}", dtype_name(dtype));
-  // A guard that changes the dtype starts its own cache; one that repeats it shares the outer cache.
-  if (dtype != t_state.dtype || !t_state.cache) t_state = State{dtype, std::make_shared<WeightCache>()};
+Autocast::Autocast(const AutocastMode& mode) : previous_(std::make_unique<Saved>(Saved{t_state})) {
+  MT_CHECK(mode.dtype == DType::bf16 || mode.dtype == DType::f16 || mode.dtype == DType::f32, "amp::Autocast",
+           "the compute dtype must be bf16 or f16 (or f32 to turn autocast off), got {}", dtype_name(mode.dtype));
+  MT_CHECK(mode.fp8 == nullptr || mode.dtype == DType::bf16, "amp::Autocast", "the fp8 policy computes in bf16, not {}",
+           dtype_name(mode.dtype));
+  // A guard that changes the mode starts its own cache; one that repeats it shares the outer cache.
+  const bool same = mode.dtype == t_state.mode.dtype && mode.fp8 == t_state.mode.fp8;
+  if (!same || !t_state.cache) t_state = State{mode, std::make_shared<WeightCache>()};
 }
+
+Autocast::Autocast(DType dtype) : Autocast(AutocastMode{dtype, nullptr}) {}
+
+Autocast::Autocast(Fp8State& fp8) : Autocast(AutocastMode{DType::bf16, &fp8}) {}
 
 Autocast::~Autocast() { t_state = std::move(previous_->state); }
 
-DType autocast_dtype() { return t_state.dtype; }
+DType autocast_dtype() { return t_state.mode.dtype; }
+
+AutocastMode autocast_mode() { return t_state.mode; }
 
 namespace detail {
 
 std::optional<std::vector<Tensor>> autocast_to_compute(const std::vector<Tensor>& inputs) {
-  if (t_state.dtype == DType::f32) return std::nullopt;
-  return cast_floating(inputs, t_state.dtype, true);
+  if (t_state.mode.dtype == DType::f32) return std::nullopt;
+  return cast_floating(inputs, t_state.mode.dtype, true);
+}
+
+std::optional<Tensor> autocast_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (t_state.mode.fp8 == nullptr) return std::nullopt;
+  MT_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "linear",
+           "the fp8 policy runs on the CPU only so far (input on {}, weight on {})", x.device().str(),
+           weight.device().str());
+  Fp8State& fp8 = *t_state.mode.fp8;
+  const Fp8Weight& wq = fp8_weight(weight);
+  const Tensor xb = x.dtype() == DType::bf16 ? x : x.to(DType::bf16);
+  Autocast off(DType::f32);  // fp8_linear computes its products in f32 itself
+  return fp8_linear(xb, weight, wq, bias, fp8.recipe(), fp8.meta_for(weight));
 }
 
 std::optional<std::vector<Tensor>> autocast_to_f32(const std::vector<Tensor>& inputs) {
-  if (t_state.dtype == DType::f32) return std::nullopt;
+  if (t_state.mode.dtype == DType::f32) return std::nullopt;
   return cast_floating(inputs, DType::f32, false);
 }
 

@@ -14,5 +14,8 @@ namespace memtrain::amp::detail {
 std::optional<std::vector<Tensor>> autocast_to_compute(const std::vector<Tensor>& inputs);
 // Floating tensors of another dtype cast to f32; nullopt when autocast is off or nothing changed.
 std::optional<std::vector<Tensor>> autocast_to_f32(const std::vector<Tensor>& inputs);
+// Under the fp8 policy: amp::fp8_linear of x (cast to bf16) with the guard's FP8 copy of weight (quantized once
+// per guard); nullopt otherwise.
+std::optional<Tensor> autocast_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 }  // namespace memtrain::amp::detail

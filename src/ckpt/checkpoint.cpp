@@ -96,7 +96,7 @@ struct Frame : std::enable_shared_from_this<Frame> {
   std::vector<autograd::SavedTensor> inputs;  // saved through the enclosing hooks
   std::vector<bool> input_requires_grad;
   RngState rng;
-  DType autocast_dtype = DType::f32;  // the forward's amp::Autocast dtype, restored for the re-run
+  amp::AutocastMode autocast;  // the forward's amp::Autocast mode, restored for the re-run
 
   // One entry per SavedTensor created in the forward, in order.
   struct Slot {
@@ -234,7 +234,7 @@ void Frame::rerun() {
   }
   RngStateGuard rng_guard;
   set_rng_state(rng);
-  amp::Autocast autocast(autocast_dtype);
+  amp::Autocast autocast_guard(autocast);
   autograd::EnableGradGuard grad_on;
   CategoryGuard category(MemoryCategory::activations);
   rerunning = true;
@@ -280,7 +280,7 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
   frame->keep_ops = options.keep_ops;
   frame->profile_ops = options.profile_ops;
   frame->rng = get_rng_state();
-  frame->autocast_dtype = amp::autocast_dtype();
+  frame->autocast = amp::autocast_mode();
   for (const Tensor& t : inputs) {
     frame->inputs.emplace_back(t);  // through the enclosing hooks: an outer region may drop it
     frame->input_requires_grad.push_back(t.defined() && t.requires_grad());

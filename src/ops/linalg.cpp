@@ -193,6 +193,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_defined("linear", x);
   detail::check_defined("linear", weight);
+  if (auto y = amp::detail::autocast_linear(x, weight, bias)) return *y;
   if (auto c = amp::detail::autocast_to_compute({x, weight, bias})) return linear((*c)[0], (*c)[1], (*c)[2]);
   MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
            "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));

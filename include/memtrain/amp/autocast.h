@@ -15,6 +15,7 @@
 //   f32 inside     layer_norm, rms_norm: statistics and arithmetic in f32, output in the input's dtype; their
 //                  f32 weights are used as they are.
 //   as given       everything else (elementwise, dropout, views, reductions) runs in its inputs' dtype.
+//   fp8 policy     as bf16, except linear: amp::fp8_linear (amp/fp8_linear.h) with FP8 operands.
 //
 // Compute copies of parameters (leaf tensors that require grad) are made once per outermost guard, under
 // MemoryCategory::compute_weights, and shared by every use inside it (a tied embedding and head cast once);
@@ -30,10 +31,23 @@
 
 namespace memtrain::amp {
 
+class Fp8State;
+
+// What an Autocast guard set: the compute dtype (f32 = off) and, for the fp8 policy, the FP8 state that
+// linear layers use. Activation checkpointing records it with a region and restores it for the re-run.
+struct AutocastMode {
+  DType dtype = DType::f32;
+  Fp8State* fp8 = nullptr;
+};
+
 class Autocast {
  public:
   // dtype: bf16 or f16 turn autocast on; f32 turns it off inside the guard (a region that must stay f32).
   explicit Autocast(DType dtype = DType::bf16);
+  // The fp8 policy: bf16 compute, and every linear (ops::linear) in FP8 with fp8's recipe and scaling state
+  // (amp/fp8_state.h), its weights quantized once per guard. fp8 must outlive the guard.
+  explicit Autocast(Fp8State& fp8);
+  explicit Autocast(const AutocastMode& mode);
   ~Autocast();
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
@@ -45,6 +59,7 @@ class Autocast {
 
 // The compute dtype of the innermost active guard; f32 when autocast is off.
 DType autocast_dtype();
+AutocastMode autocast_mode();
 inline bool autocast_enabled() { return autocast_dtype() != DType::f32; }
 
 }  // namespace memtrain::amp

@@ -1,0 +1,60 @@
+// FP8 linear layer (emulated exactly on the CPU): y = x W^T + b with x and W quantized to E4M3 in the forward
+// and the output gradient quantized to E5M2 in the backward; the products are computed in f32 from the
+// dequantized values (FP8 values times f32 scales are exact in f32), so a GPU FP8 GEMM gives the same result up
+// to summation order.
+//
+// Memory, the point of FP8 here: backward keeps x as FP8 codes plus scales (1 byte per element instead of 2 for
+// bf16) and the weight as its FP8 copy (the compute copy of the weights is FP8, not bf16); neither x nor a
+// dequantized copy is saved. The established FP8 stacks keep high-precision copies as well, so their peak
+// memory does not fall.
+//
+// Scaling (Fp8Recipe.kind):
+//   delayed    per-tensor scales from Fp8LinearMeta (amax histories of the input, the weight and the output
+//              gradient: Transformer Engine's DelayedScaling); each call records this step's amaxes, and
+//              Fp8LinearMeta::update_scales() after the optimizer step turns them into the next scales.
+//   blockwise  current scales: x in 1x128 tiles along in_features (one scale per row per 128 columns), W in
+//              128x128 blocks, the output gradient in 1x128 tiles along out_features (DeepSeek-V3); no state.
+#pragma once
+
+#include "memtrain/amp/fp8.h"
+#include "memtrain/core/tensor.h"
+
+#include <cstddef>
+
+namespace memtrain::amp {
+
+struct Fp8Recipe {
+  Fp8ScalingKind kind = Fp8ScalingKind::blockwise;
+  DelayedScalingOptions delayed;  // used by kind == delayed
+};
+
+// Delayed-scaling state of one linear layer: input and weight in E4M3, output gradient in E5M2.
+struct Fp8LinearMeta {
+  explicit Fp8LinearMeta(const DelayedScalingOptions& options = {});
+  Fp8TensorMeta input, weight, grad;
+  void update_scales();                 // all three (after the optimizer step)
+  std::size_t bytes() const;            // scaling state of the three
+};
+
+// The FP8 compute copy of one weight [out, in]: E4M3 codes and their inverse scales (one f32 for delayed; the
+// (ceil(out/128), ceil(in/128)) grid for blockwise).
+struct Fp8Weight {
+  Tensor codes;
+  Tensor inv_scales;
+  Fp8ScalingKind kind = Fp8ScalingKind::blockwise;
+  std::size_t bytes() const;  // codes + scales
+};
+
+// Quantizes weight (CPU f32 or bf16, [out, in]) for the forwards of one step. delayed: with meta->weight's scale,
+// recording its amax (meta required); blockwise: meta is not used (may be null). Not recorded by autograd.
+Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8LinearMeta* meta);
+
+// x [..., in] (CPU f32 or bf16), weight [out, in] (the parameter gradients flow to), wq = quantize_weight(weight,
+// ...) of the same values, bias [out] or undefined. Returns [..., out] in x's dtype. Gradients: dx in x's dtype,
+// dweight in weight's dtype, dbias in bias's dtype (computed from the unquantized output gradient, as TE does).
+// delayed needs meta (input and grad scales; amaxes recorded; the backward uses it, so it must outlive the
+// backward); blockwise ignores it.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
+                  const Fp8Recipe& recipe, Fp8LinearMeta* meta);
+
+}  // namespace memtrain::amp

@@ -1,0 +1,45 @@
+// Fp8State: the FP8 recipe of a training run and the delayed-scaling state of each linear layer, keyed by the
+// layer's weight. amp::Autocast(Fp8State&) routes every linear through amp::fp8_linear with it; the Trainer
+// owns one for precision "fp8" and calls update_scales() after each step.
+//
+// Blockwise scaling needs no state (meta_for returns null). Delayed scaling makes one Fp8LinearMeta per weight at
+// its first use: input, weight and output-gradient amax histories (history_len entries each, 16 by default).
+#pragma once
+
+#include "memtrain/amp/fp8_linear.h"
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace memtrain::amp {
+
+// "delayed" or "blockwise"; anything else throws, listing both.
+Fp8ScalingKind fp8_scaling_from_name(std::string_view name);
+std::string fp8_scaling_name(Fp8ScalingKind kind);
+
+class Fp8State {
+ public:
+  explicit Fp8State(Fp8Recipe recipe = {});
+
+  const Fp8Recipe& recipe() const { return recipe_; }
+  // The delayed-scaling state of the linear layer whose weight this is (made at its first use); null for
+  // blockwise scaling.
+  Fp8LinearMeta* meta_for(const Tensor& weight);
+  // After each optimizer step (delayed): every layer's scales from its amax histories.
+  void update_scales();
+  std::size_t layers() const { return metas_.size(); }
+  std::size_t bytes() const;  // scaling state of all layers
+
+ private:
+  struct Entry {
+    std::shared_ptr<TensorImpl> weight;  // keeps the key's object alive
+    Fp8LinearMeta meta;
+  };
+  Fp8Recipe recipe_;
+  std::unordered_map<const TensorImpl*, Entry> metas_;
+};
+
+}  // namespace memtrain::amp

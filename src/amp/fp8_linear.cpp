@@ -1,0 +1,271 @@
+// amp::fp8_linear (amp/fp8_linear.h): the FP8 linear layer, emulated on the CPU. x is quantized before the
+// product, outside compute_or_replay, so its codes are saved whether the product is computed or handed back by a
+// checkpoint re-run. Every GEMM runs in f32 on dequantized copies that live only as workspace while it runs.
+#include "memtrain/amp/fp8_linear.h"
+
+#include "cpu/gemm.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ckpt/checkpoint.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/error.h"
+#include "memtrain/core/float_types.h"
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace memtrain::amp {
+
+Fp8LinearMeta::Fp8LinearMeta(const DelayedScalingOptions& options)
+    : input(Fp8Format::e4m3, options), weight(Fp8Format::e4m3, options), grad(Fp8Format::e5m2, options) {}
+
+void Fp8LinearMeta::update_scales() {
+  input.update_scale();
+  weight.update_scale();
+  grad.update_scale();
+}
+
+std::size_t Fp8LinearMeta::bytes() const { return input.bytes() + weight.bytes() + grad.bytes(); }
+
+std::size_t Fp8Weight::bytes() const {
+  return (codes.defined() ? codes.nbytes() : 0) + (inv_scales.defined() ? inv_scales.nbytes() : 0);
+}
+
+namespace {
+
+constexpr const char* kOp = "fp8_linear";
+
+const char* kind_name(Fp8ScalingKind kind) { return kind == Fp8ScalingKind::delayed ? "delayed" : "blockwise"; }
+
+// FP8 codes and the inverse scales that turn them back into values: one f32 (delayed) or a tile grid.
+struct Quantized {
+  Tensor codes;
+  Tensor inv_scales;
+};
+
+Tensor scalar_f32(float value) {
+  Tensor t = Tensor::empty({1}, DType::f32);
+  t.data<float>()[0] = value;
+  return t;
+}
+
+// x (contiguous, CPU f32/bf16) in format f: with meta's scale, recording x's amax (delayed), or in 1x128 tiles
+// along the last dim (blockwise). Allocates in the current category.
+Quantized quantize_rows(const Tensor& x, Fp8Format f, Fp8ScalingKind kind, Fp8TensorMeta* meta) {
+  if (kind == Fp8ScalingKind::blockwise) {
+    BlockwiseFp8 q = quantize_fp8_blockwise(x, f, Fp8Tiling::row_1x128);
+    return {q.codes, q.inv_scales};
+  }
+  Tensor codes = quantize_fp8(x, f, meta->scale());
+  meta->record_amax(amax(x));
+  // The inverse scale is saved as it was now: update_scales() may run before the backward reads it.
+  return {codes, scalar_f32(meta->inv_scale())};
+}
+
+// f32 values of codes; tiling only matters for blockwise.
+Tensor dequantize(const Tensor& codes, const Tensor& inv_scales, Fp8ScalingKind kind, Fp8Tiling tiling) {
+  if (kind == Fp8ScalingKind::delayed) return dequantize_fp8(codes, inv_scales.data<float>()[0]);
+  return dequantize_fp8_blockwise({codes, inv_scales, tiling});
+}
+
+// An f32 result that becomes a tensor of final_dtype: allocated in the current category when it is the final
+// tensor itself, else as workspace (the conversion allocates the final one).
+Tensor f32_result(const Shape& shape, DType final_dtype) {
+  std::optional<CategoryGuard> workspace;
+  if (final_dtype != DType::f32) workspace.emplace(MemoryCategory::workspace);
+  return Tensor::empty(shape, DType::f32);
+}
+
+// c [m, n] = op(a) op(b) (+ c when accumulate); all contiguous f32 matrices, op = transpose when flagged.
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, bool accumulate) {
+  const std::int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  cpu::gemm_f32(trans_a, trans_b, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(), b.size(1),
+                accumulate ? 1.0f : 0.0f, c.data<float>(), n);
+}
+
+float load(const float* p, std::int64_t i) { return p[i]; }
+float load(const BFloat16* p, std::int64_t i) { return p[i].to_float(); }
+
+template <typename T>
+void add_rows(const T* g, std::int64_t rows, std::int64_t cols, double* sums) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) sums[c] += load(g, r * cols + c);
+  }
+}
+
+// db: column sums of g [rows, cols] (contiguous f32/bf16), accumulated in f64, in `dtype`.
+Tensor column_sums(const Tensor& g, DType dtype) {
+  Tensor sums;
+  {
+    CategoryGuard workspace(MemoryCategory::workspace);
+    sums = zeros({g.size(1)}, DType::f64);
+  }
+  if (g.dtype() == DType::f32) add_rows(g.data<float>(), g.size(0), g.size(1), sums.data<double>());
+  else add_rows(static_cast<const BFloat16*>(g.data_ptr()), g.size(0), g.size(1), sums.data<double>());
+  return sums.to(dtype);
+}
+
+void check_operand(const Tensor& t, const char* op, const char* what) {
+  MT_CHECK(t.defined(), op, "{} is undefined", what);
+  MT_CHECK(t.device().is_cpu(), op, "{} is on {}; this is the CPU path", what, t.device().str());
+  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, "{} dtype {} is not supported (f32, bf16)", what,
+           dtype_name(t.dtype()));
+}
+
+void check_inputs(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
+                  const Fp8Recipe& recipe, const Fp8LinearMeta* meta) {
+  check_operand(x, kOp, "input");
+  check_operand(weight, kOp, "weight");
+  MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), kOp,
+           "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
+  if (bias.defined()) {
+    check_operand(bias, kOp, "bias");
+    MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), kOp, "bias {} does not match weight {} ([out])",
+             shape_str(bias.shape()), shape_str(weight.shape()));
+  }
+  MT_CHECK(wq.codes.defined() && wq.inv_scales.defined(), kOp, "the FP8 weight is empty; make it with quantize_weight");
+  MT_CHECK(wq.codes.device().is_cpu() && wq.inv_scales.device().is_cpu(), kOp,
+           "the FP8 weight is on {}; this is the CPU path", wq.codes.device().str());
+  MT_CHECK(wq.codes.dtype() == DType::f8_e4m3, kOp, "FP8 weight codes are {}, want f8_e4m3",
+           dtype_name(wq.codes.dtype()));
+  MT_CHECK(wq.codes.shape() == weight.shape(), kOp, "FP8 weight codes {} do not match weight {}",
+           shape_str(wq.codes.shape()), shape_str(weight.shape()));
+  MT_CHECK(wq.kind == recipe.kind, kOp, "the FP8 weight was quantized for {} scaling, the recipe is {}",
+           kind_name(wq.kind), kind_name(recipe.kind));
+  const Shape scales = recipe.kind == Fp8ScalingKind::delayed
+                           ? Shape{1}
+                           : Shape{cuda::fp8_scale_rows(weight.size(0), Fp8Tiling::block_128x128),
+                                   cuda::fp8_scale_cols(weight.size(1))};
+  MT_CHECK(wq.inv_scales.dtype() == DType::f32 && wq.inv_scales.shape() == scales, kOp,
+           "FP8 weight inverse scales are {} {}, want f32 {} for {} scaling", dtype_name(wq.inv_scales.dtype()),
+           shape_str(wq.inv_scales.shape()), shape_str(scales), kind_name(recipe.kind));
+  MT_CHECK(recipe.kind != Fp8ScalingKind::delayed || meta != nullptr, kOp,
+           "delayed scaling needs an Fp8LinearMeta (got null)");
+}
+
+// What the backward needs besides the output gradient.
+struct BackwardState {
+  autograd::SavedTensor x_codes, x_inv_scales;  // only when the weight wants a gradient
+  autograd::SavedTensor w_codes, w_inv_scales;  // only when x wants a gradient
+  Fp8ScalingKind kind;
+  Fp8LinearMeta* meta;  // delayed: the grad scale and its amax
+  Shape x_shape;
+  DType x_dtype, w_dtype, b_dtype;
+  std::int64_t rows, in, out;
+  bool want_dx, want_dw, want_db, has_bias;
+};
+
+std::vector<Tensor> fp8_linear_backward(const BackwardState& s, const Tensor& dy) {
+  const Tensor g = [&] {  // (rows, out)
+    CategoryGuard workspace(MemoryCategory::workspace);
+    return dy.contiguous().reshape({s.rows, s.out});
+  }();
+  Tensor dx, dw, db;
+  if (s.want_dx || s.want_dw) {
+    Tensor gd;  // (rows, out), the E5M2 gradient's values
+    {
+      CategoryGuard workspace(MemoryCategory::workspace);
+      const Quantized gq = quantize_rows(g, Fp8Format::e5m2, s.kind, s.meta ? &s.meta->grad : nullptr);
+      gd = dequantize(gq.codes, gq.inv_scales, s.kind, Fp8Tiling::row_1x128);
+    }
+    if (s.want_dx) {
+      Tensor dx32 = f32_result({s.rows, s.in}, s.x_dtype);
+      {
+        CategoryGuard workspace(MemoryCategory::workspace);
+        const Tensor wd = dequantize(s.w_codes.unpack(), s.w_inv_scales.unpack(), s.kind, Fp8Tiling::block_128x128);
+        gemm(gd, false, wd, false, dx32, false);  // dx = g W
+      }
+      dx = dx32.to(s.x_dtype).reshape(s.x_shape);
+    }
+    if (s.want_dw) {
+      Tensor dw32 = f32_result({s.out, s.in}, s.w_dtype);
+      {
+        CategoryGuard workspace(MemoryCategory::workspace);
+        const Tensor xd = dequantize(s.x_codes.unpack(), s.x_inv_scales.unpack(), s.kind, Fp8Tiling::row_1x128);
+        gemm(gd, true, xd, false, dw32, false);  // dW = g^T x, in the weight's [out, in] layout
+      }
+      dw = dw32.to(s.w_dtype);
+    }
+  }
+  if (s.want_db) db = column_sums(g, s.b_dtype);
+  std::vector<Tensor> grads{dx, dw};
+  if (s.has_bias) grads.push_back(db);
+  return grads;
+}
+
+}  // namespace
+
+Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8LinearMeta* meta) {
+  constexpr const char* op = "amp::quantize_weight";
+  check_operand(weight, op, "weight");
+  MT_CHECK(weight.dim() == 2, op, "weight must be [out, in], got {}", shape_str(weight.shape()));
+  const Tensor w = weight.detach();
+  if (recipe.kind == Fp8ScalingKind::blockwise) {
+    BlockwiseFp8 q = quantize_fp8_blockwise(w, Fp8Format::e4m3, Fp8Tiling::block_128x128);
+    return {q.codes, q.inv_scales, Fp8ScalingKind::blockwise};
+  }
+  MT_CHECK(meta != nullptr, op, "delayed scaling needs an Fp8LinearMeta (got null)");
+  Tensor codes = quantize_fp8(w, Fp8Format::e4m3, meta->weight.scale());
+  meta->weight.record_amax(amax(w));
+  return {codes, scalar_f32(meta->weight.inv_scale()), Fp8ScalingKind::delayed};
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
+                  const Fp8Recipe& recipe, Fp8LinearMeta* meta) {
+  check_inputs(x, weight, wq, bias, recipe, meta);
+  const std::int64_t in = weight.size(1), out = weight.size(0);
+  const Shape lead(x.shape().begin(), x.shape().end() - 1);
+  const std::int64_t rows = shape_numel(lead);
+  Shape out_shape = lead;
+  out_shape.push_back(out);
+
+  const Tensor x2 = [&] {  // (rows, in); a copy only when x is strided
+    CategoryGuard workspace(MemoryCategory::workspace);
+    return x.detach().contiguous().reshape({rows, in});
+  }();
+  const Quantized xq = quantize_rows(x2, Fp8Format::e4m3, recipe.kind, meta ? &meta->input : nullptr);
+
+  const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
+  const Tensor y = ckpt::detail::compute_or_replay("linear", flops, [&] {
+                     Tensor y32 = f32_result({rows, out}, x.dtype());  // (rows, out)
+                     if (bias.defined()) y32.copy_(bias.detach().reshape({1, out}).expand({rows, out}));
+                     {
+                       CategoryGuard workspace(MemoryCategory::workspace);
+                       const Tensor xd = dequantize(xq.codes, xq.inv_scales, recipe.kind, Fp8Tiling::row_1x128);
+                       const Tensor wd = dequantize(wq.codes, wq.inv_scales, recipe.kind, Fp8Tiling::block_128x128);
+                       gemm(xd, false, wd, true, y32, bias.defined());  // y = x W^T (+ b)
+                     }
+                     return std::vector<Tensor>{y32.to(x.dtype())};
+                   })[0].reshape(out_shape);
+
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const bool want_dx = x.requires_grad(), want_dw = weight.requires_grad();
+    BackwardState s{autograd::SavedTensor(want_dw ? xq.codes : Tensor()),
+                    autograd::SavedTensor(want_dw ? xq.inv_scales : Tensor()),
+                    autograd::SavedTensor(want_dx ? wq.codes : Tensor()),
+                    autograd::SavedTensor(want_dx ? wq.inv_scales : Tensor()),
+                    recipe.kind,
+                    meta,
+                    x.shape(),
+                    x.dtype(),
+                    weight.dtype(),
+                    bias.defined() ? bias.dtype() : DType::f32,
+                    rows,
+                    in,
+                    out,
+                    want_dx,
+                    want_dw,
+                    bias.defined() && bias.requires_grad(),
+                    bias.defined()};
+    std::vector<Tensor> inputs{x, weight};
+    if (bias.defined()) inputs.push_back(bias);
+    autograd::record(kOp, inputs, {y}, [s = std::move(s)](const std::vector<Tensor>& g) {
+      return fp8_linear_backward(s, g[0]);
+    });
+  }
+  return y;
+}
+
+}  // namespace memtrain::amp

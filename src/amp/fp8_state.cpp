@@ -1,0 +1,40 @@
+#include "memtrain/amp/fp8_state.h"
+
+#include "memtrain/core/error.h"
+
+namespace memtrain::amp {
+
+Fp8ScalingKind fp8_scaling_from_name(std::string_view name) {
+  if (name == "delayed") return Fp8ScalingKind::delayed;
+  if (name == "blockwise") return Fp8ScalingKind::blockwise;
+  MT_CHECK(false, "amp::fp8_scaling_from_name", "unknown FP8 scaling '{}' (known: delayed, blockwise)", name);
+  return Fp8ScalingKind::blockwise;
+}
+
+std::string fp8_scaling_name(Fp8ScalingKind kind) {
+  return kind == Fp8ScalingKind::delayed ? "delayed" : "blockwise";
+}
+
+Fp8State::Fp8State(Fp8Recipe recipe) : recipe_(std::move(recipe)) {
+  // Validates the options now rather than at the first forward.
+  if (recipe_.kind == Fp8ScalingKind::delayed) (void)Fp8TensorMeta(Fp8Format::e4m3, recipe_.delayed);
+}
+
+Fp8LinearMeta* Fp8State::meta_for(const Tensor& weight) {
+  if (recipe_.kind != Fp8ScalingKind::delayed) return nullptr;
+  auto it = metas_.find(&weight.impl());
+  if (it == metas_.end()) it = metas_.emplace(&weight.impl(), Entry{weight.impl_ptr(), Fp8LinearMeta(recipe_.delayed)}).first;
+  return &it->second.meta;
+}
+
+void Fp8State::update_scales() {
+  for (auto& [key, entry] : metas_) entry.meta.update_scales();
+}
+
+std::size_t Fp8State::bytes() const {
+  std::size_t total = 0;
+  for (const auto& [key, entry] : metas_) total += entry.meta.bytes();
+  return total;
+}
+
+}  // namespace memtrain::amp
