@@ -176,6 +176,9 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   c.precision = "fp16";
   c.loss_scaler = {.init_scale = 512, .growth_factor = 4, .backoff_factor = 0.25, .growth_interval = 7,
                    .min_scale = 2, .max_scale = 8192};
+  c.fp8_scaling = "delayed";
+  c.fp8_amax_history = 32;
+  c.fp8_margin = 2;
 
   TempDir dir("config");
   c.save(dir.str("run.json"));
@@ -300,7 +303,9 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.grad_accum = 0; }, {"grad_accum"}},
       {[](TrainerConfig& c) { c.max_steps = 0; }, {"max_steps"}},
       {[](TrainerConfig& c) { c.world_size = 2; }, {"world_size", "distributed issue"}},
-      {[](TrainerConfig& c) { c.precision = "fp8"; }, {"precision 'fp8'", "not supported yet"}},
+      {[](TrainerConfig& c) { c.precision = "fp8"; c.fp8_scaling = "perblock"; }, {"fp8_scaling", "perblock"}},
+      {[](TrainerConfig& c) { c.precision = "fp8"; c.fp8_amax_history = 0; }, {"fp8_amax_history"}},
+      {[](TrainerConfig& c) { c.precision = "fp8"; c.fp8_margin = -1; }, {"fp8_margin"}},
       {[](TrainerConfig& c) { c.precision = "fp64"; }, {"precision", "unknown precision 'fp64'"}},
       {[](TrainerConfig& c) { c.precision = "fp16"; c.loss_scaler.backoff_factor = 1.5; },
        {"loss_scaler", "backoff_factor"}},
@@ -840,8 +845,8 @@ TEST(TrainerFit, ConstructorChecksItsInputs) {
   auto net = std::make_shared<TinyNet>(4, 8, 3);
   auto ds = std::make_shared<RegressionDataset>(8, 4, 3);
   TrainerConfig bad = base_config();
-  bad.precision = "fp8";
-  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("precision 'fp8'"), std::string::npos);
+  bad.precision = "fp9";
+  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("precision 'fp9'"), std::string::npos);
   EXPECT_NE(error_of([&] { Trainer t(base_config(), nullptr, mse_loss(net), ds); }).find("model is null"),
             std::string::npos);
   Trainer t(base_config(), net, mse_loss(net), ds);

@@ -25,7 +25,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, checkpoint, device = "cpu";
+  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device = "cpu";
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
   std::optional<double> galore_scale;
   std::optional<double> lr;
@@ -66,6 +66,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
     c.optimizer = train::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
                                         f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
   if (f.precision) c.precision = *f.precision;
+  if (f.fp8_scaling) c.fp8_scaling = *f.fp8_scaling;
   if (f.checkpoint) c.activation_checkpointing = *f.checkpoint;
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
   if (f.galore_gap) c.galore_update_gap = *f.galore_gap;
@@ -173,7 +174,9 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
-  app.add_option("--precision", f.precision, "fp32, bf16 or fp16 (f32 master weights; fp16 with loss scaling)");
+  app.add_option("--precision", f.precision,
+                 "fp32, bf16, fp16 or fp8 (f32 master weights; fp16 with loss scaling; fp8: linears in FP8)");
+  app.add_option("--fp8-scaling", f.fp8_scaling, "with --precision fp8: blockwise (default) or delayed");
   app.add_option("--checkpoint", f.checkpoint,
                  "activation checkpointing: none (default), full, every:K, selective[:op1,op2], budget:SIZE (e.g. 64MiB)");
   app.add_option("--galore-rank", f.galore_rank,

@@ -3,6 +3,8 @@
 
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/fp8.h"
+#include "memtrain/amp/fp8_linear.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/loss_scaler.h"
 #include "memtrain/amp/precision.h"
 #include "memtrain/autograd/engine.h"

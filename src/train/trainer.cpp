@@ -74,6 +74,13 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   const amp::Precision precision = amp::parse_precision(config_.precision);
   compute_dtype_ = amp::activation_dtype(precision);
   if (precision == amp::Precision::fp16) scaler_ = std::make_unique<amp::DynamicLossScaler>(config_.loss_scaler);
+  if (precision == amp::Precision::fp8) {
+    amp::Fp8Recipe recipe;
+    recipe.kind = amp::fp8_scaling_from_name(config_.fp8_scaling);
+    recipe.delayed.history_len = static_cast<int>(config_.fp8_amax_history);
+    recipe.delayed.margin = static_cast<int>(config_.fp8_margin);
+    fp8_ = std::make_unique<amp::Fp8State>(recipe);
+  }
 
   data::LoaderOptions options;
   options.batch_size = config_.micro_batch;
@@ -142,7 +149,7 @@ StepMetrics Trainer::train_step() {
       // What the forward pass allocates (and keeps for backward) is activation memory.
       autograd::EnableGradGuard grad_on;
       CategoryGuard category(MemoryCategory::activations);
-      amp::Autocast autocast(compute_dtype_);
+      amp::Autocast autocast(autocast_mode());
       loss = loss_fn_(batch);
     }
     MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",
@@ -180,6 +187,7 @@ StepMetrics Trainer::train_step() {
     optimizer_->step();
   }
   if (scaler_) scaler_->update(skipped);
+  if (fp8_) fp8_->update_scales();
   optimizer_->zero_grad();
   ++step_;
 
@@ -198,10 +206,21 @@ StepMetrics Trainer::train_step() {
   return m;
 }
 
+amp::AutocastMode Trainer::autocast_mode() const { return {compute_dtype_, fp8_.get()}; }
+
 double Trainer::evaluate() {
   MT_CHECK(val_loader_ != nullptr, "Trainer::evaluate", "no validation dataset was given");
   // Evaluation must not move the training RNG stream, or eval_interval would change the training run.
   RngStateGuard rng;
+  // Nor may it move the fp8 delayed-scaling state: its amaxes would set later training scales.
+  const std::optional<amp::Fp8State> fp8_before = fp8_ ? std::optional<amp::Fp8State>(*fp8_) : std::nullopt;
+  struct Fp8Restorer {
+    amp::Fp8State* live;
+    const std::optional<amp::Fp8State>& saved;
+    ~Fp8Restorer() {
+      if (live) *live = *saved;
+    }
+  } fp8_restore{fp8_.get(), fp8_before};
   autograd::NoGradGuard no_grad;
   TrainModeRestorer restore{*model_};
   model_->eval();
@@ -213,7 +232,7 @@ double Trainer::evaluate() {
     data::Batch batch = val_loader_->next();
     if (batch.targets_count == 0) continue;
     CategoryGuard category(MemoryCategory::activations);
-    amp::Autocast autocast(compute_dtype_);
+    amp::Autocast autocast(autocast_mode());
     const Tensor loss = loss_fn_(batch);
     MT_CHECK(loss.defined() && loss.numel() == 1, "Trainer::evaluate", "loss_fn must return a one-element tensor");
     sum += loss.item() * static_cast<double>(batch.targets_count);

@@ -3,6 +3,7 @@
 #include "memtrain/train/trainer_config.h"
 
 #include "io/atomic_file.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/precision.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/optim/galore_projector.h"
@@ -271,6 +272,9 @@ json TrainerConfig::to_json() const {
                       {"growth_interval", loss_scaler.growth_interval},
                       {"min_scale", loss_scaler.min_scale},
                       {"max_scale", loss_scaler.max_scale}};
+  j["fp8_scaling"] = fp8_scaling;
+  j["fp8_amax_history"] = fp8_amax_history;
+  j["fp8_margin"] = fp8_margin;
   j["activation_checkpointing"] = activation_checkpointing;
   j["galore_rank"] = galore_rank;
   j["galore_update_gap"] = galore_update_gap;
@@ -341,6 +345,9 @@ TrainerConfig TrainerConfig::from_json(const json& j) {
     lr.get("max_scale", c.loss_scaler.max_scale);
     lr.finish();
   }
+  r.get("fp8_scaling", c.fp8_scaling);
+  r.get("fp8_amax_history", c.fp8_amax_history);
+  r.get("fp8_margin", c.fp8_margin);
   r.get("activation_checkpointing", c.activation_checkpointing);
   r.get("galore_rank", c.galore_rank);
   r.get("galore_update_gap", c.galore_update_gap);
@@ -408,8 +415,16 @@ void TrainerConfig::validate() const {
   } catch (const Error& e) {
     MT_CHECK(false, kWhere, "precision: {}", e.what());
   }
-  MT_CHECK(p != amp::Precision::fp8, kWhere,
-           "precision 'fp8' is not supported yet: its FP8 matmul path is not built (use bf16 or fp16)");
+  if (p == amp::Precision::fp8) {
+    try {
+      (void)amp::fp8_scaling_from_name(fp8_scaling);
+    } catch (const Error& e) {
+      MT_CHECK(false, kWhere, "fp8_scaling: {}", e.what());
+    }
+    MT_CHECK(fp8_amax_history >= 1 && fp8_amax_history <= 1 << 20, kWhere,
+             "fp8_amax_history must be in [1, 2^20], got {}", fp8_amax_history);
+    MT_CHECK(fp8_margin >= 0 && fp8_margin <= 64, kWhere, "fp8_margin must be in [0, 64], got {}", fp8_margin);
+  }
   if (p == amp::Precision::fp16) {
     try {
       amp::DynamicLossScaler check(loss_scaler);

@@ -10,7 +10,10 @@
 // evaluate()) runs under amp::Autocast, so activations and the compute copies of weights are narrow while the
 // optimizer keeps f32 weights. fp16 seeds backward with the loss scale, unscales the gradients before
 // clipping, and skips the step (no parameter or optimizer state changes) when any gradient is Inf/NaN; the
-// scaler's state is saved in checkpoint files ("amp.loss_scaler.*").
+// scaler's state is saved in checkpoint files ("amp.loss_scaler.*"). fp8 runs every linear in FP8
+// (amp::fp8_linear) with the recipe of config.fp8_scaling; delayed scales are updated after each step and
+// evaluate() leaves them as they were. Delayed-scaling histories are not in checkpoint files yet: a resumed
+// fp8 delayed run starts them afresh (blockwise has no state, so it resumes exactly).
 //
 // With config.layerwise_update, hooks registered once by the constructor step each parameter during the
 // backward of the last micro-batch and free its gradient at once (src/train/layerwise.h), so the gradient
@@ -39,6 +42,8 @@
 // while the Trainer lives; the previous budget is restored by the destructor.
 #pragma once
 
+#include "memtrain/amp/autocast.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/loss_scaler.h"
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/module.h"
@@ -133,6 +138,7 @@ class Trainer {
   data::Loader& train_loader() { return *train_loader_; }
   const std::vector<StepMetrics>& history() const { return history_; }
   const amp::DynamicLossScaler* loss_scaler() const { return scaler_.get(); }  // null unless fp16
+  const amp::Fp8State* fp8_state() const { return fp8_.get(); }                 // null unless fp8
 
   // Called after every optimizer step (after eval/checkpoint of that step), e.g. to print samples.
   std::function<void(const StepMetrics&)> on_step;
@@ -151,6 +157,8 @@ class Trainer {
   std::shared_ptr<detail::LayerwiseUpdater> layerwise_;  // with config.layerwise_update
   DType compute_dtype_ = DType::f32;                     // amp::Autocast dtype of forward passes
   std::unique_ptr<amp::DynamicLossScaler> scaler_;       // fp16
+  std::unique_ptr<amp::Fp8State> fp8_;                   // fp8: recipe and delayed-scaling state
+  amp::AutocastMode autocast_mode() const;
   std::int64_t step_ = 0;
   std::vector<StepMetrics> history_;
   Device device_ = Device::cpu();  // of the model's parameters: whose allocator the budget and peaks are

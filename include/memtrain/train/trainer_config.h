@@ -55,9 +55,12 @@ struct TrainerConfig {
   std::int64_t grad_accum = 1;
   std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
   // amp/precision.h: fp32, bf16 (bf16 compute and stored activations over f32 master weights), fp16 (the same
-  // with dynamic loss scaling, options below); fp8 is refused until its matmul path is built.
+  // with dynamic loss scaling, options below), fp8 (bf16, with every linear in FP8: amp/fp8_linear.h).
   std::string precision = "fp32";
   amp::LossScalerOptions loss_scaler;  // fp16 only
+  std::string fp8_scaling = "blockwise";  // fp8 only: blockwise (1x128 / 128x128 current scales) or delayed
+  std::int64_t fp8_amax_history = 16;     // fp8 delayed: amax history length per tensor
+  std::int64_t fp8_margin = 0;            // fp8 delayed: scales divided by 2^margin
   std::string activation_checkpointing = "none";  // ckpt::Policy::parse forms: none, full, every:K, selective, budget:64MiB
   // GaLore (optim/galore.h) on the 2-D attention and MLP weights when galore_rank > 0; the optimizer above
   // is its base rule (adamw8bit = 8-bit GaLore).
