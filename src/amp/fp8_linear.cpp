@@ -4,6 +4,7 @@
 #include "memtrain/amp/fp8_linear.h"
 
 #include "cpu/gemm.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ckpt/checkpoint.h"
@@ -35,8 +36,6 @@ std::size_t Fp8Weight::bytes() const {
 namespace {
 
 constexpr const char* kOp = "fp8_linear";
-
-const char* kind_name(Fp8ScalingKind kind) { return kind == Fp8ScalingKind::delayed ? "delayed" : "blockwise"; }
 
 // FP8 codes and the inverse scales that turn them back into values: one f32 (delayed) or a tile grid.
 struct Quantized {
@@ -133,14 +132,14 @@ void check_inputs(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
   MT_CHECK(wq.codes.shape() == weight.shape(), kOp, "FP8 weight codes {} do not match weight {}",
            shape_str(wq.codes.shape()), shape_str(weight.shape()));
   MT_CHECK(wq.kind == recipe.kind, kOp, "the FP8 weight was quantized for {} scaling, the recipe is {}",
-           kind_name(wq.kind), kind_name(recipe.kind));
+           fp8_scaling_name(wq.kind), fp8_scaling_name(recipe.kind));
   const Shape scales = recipe.kind == Fp8ScalingKind::delayed
                            ? Shape{1}
                            : Shape{cuda::fp8_scale_rows(weight.size(0), Fp8Tiling::block_128x128),
                                    cuda::fp8_scale_cols(weight.size(1))};
   MT_CHECK(wq.inv_scales.dtype() == DType::f32 && wq.inv_scales.shape() == scales, kOp,
            "FP8 weight inverse scales are {} {}, want f32 {} for {} scaling", dtype_name(wq.inv_scales.dtype()),
-           shape_str(wq.inv_scales.shape()), shape_str(scales), kind_name(recipe.kind));
+           shape_str(wq.inv_scales.shape()), shape_str(scales), fp8_scaling_name(recipe.kind));
   MT_CHECK(recipe.kind != Fp8ScalingKind::delayed || meta != nullptr, kOp,
            "delayed scaling needs an Fp8LinearMeta (got null)");
 }
