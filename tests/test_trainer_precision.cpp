@@ -172,6 +172,30 @@ TEST(TrainerPrecision, Fp8EvaluationLeavesTheDelayedScalesAlone) {
   EXPECT_EQ(fp8_delayed_run(true), fp8_delayed_run(false));
 }
 
+TEST(TrainerPrecision, Fp8DelayedResumesWithItsAmaxHistories) {
+  mt::test_support::TempDir dir;
+  auto ds = std::make_shared<TokenDataset>(64, 16, 64);
+  TrainerConfig c = config("fp8");
+  c.fp8_scaling = "delayed";
+  c.fp8_amax_history = 4;
+  c.checkpoint_dir = dir.file("ck");
+  c.grad_clip = 0.0;  // so any difference in the scales reaches the weights unclipped
+  auto a = make_gpt();
+  Trainer whole(c, a, gpt_loss(a), ds);
+  losses(whole, 6);
+
+  auto b = make_gpt();
+  Trainer first(c, b, gpt_loss(b), ds);
+  losses(first, 3);
+  const std::string path = first.save_checkpoint();
+  auto b2 = make_gpt();
+  Trainer second(c, b2, gpt_loss(b2), ds);
+  second.load_checkpoint(path);
+  EXPECT_EQ(second.fp8_state()->layers(), 8u);
+  losses(second, 3);
+  EXPECT_EQ(snapshot(*b2), snapshot(*a)) << "the resumed run must quantize with the scales the whole run had";
+}
+
 TEST(TrainerPrecision, Fp16ResumesWithItsScalerState) {
   mt::test_support::TempDir dir;
   auto ds = std::make_shared<TokenDataset>(64, 16, 64);

@@ -29,6 +29,20 @@ void Fp8LinearMeta::update_scales() {
 
 std::size_t Fp8LinearMeta::bytes() const { return input.bytes() + weight.bytes() + grad.bytes(); }
 
+void Fp8LinearMeta::save(std::map<std::string, Tensor>& out, const std::string& key) const {
+  input.save(out, key + ".input");
+  weight.save(out, key + ".weight");
+  grad.save(out, key + ".grad");
+}
+
+void Fp8LinearMeta::load(const std::map<std::string, Tensor>& in, const std::string& key) {
+  Fp8LinearMeta loaded = *this;  // all three or none
+  loaded.input.load(in, key + ".input");
+  loaded.weight.load(in, key + ".weight");
+  loaded.grad.load(in, key + ".grad");
+  *this = std::move(loaded);
+}
+
 std::size_t Fp8Weight::bytes() const {
   return (codes.defined() ? codes.nbytes() : 0) + (inv_scales.defined() ? inv_scales.nbytes() : 0);
 }

@@ -54,4 +54,33 @@ std::vector<float> Fp8TensorMeta::amax_history() const {
   return out;
 }
 
+void Fp8TensorMeta::save(std::map<std::string, Tensor>& out, const std::string& key) const {
+  const std::vector<float> history = amax_history();
+  out[key + ".amax_history"] = from_buffer(history.data(), {static_cast<std::int64_t>(history.size())}, DType::f32,
+                                          DType::f32);
+  const float scales[2] = {scale_, inv_scale_};
+  out[key + ".scale"] = from_buffer(scales, {2}, DType::f32, DType::f32);
+}
+
+void Fp8TensorMeta::load(const std::map<std::string, Tensor>& in, const std::string& key) {
+  constexpr const char* where = "amp::Fp8TensorMeta::load";
+  const auto find = [&](const std::string& name, std::int64_t size) {
+    auto it = in.find(name);
+    MT_CHECK(it != in.end(), where, "missing tensor '{}'", name);
+    MT_CHECK(it->second.dtype() == DType::f32 && it->second.shape() == Shape{size}, where,
+             "'{}' is {} {}, expected f32 [{}]", name, dtype_name(it->second.dtype()), shape_str(it->second.shape()),
+             size);
+    return it->second.contiguous();
+  };
+  const Tensor history = find(key + ".amax_history", static_cast<std::int64_t>(amax_history_.size()));
+  const Tensor scales = find(key + ".scale", 2);
+  const float scale = scales.data<float>()[0], inv_scale = scales.data<float>()[1];
+  MT_CHECK(std::isfinite(scale) && scale > 0.0f && std::isfinite(inv_scale) && inv_scale > 0.0f, where,
+           "'{}.scale' holds scale {} and inverse {}; both must be finite and > 0", key, scale, inv_scale);
+  amax_history_.assign(history.data<float>(), history.data<float>() + history.numel());
+  current_ = amax_history_.size() - 1;  // oldest first: the last entry is the current slot
+  scale_ = scale;
+  inv_scale_ = inv_scale;
+}
+
 }  // namespace memtrain::amp

@@ -2,6 +2,8 @@
 
 #include "memtrain/core/error.h"
 
+#include <set>
+
 namespace memtrain::amp {
 
 Fp8ScalingKind fp8_scaling_from_name(std::string_view name) {
@@ -29,6 +31,33 @@ Fp8LinearMeta* Fp8State::meta_for(const Tensor& weight) {
 
 void Fp8State::update_scales() {
   for (auto& [key, entry] : metas_) entry.meta.update_scales();
+}
+
+void Fp8State::save(std::map<std::string, Tensor>& out, const std::string& prefix, const NamedWeights& weights) const {
+  for (const auto& [name, w] : weights) {
+    auto it = metas_.find(&w.impl());
+    if (it != metas_.end()) it->second.meta.save(out, prefix + "." + name);
+  }
+}
+
+void Fp8State::load(const std::map<std::string, Tensor>& in, const std::string& prefix, const NamedWeights& weights) {
+  constexpr const char* where = "amp::Fp8State::load";
+  std::unordered_map<const TensorImpl*, Entry> loaded;
+  std::set<std::string> used;
+  for (const auto& [name, w] : weights) {
+    const std::string key = prefix + "." + name;
+    if (in.count(key + ".input.amax_history") == 0) continue;
+    Fp8LinearMeta meta(recipe_.delayed);
+    meta.load(in, key);
+    for (const char* role : {".input", ".weight", ".grad"})
+      for (const char* part : {".amax_history", ".scale"}) used.insert(key + role + part);
+    loaded.emplace(&w.impl(), Entry{w.impl_ptr(), std::move(meta)});
+  }
+  for (auto it = in.lower_bound(prefix + "."); it != in.end() && it->first.rfind(prefix + ".", 0) == 0; ++it) {
+    MT_CHECK(used.count(it->first) != 0, where,
+             "'{}' is FP8 scaling state of no weight of this model (a checkpoint of another model?)", it->first);
+  }
+  metas_ = std::move(loaded);
 }
 
 std::size_t Fp8State::bytes() const {

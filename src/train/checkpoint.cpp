@@ -26,6 +26,7 @@ constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimPrefix = "optim.";
 constexpr const char* kAmpPrefix = "amp.";
 constexpr const char* kLossScalerKey = "loss_scaler";
+constexpr const char* kFp8Key = "fp8";  // delayed-scaling state, by weight name
 
 // (step, path) of every checkpoint file in dir, oldest first.
 std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
@@ -134,11 +135,10 @@ void Trainer::save_checkpoint(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back(kModelPrefix + name, t);
   for (auto& [key, t] : optimizer_->state_dict()) tensors.emplace_back(kOptimPrefix + key, t);
-  if (scaler_) {
-    optim::StateDict amp_sd;
-    scaler_->save(amp_sd, kLossScalerKey);
-    for (auto& [key, t] : amp_sd) tensors.emplace_back(kAmpPrefix + key, t);
-  }
+  optim::StateDict amp_sd;
+  if (scaler_) scaler_->save(amp_sd, kLossScalerKey);
+  if (fp8_) fp8_->save(amp_sd, kFp8Key, model_->named_parameters());
+  for (auto& [key, t] : amp_sd) tensors.emplace_back(kAmpPrefix + key, t);
 
   const RngState rng = get_rng_state();
   const data::LoaderPosition pos = train_loader_->position();
@@ -214,10 +214,11 @@ void Trainer::load_checkpoint(const std::string& path) {
              shape_str(t.shape()));
   }
   try {
-    // The scaler and the optimizer first: each checks every key before it replaces its state, and the model is
-    // untouched if one throws. A file without scaler state (written by a run of another precision) leaves an
-    // fp16 run's scaler fresh; scaler state in a file read by a bf16/fp32 run has nothing to restore.
-    if (scaler_ && !amp_sd.empty()) scaler_->load(amp_sd, kLossScalerKey);
+    // The amp state and the optimizer first: each checks every key before it replaces its state, and the model
+    // is untouched if one throws. A file without scaler or FP8 state (written by a run of another precision)
+    // leaves this run's fresh; such state in a file read by a run of another precision has nothing to restore.
+    if (scaler_ && amp_sd.count(std::string(kLossScalerKey) + ".scale") != 0) scaler_->load(amp_sd, kLossScalerKey);
+    if (fp8_) fp8_->load(amp_sd, kFp8Key, model_->named_parameters());
     optimizer_->load_state_dict(optim_sd);
     model_->load_state_dict(model_sd, /*strict=*/true);
   } catch (const Error& e) {

@@ -21,6 +21,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace memtrain::amp {
@@ -82,6 +84,13 @@ class Fp8TensorMeta {
   std::vector<float> amax_history() const;
   // Bytes of scaling state: history_len * 4 (the ring) + 8 (scale and inverse scale).
   std::size_t bytes() const { return amax_history_.size() * sizeof(float) + 2 * sizeof(float); }
+
+  // For checkpoint files: "<key>.amax_history" (f32 [history_len], oldest first) and "<key>.scale" (f32 [2]:
+  // scale, inverse scale). load restores a meta that continues exactly as the saved one would have; it throws
+  // naming the key, and changes nothing, on a missing tensor, another dtype or history length, or a scale that
+  // is not finite and > 0.
+  void save(std::map<std::string, Tensor>& out, const std::string& key) const;
+  void load(const std::map<std::string, Tensor>& in, const std::string& key);
 
  private:
   Fp8Format format_;

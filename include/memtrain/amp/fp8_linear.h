@@ -34,6 +34,9 @@ struct Fp8LinearMeta {
   Fp8TensorMeta input, weight, grad;
   void update_scales();                 // all three (after the optimizer step)
   std::size_t bytes() const;            // scaling state of the three
+  // "<key>.input.*", "<key>.weight.*", "<key>.grad.*" as Fp8TensorMeta::save / load.
+  void save(std::map<std::string, Tensor>& out, const std::string& key) const;
+  void load(const std::map<std::string, Tensor>& in, const std::string& key);
 };
 
 // The FP8 compute copy of one weight [out, in]: E4M3 codes and their inverse scales (one f32 for delayed; the

@@ -9,10 +9,13 @@
 #include "memtrain/amp/fp8_linear.h"
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace memtrain::amp {
 
@@ -32,6 +35,14 @@ class Fp8State {
   void update_scales();
   std::size_t layers() const { return metas_.size(); }
   std::size_t bytes() const;  // scaling state of all layers
+
+  // For checkpoint files, by weight name: "<prefix>.<name>.{input,weight,grad}.{amax_history,scale}" for each
+  // weight of `weights` that has delayed-scaling state. load replaces the state with the file's (weights without
+  // entries start fresh); it throws, changing nothing, on a malformed entry or on "<prefix>." entries for a
+  // name that is not in `weights`.
+  using NamedWeights = std::vector<std::pair<std::string, Tensor>>;
+  void save(std::map<std::string, Tensor>& out, const std::string& prefix, const NamedWeights& weights) const;
+  void load(const std::map<std::string, Tensor>& in, const std::string& prefix, const NamedWeights& weights);
 
  private:
   struct Entry {

@@ -11,9 +11,8 @@
 // optimizer keeps f32 weights. fp16 seeds backward with the loss scale, unscales the gradients before
 // clipping, and skips the step (no parameter or optimizer state changes) when any gradient is Inf/NaN; the
 // scaler's state is saved in checkpoint files ("amp.loss_scaler.*"). fp8 runs every linear in FP8
-// (amp::fp8_linear) with the recipe of config.fp8_scaling; delayed scales are updated after each step and
-// evaluate() leaves them as they were. Delayed-scaling histories are not in checkpoint files yet: a resumed
-// fp8 delayed run starts them afresh (blockwise has no state, so it resumes exactly).
+// (amp::fp8_linear) with the recipe of config.fp8_scaling; delayed scales are updated after each step,
+// evaluate() leaves them as they were, and checkpoint files keep them ("amp.fp8.<weight name>.*").
 //
 // With config.layerwise_update, hooks registered once by the constructor step each parameter during the
 // backward of the last micro-batch and free its gradient at once (src/train/layerwise.h), so the gradient
@@ -29,7 +28,7 @@
 // time, peak bytes per category and in total, peak RSS), written to config.summary_path when set.
 //
 // Checkpoints are one safetensors file, ckpt_<step, 8 digits>.safetensors in checkpoint_dir, written
-// atomically: "model.<name>", "optim.<key>" (and for fp16 "amp.<key>") tensors, and metadata with the
+// atomically: "model.<name>", "optim.<key>" (and for fp16 / fp8 "amp.<key>") tensors, and metadata with the
 // step, the RNG state, the loader position and the config JSON. load_checkpoint() restores all of it, so a run stopped at step k
 // and resumed continues bit for bit as if it had not stopped (CPU).
 //   metadata keys: format ("memtrain-checkpoint"), format_version ("1"), step, rng_seed, rng_offset,
