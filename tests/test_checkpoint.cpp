@@ -46,7 +46,7 @@ struct Block {
 enum class Mode { none, full, selective };
 
 ckpt::RegionOptions options_for(Mode m) {
-  return m == Mode::selective ? ckpt::RegionOptions{ckpt::default_keep_ops()} : ckpt::RegionOptions{};
+  return m == Mode::selective ? ckpt::RegionOptions{ckpt::default_keep_ops(), {}} : ckpt::RegionOptions{};
 }
 
 // Runs `steps` forward/backward passes of x -> blocks -> sum(tanh) and returns the loss of each step followed
@@ -226,7 +226,7 @@ TEST(Checkpoint, FullDropsMoreThanSelectiveAndReportsIt) {
   Tensor x = randn({64, 32}).set_requires_grad();
   ckpt::RegionProfile full, selective;
   const Tensor a = ckpt::checkpoint(block, x, {}, &full);
-  const Tensor b = ckpt::checkpoint(block, x, ckpt::RegionOptions{ckpt::default_keep_ops()}, &selective);
+  const Tensor b = ckpt::checkpoint(block, x, ckpt::RegionOptions{ckpt::default_keep_ops(), {}}, &selective);
   const std::size_t row = 64 * 32 * sizeof(float);
   EXPECT_EQ(full.input_bytes, row);
   // Both see the same saved tensors; full drops all of them, selective keeps the two linear outputs.
@@ -281,7 +281,8 @@ TEST(Checkpoint, SelectiveReRunReplaysKeptOpsInsteadOfComputing) {
         // mul saves h; tanh saves only its output. Either way a dropped tensor makes backward re-run.
         return output_saved ? ops::tanh(ops::mul(h, h)) : ops::tanh(ops::add(h, 1.0));
       };
-      const ckpt::RegionOptions options{selective ? std::vector<std::string>{"costly"} : std::vector<std::string>{}};
+      const ckpt::RegionOptions options{selective ? std::vector<std::string>{"costly"} : std::vector<std::string>{},
+                                        {}};
       ops::sum(ckpt::checkpoint(fn, x, options)).backward();
       EXPECT_EQ(computed, selective && output_saved ? 1 : 2)
           << (selective ? "selective" : "full") << (output_saved ? ", output saved" : ", output not saved");

@@ -77,6 +77,16 @@ TEST(CheckpointModels, GptEveryPolicyTrainsBitIdentically) {
   }
 }
 
+// Keeping attention and the MLP's fc output but recomputing the qkv projection (op labels): still bit-identical
+// over several steps with dropout on, the parameters moving in between.
+TEST(CheckpointModels, GptLabelledSelectiveTrainsBitIdentically) {
+  const std::vector<Tensor> reference = train_gpt(Policy::none(), 4);
+  for (const char* policy : {"selective:scaled_dot_product_attention,linear@mlp.fc",
+                             "selective:scaled_dot_product_attention,linear@attn.qkv,@mlp.fc"}) {
+    expect_bit_identical(train_gpt(Policy::parse(policy), 4), reference, policy);
+  }
+}
+
 // Losses and gradients of the CNN with batch norm inside the regions: the running statistics must be
 // updated once per forward, not again by the re-run.
 TEST(CheckpointModels, CnnEveryPolicyTrainsBitIdenticallyAndBatchNormCountsOnce) {
@@ -139,8 +149,11 @@ TEST(CheckpointModels, GptActivationPeaksAreOrderedAndBudgetsHold) {
   const std::size_t none = activation_peak(Policy::none(), model, idx, targets);
   const std::size_t selective = activation_peak(Policy::selective(), model, idx, targets);
   const std::size_t full = activation_peak(Policy::full(), model, idx, targets);
+  const std::size_t labelled =
+      activation_peak(Policy::parse("selective:scaled_dot_product_attention,linear@mlp.fc"), model, idx, targets);
   EXPECT_GT(none, selective);
-  EXPECT_GT(selective, full);
+  EXPECT_GT(selective, labelled);  // the qkv projection's output [B, T, 3C] per block is no longer kept
+  EXPECT_GT(labelled, full);
 
   // A budget between full and none: the plan fits it, and the measured peak exceeds the all-full peak by no
   // more than the budget (the full peak already holds one block's working set during its re-run).
@@ -223,8 +236,20 @@ TEST(CheckpointPlan, BudgetPlanIsOptimalAgainstBruteForce) {
 
 TEST(CheckpointPlan, PolicyStringsRoundTripAndBadOnesAreRefused) {
   for (const char* text : {"none", "full", "every:3", "selective", "selective:matmul,linear", "budget:64MiB",
-                           "budget:1000"}) {
+                           "budget:1000", "selective:scaled_dot_product_attention,linear@mlp.fc",
+                           "selective:@attn.q,matmul@attn.k,linear"}) {
     EXPECT_EQ(Policy::parse(text).to_string(), text);
+  }
+  EXPECT_EQ(Policy::parse("selective:linear@mlp.fc").keep_ops, std::vector<std::string>{"linear@mlp.fc"});
+  for (const char* bad_entry : {"linear@", "@", "a@b@c"}) {
+    const std::string text = std::string("selective:sdpa,") + bad_entry;
+    try {
+      Policy::parse(text);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad_entry + "'"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(Policy::selective({bad_entry}), Error) << bad_entry;
   }
   EXPECT_EQ(Policy::parse("budget:2KiB").budget_bytes, 2048u);
   for (const char* bad : {"", "fulll", "every:0", "every:x", "budget:", "budget:-5", "selective:", "selective:a,,b",

@@ -4,8 +4,11 @@
 #include "memtrain/amp/autocast.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,8 +29,15 @@ thread_local int t_rerun_depth = 0;  // re-runs in progress on this thread (nest
 // Thrown by the re-run's save hook once the last placeholder is filled, so the rest of fn is skipped.
 struct StopRerun {};
 
-bool contains(const std::vector<std::string>& names, std::string_view op) {
-  return std::find(names.begin(), names.end(), op) != names.end();
+// Whether some entry of a keep list ("op", "op@label", "@label": op_label.h) covers `op` under `label`.
+bool covers(const std::vector<std::string>& entries, std::string_view op, std::string_view label) {
+  return std::any_of(entries.begin(), entries.end(),
+                     [&](const std::string& e) { return keep_entry_matches(e, op, label); });
+}
+
+// "linear@mlp.fc", or "linear" without a label: how errors name an op.
+std::string op_str(std::string_view op, std::string_view label) {
+  return label.empty() ? std::string(op) : fmt::format("{}@{}", op, label);
 }
 
 // Distinct storages seen during one forward, with their sizes. A weak reference tells a storage apart from a
@@ -76,7 +86,7 @@ class StorageSet {
 };
 
 struct KeptOutputs {
-  std::string op;
+  std::string op;               // op_str(op, label) of the op that produced them
   std::vector<Tensor> tensors;  // detached; empty once released (nothing saved them: the re-run recomputes)
 };
 
@@ -273,6 +283,8 @@ const std::vector<std::string>& default_keep_ops() {
 std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs, const RegionOptions& options,
                                RegionProfile* profile) {
   MT_CHECK(static_cast<bool>(fn), kOp, "the region's function is empty");
+  for (const std::string& e : options.keep_ops) check_keep_entry(e, kOp);
+  for (const std::string& e : options.profile_ops) check_keep_entry(e, kOp);
   if (!autograd::grad_enabled()) return fn(inputs);  // nothing is saved without grad mode
 
   auto frame = std::make_shared<Frame>();
@@ -342,13 +354,15 @@ std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
   const std::shared_ptr<RegionHooks> region = innermost_region();
   if (!region) return compute();
   Frame& f = region->frame();
-  const bool keep = contains(f.keep_ops, op);
+  const std::string_view label = current_op_label();
+  const bool keep = covers(f.keep_ops, op, label);
   if (region->rerun()) {
     if (!keep) return compute();
-    MT_CHECK(f.replay_cursor < f.kept.size() && f.kept[f.replay_cursor].op == op, kOp,
+    const std::string name = op_str(op, label);
+    MT_CHECK(f.replay_cursor < f.kept.size() && f.kept[f.replay_cursor].op == name, kOp,
              "the re-run of a region reached {} where its forward kept {}: the region's function must run the same "
              "ops in the same order every time",
-             op, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
+             name, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
     const KeptOutputs& kept = f.kept[f.replay_cursor++];
     if (kept.tensors.empty()) return compute();  // released after the forward: nothing saved it
     std::vector<Tensor> out;
@@ -356,7 +370,7 @@ std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
     return out;
   }
   std::vector<Tensor> out = compute();
-  if (contains(f.expensive_ops(), op)) {
+  if (covers(f.expensive_ops(), op, label)) {
     f.profile.expensive_flops += flops;
     ExpensiveOp& e = f.expensive_op_list.emplace_back();
     e.flops = flops;
@@ -371,7 +385,7 @@ std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
   }
   if (keep) {
     KeptOutputs& k = f.kept.emplace_back();
-    k.op = std::string(op);
+    k.op = op_str(op, label);
     for (const Tensor& t : out) {
       k.tensors.push_back(t.defined() ? t.detach() : Tensor());
       if (t.defined()) f.kept_storages.insert(t.storage().get());

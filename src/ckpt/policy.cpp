@@ -2,6 +2,7 @@
 #include "memtrain/ckpt/policy.h"
 
 #include "memtrain/autograd/grad_mode.h"
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/error.h"
 
 #include <fmt/format.h>
@@ -15,7 +16,9 @@ namespace memtrain::ckpt {
 namespace {
 
 constexpr const char* kPolicy = "ckpt::Policy";
-constexpr const char* kForms = "none, full, every:K, selective, selective:op1,op2, budget:SIZE (bytes, KiB, MiB, GiB)";
+constexpr const char* kForms =
+    "none, full, every:K, selective, selective:op1,op2 (each op, op@label or @label), "
+    "budget:SIZE (bytes, KiB, MiB, GiB)";
 
 std::int64_t parse_int(std::string_view text, std::string_view whole) {
   std::int64_t v = 0;
@@ -91,6 +94,7 @@ Policy Policy::every(std::int64_t k) {
 
 Policy Policy::selective(std::vector<std::string> keep_ops) {
   MT_CHECK(!keep_ops.empty(), kPolicy, "selective needs at least one op whose outputs it keeps");
+  for (const std::string& entry : keep_ops) check_keep_entry(entry, kPolicy);
   Policy p;
   p.kind = Kind::selective;
   p.keep_ops = std::move(keep_ops);

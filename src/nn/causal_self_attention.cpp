@@ -1,5 +1,6 @@
 #include "memtrain/nn/causal_self_attention.h"
 
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/nn.h"
 #include "memtrain/ops/shape.h"
@@ -25,12 +26,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   MT_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "nn::CausalSelfAttention",
            "expected x [B, T, {}], got {}", n_embd_, shape_str(x.shape()));
   const std::int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
-  Tensor qkv = c_attn_->forward(x);  // (B,T,3C)
+  // Labelled so that selective checkpointing can keep one projection and recompute the other (op_label.h).
+  const Tensor qkv = ckpt::labelled("attn.qkv", [&] { return c_attn_->forward(x); });  // (B,T,3C)
   std::vector<Tensor> parts = ops::split(qkv, {C, C, C}, -1);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };  // (B,H,T,D)
   Tensor y = ops::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true);
   y = y.transpose(1, 2).reshape({B, T, C});  // (B,T,C)
-  return resid_dropout_->forward(c_proj_->forward(y));
+  return resid_dropout_->forward(ckpt::labelled("attn.proj", [&] { return c_proj_->forward(y); }));  // (B,T,C)
 }
 
 }  // namespace memtrain::nn

@@ -1,5 +1,6 @@
 #include "memtrain/nn/llama_attention.h"
 
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/nn.h"
 
@@ -23,10 +24,13 @@ Tensor LlamaAttention::forward(const Tensor& x) const {
            shape_str(x.shape()));
   const std::int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };  // (B,H,T,D)
-  Tensor q = rotary_->apply(heads(q_proj_->forward(x)));
-  Tensor k = rotary_->apply(heads(k_proj_->forward(x)));
-  Tensor y = ops::scaled_dot_product_attention(q, k, heads(v_proj_->forward(x)), true);  // (B,H,T,D)
-  return o_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));                          // (B,T,C)
+  // Labelled so that selective checkpointing can tell the projections apart (op_label.h); without biases
+  // they run as matmul, so keep lists name them "@attn.q" or "matmul@attn.q".
+  const Tensor q = rotary_->apply(heads(ckpt::labelled("attn.q", [&] { return q_proj_->forward(x); })));
+  const Tensor k = rotary_->apply(heads(ckpt::labelled("attn.k", [&] { return k_proj_->forward(x); })));
+  const Tensor v = heads(ckpt::labelled("attn.v", [&] { return v_proj_->forward(x); }));
+  const Tensor y = ops::scaled_dot_product_attention(q, k, v, true).transpose(1, 2).reshape({B, T, C});  // (B,T,C)
+  return ckpt::labelled("attn.o", [&] { return o_proj_->forward(y); });                                   // (B,T,C)
 }
 
 }  // namespace memtrain::nn

@@ -1,5 +1,6 @@
 #include "memtrain/nn/mlp.h"
 
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/elementwise.h"
 
@@ -16,8 +17,10 @@ MLP::MLP(std::int64_t n_embd, std::int64_t n_layer, bool bias, double dropout, D
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  Tensor h = ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh);  // (B,T,4C)
-  return dropout_->forward(c_proj_->forward(h));                           // (B,T,C)
+  // Labelled so that selective checkpointing can keep one projection and recompute the other (op_label.h).
+  const Tensor fc = ckpt::labelled("mlp.fc", [&] { return c_fc_->forward(x); });  // (B,T,4C)
+  const Tensor h = ops::gelu(fc, ops::GeluApproximation::tanh);                    // (B,T,4C)
+  return dropout_->forward(ckpt::labelled("mlp.proj", [&] { return c_proj_->forward(h); }));  // (B,T,C)
 }
 
 }  // namespace memtrain::nn

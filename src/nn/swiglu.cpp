@@ -1,5 +1,6 @@
 #include "memtrain/nn/swiglu.h"
 
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/elementwise.h"
 
@@ -15,8 +16,11 @@ SwiGLU::SwiGLU(std::int64_t n_embd, std::int64_t intermediate_size, DType dtype)
 }
 
 Tensor SwiGLU::forward(const Tensor& x) const {
-  Tensor h = ops::silu(gate_proj_->forward(x)) * up_proj_->forward(x);  // (..., I)
-  return down_proj_->forward(h);                                        // (..., C)
+  // Labelled so that selective checkpointing can tell the projections apart (op_label.h).
+  const Tensor gate = ckpt::labelled("mlp.gate", [&] { return gate_proj_->forward(x); });  // (..., I)
+  const Tensor up = ckpt::labelled("mlp.up", [&] { return up_proj_->forward(x); });        // (..., I)
+  const Tensor h = ops::silu(gate) * up;                                                   // (..., I)
+  return ckpt::labelled("mlp.down", [&] { return down_proj_->forward(h); });               // (..., C)
 }
 
 }  // namespace memtrain::nn

@@ -17,7 +17,8 @@
 // op inside the region saved (an output nothing saved, such as a projection feeding a residual add, is let go
 // after the forward: keeping it would hold bytes that no checkpointing would not). Kept outputs are also handed
 // back to the re-run in place of recomputing them: matmul, linear, attention and conv2d ask the region
-// (compute_or_replay, below) before they compute.
+// (compute_or_replay, below) before they compute. A keep-list entry names an op ("linear"), an op under a label
+// that the calling module set ("linear@mlp.fc"), or any op under a label ("@mlp.fc"): see op_label.h.
 //
 // Contract on fn: it must run the same ops in the same order when called again with the same inputs and RNG
 // state (no data-dependent control flow on values that change in between, no in-place writes to its inputs or
@@ -40,7 +41,8 @@ namespace memtrain::ckpt {
 const std::vector<std::string>& default_keep_ops();
 
 struct RegionOptions {
-  std::vector<std::string> keep_ops;     // op names whose outputs stay saved; empty = keep nothing (full)
+  // Entries "op", "op@label" or "@label" (op_label.h); checkpoint() throws on a malformed one.
+  std::vector<std::string> keep_ops;     // ops whose outputs stay saved; empty = keep nothing (full)
   std::vector<std::string> profile_ops;  // what the profile counts as expensive; empty = keep_ops (see below)
 };
 
@@ -81,11 +83,12 @@ struct Counters {
 Counters counters();
 
 namespace detail {
-// For ops with expensive forwards (matmul, linear, attention, conv2d). Inside the re-run of a region whose
-// keep_ops names `op`, returns the outputs the forward kept (the next ones in order; a different op there throws)
+// For ops with expensive forwards (matmul, linear, attention, conv2d). The op is matched against the keep and
+// profile lists together with the current OpLabel (op_label.h). Inside the re-run of a region whose keep_ops
+// cover it, returns the outputs the forward kept (the next ones in order; a different op or label there throws)
 // without calling compute. Otherwise returns compute() and, in a region's forward, notes the outputs for the
-// profile (expensive ops, see RegionProfile) and keeps them when keep_ops names
-// `op`. `flops` feeds the profile. Outside any region: just compute().
+// profile (expensive ops, see RegionProfile) and keeps them when keep_ops cover the op. `flops` feeds the
+// profile. Outside any region: just compute().
 std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
                                       const std::function<std::vector<Tensor>()>& compute);
 }  // namespace detail

@@ -4,7 +4,8 @@
 //   every(k)    blocks 0, k, 2k, ... are full regions; the others keep everything
 //   selective   every block is a region that keeps its input and the saved outputs of expensive ops (keep_ops:
 //               matmul, linear, attention, conv2d by default) and recomputes the cheap ones (norms,
-//               activations, dropout, elementwise)
+//               activations, dropout, elementwise). An entry may name an op under a label that the model's
+//               modules set (ckpt::OpLabel): "linear@mlp.fc" keeps only the MLP's first projection (op_label.h)
 //   budget(b)   per block, none / selective / full, chosen to keep at most b bytes of saved activations over
 //               all blocks with the least recomputation (a multiple-choice knapsack, plan_budget below)
 // A model (GPT, Llama, CNN) holds a BlockCheckpointer and routes each block's forward through it.
@@ -34,11 +35,13 @@ struct Policy {
   static Policy none() { return {}; }
   static Policy full();
   static Policy every(std::int64_t k);
-  static Policy selective(std::vector<std::string> keep_ops = default_keep_ops());
+  static Policy selective(std::vector<std::string> keep_ops = default_keep_ops());  // throws on a malformed entry
   static Policy budget(std::size_t bytes);
 
   // "none", "full", "every:K", "selective", "selective:op1,op2", "budget:SIZE" with SIZE in bytes or with a
-  // KiB / MiB / GiB suffix ("budget:64MiB"). Throws memtrain::Error("ckpt::Policy", ...) listing the forms.
+  // KiB / MiB / GiB suffix ("budget:64MiB"). Each selective entry is op, op@label or @label
+  // ("selective:scaled_dot_product_attention,linear@mlp.fc"). Throws memtrain::Error("ckpt::Policy", ...)
+  // listing the forms, or naming the malformed entry.
   static Policy parse(std::string_view text);
   std::string to_string() const;  // parse(to_string()) == *this
   bool operator==(const Policy&) const = default;
