@@ -4,7 +4,7 @@
 //
 // Run: ./bench_gpt_e2e [--model small|gpt2-124M|tiny] [--seq-len T] [--batch B] [--steps N] [--warmup W]
 //                      [--threads P] [--checkpoint none|full|every:K|selective|budget:SIZE]
-//                      [--precision fp32|bf16|fp16]
+//                      [--precision fp32|bf16|fp16|fp8] [--fp8-scaling blockwise|delayed]
 // Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
 // memtrain's allocator peaks over the timed steps: all categories, and activations alone (the forward runs
 // under CategoryGuard(activations), as train::Trainer runs it, so that category is what the forward allocated
@@ -13,8 +13,9 @@
 // its profiling step. A plain main(), not google-benchmark: one step takes seconds, and the median over a
 // few steps is what we compare. --precision runs the forward under amp::Autocast as train::Trainer does
 // (fp16: backward seeded with a dynamic loss scale, gradients unscaled before the step, overflowing steps
-// skipped); weights and AdamW state stay f32. The last line is machine-readable ("RESULT ...").
+// skipped; fp8: every linear in FP8, delayed scales updated after each step); weights and AdamW state stay f32. The last line is machine-readable ("RESULT ...").
 #include "memtrain/amp/autocast.h"
+#include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/loss_scaler.h"
 #include "memtrain/amp/precision.h"
 #include "memtrain/autograd/engine.h"
@@ -54,7 +55,8 @@ struct Args {
   int warmup = 3;
   int threads = 0;  // 0 = OpenMP's default
   std::string checkpoint = "none";  // ckpt::Policy::parse's forms
-  std::string precision = "fp32";   // fp8 is not built yet
+  std::string precision = "fp32";
+  std::string fp8_scaling = "blockwise";
 };
 
 Args parse(int argc, char** argv) {
@@ -71,8 +73,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--threads") a.threads = std::stoi(v);
     else if (k == "--checkpoint") a.checkpoint = v;
     else if (k == "--precision") a.precision = v;
+    else if (k == "--fp8-scaling") a.fp8_scaling = v;
     else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
-                  "--threads --checkpoint --precision)", k);
+                  "--threads --checkpoint --precision --fp8-scaling)", k);
   }
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
@@ -131,8 +134,9 @@ int main(int argc, char** argv) try {
   const Tensor targets = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
 
   const amp::Precision precision = amp::parse_precision(a.precision);
-  MT_CHECK(precision != amp::Precision::fp8, "bench_gpt_e2e", "--precision fp8 is not built yet");
-  const DType compute = amp::activation_dtype(precision);
+  std::optional<amp::Fp8State> fp8;
+  if (precision == amp::Precision::fp8) fp8.emplace(amp::Fp8Recipe{.kind = amp::fp8_scaling_from_name(a.fp8_scaling), .delayed = {}});
+  const amp::AutocastMode mode{amp::activation_dtype(precision), fp8 ? &*fp8 : nullptr};
   std::optional<amp::DynamicLossScaler> scaler;
   if (precision == amp::Precision::fp16) scaler.emplace();
   std::vector<Tensor> params;
@@ -143,6 +147,7 @@ int main(int argc, char** argv) try {
              model.checkpointing().policy().to_string(), a.precision);
   Allocator& allocator = Allocator::get(Device::cpu());
   std::vector<double> ms, cpu_ms;
+  const std::string precision_label = fp8 ? "fp8-" + a.fp8_scaling : a.precision;
   double last_loss = 0.0;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     // Peaks over the timed steps only: the warm-up creates the optimizer state and, for budget, the plan.
@@ -152,7 +157,7 @@ int main(int argc, char** argv) try {
     Tensor loss;
     {
       CategoryGuard category(MemoryCategory::activations);  // backward's gradients are tagged by the engine
-      amp::Autocast autocast(compute);
+      amp::Autocast autocast(mode);
       loss = model.loss(idx, targets);
     }
     autograd::backward({loss}, {full({}, scaler ? scaler->scale() : 1.0, loss.dtype())});
@@ -161,6 +166,7 @@ int main(int argc, char** argv) try {
     const bool finite = !scaler || scaler->unscale_(grads);
     if (finite) opt->step();
     if (scaler) scaler->update(!finite);
+    if (fp8) fp8->update_scales();
     skipped += !finite;
     opt->zero_grad();
     const auto t1 = std::chrono::steady_clock::now();
@@ -192,7 +198,7 @@ int main(int argc, char** argv) try {
              "plan_kept_bytes={} precision={} weight_copies_peak_bytes={} loss={:.4f}\n",
              a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib,
              checkpointer.policy().to_string(), act.peak_bytes, act.at_total_peak, mem.peak_bytes,
-             plan ? plan->kept_bytes : std::size_t{0}, a.precision, copies.peak_bytes, last_loss);
+             plan ? plan->kept_bytes : std::size_t{0}, precision_label, copies.peak_bytes, last_loss);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());  // memtrain::Error names the op already

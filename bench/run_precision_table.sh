@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Mixed precision on the GPT training step (CPU, AdamW, f32 master weights): memtrain under fp32, bf16 and
-# fp16 beside PyTorch in fp32 and under torch.autocast("cpu", bfloat16), all in one run, one markdown table
-# per config. The runs interleave (memtrain fp32, torch fp32, memtrain bf16, torch bf16, memtrain fp16), so a
-# change in machine load hits both sides alike. memtrain is bench_gpt_e2e --precision P; the peer is
-# bench/torch_peer/gpt_ckpt_torch.py --precision P (skipped with a warning where torch cannot be imported).
+# Mixed precision on the GPT training step (CPU, AdamW, f32 master weights): memtrain under fp32, bf16, fp16
+# and fp8 (blockwise and delayed scaling) beside PyTorch in fp32 and under torch.autocast("cpu", bfloat16), all
+# in one run, one markdown table per config. The runs interleave (memtrain fp32, torch fp32, memtrain bf16,
+# torch bf16, memtrain fp16, fp8 blockwise, fp8 delayed), so a change in machine load hits both sides alike.
+# memtrain is bench_gpt_e2e --precision P; the peer is bench/torch_peer/gpt_ckpt_torch.py --precision P
+# (skipped with a warning where torch cannot be imported).
 #
 # Columns: act peak = memtrain: peak of the allocator's activations category over the timed steps (what the
 #   forward allocated and is still alive, including the f32 temporaries ops make while they widen narrow
@@ -25,27 +26,30 @@ configs=("$@")
 source bench/gpt_table_common.sh
 
 rows=()
-run() {  # run IMPL PRECISION: appends "impl|precision|load|RESULT line" to rows
-  local impl=$1 precision=$2 load out
+run() {  # run IMPL FLAGS...: appends "impl|load|RESULT line" to rows
+  local impl=$1 load out
+  shift
   load=$(load1)
-  mt_step "$impl $model T=$seq B=$batch --precision $precision (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  mt_step "$impl $model T=$seq B=$batch $* (load: $(cut -d' ' -f1-3 /proc/loadavg))"
   if [[ $impl == memtrain ]]; then
-    out=$("$mt_bin" "${args[@]}" --precision "$precision" | tee -a /dev/stderr)
+    out=$("$mt_bin" "${args[@]}" "$@" | tee -a /dev/stderr)
   else
-    out=$(env "${peer_env[@]}" "$python" "$peer" "${args[@]}" --precision "$precision" | tee -a /dev/stderr)
+    out=$(env "${peer_env[@]}" "$python" "$peer" "${args[@]}" "$@" | tee -a /dev/stderr)
   fi
-  rows+=("$impl|$precision|$load|$(grep '^RESULT' <<<"$out")")
+  rows+=("$impl|$load|$(grep '^RESULT' <<<"$out")")
 }
 
 for cfg in "${configs[@]}"; do
   IFS=: read -r model seq batch <<<"$cfg"
   args=(--model "$model" --seq-len "$seq" --batch "$batch" --steps "$steps" --warmup "$warmup" --threads "$threads")
   rows=()
-  run memtrain fp32
-  ((have_peer)) && run torch fp32
-  run memtrain bf16
-  ((have_peer)) && run torch bf16
-  run memtrain fp16
+  run memtrain --precision fp32
+  ((have_peer)) && run torch --precision fp32
+  run memtrain --precision bf16
+  ((have_peer)) && run torch --precision bf16
+  run memtrain --precision fp16
+  run memtrain --precision fp8 --fp8-scaling blockwise
+  run memtrain --precision fp8 --fp8-scaling delayed
 
   echo
   echo "### $model, T=$seq, B=$batch ($steps timed steps after $warmup warm-up, $threads threads)"
@@ -54,8 +58,8 @@ for cfg in "${configs[@]}"; do
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   declare -A base_act=() base_ms=()
   for row in "${rows[@]}"; do
-    IFS='|' read -r impl precision load res <<<"$row"
-    act=$(field "$res" act_peak_bytes) ms=$(field "$res" step_ms)
+    IFS='|' read -r impl load res <<<"$row"
+    precision=$(field "$res" precision) act=$(field "$res" act_peak_bytes) ms=$(field "$res" step_ms)
     [[ $precision == fp32 ]] && base_act[$impl]=$act base_ms[$impl]=$ms
     awk -v impl="$impl" -v p="$precision" -v act="$act" -v a0="${base_act[$impl]}" \
       -v kept="$(field "$res" act_at_peak_bytes)" -v copies="$(field "$res" weight_copies_peak_bytes)" \

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -187,6 +188,8 @@ TEST(Autocast, GptUnderBf16AndF16TracksF32AndStoresHalfTheActivations) {
     // bf16 keeps 8 mantissa bits (relative step 2^-8 = 0.4%); errors compound over the layers.
     EXPECT_LT(worst, dt == DType::bf16 ? 0.08 : 0.02) << "worst per-tensor gradient relative error";
     const double ratio = static_cast<double>(low.activations_kept) / static_cast<double>(f32.activations_kept);
+    std::printf("%s: loss %.6f (f32 %.6f), worst per-tensor gradient error %.4f, activations kept %.4f of f32\n",
+                dtype_name(dt).data(), low.loss.item(), f32.loss.item(), worst, ratio);
     EXPECT_GT(ratio, 0.45);
     EXPECT_LT(ratio, 0.56) << "activations kept for backward: " << low.activations_kept << " vs " << f32.activations_kept;
   }
@@ -205,6 +208,9 @@ TEST(Autocast, GptUnderFp8TracksF32AndStoresLessThanBf16) {
     double worst = 0;
     for (std::size_t i = 0; i < r.grads.size(); ++i) worst = std::max(worst, relative_error(r.grads[i], f32.grads[i]));
     if (kind == amp::Fp8ScalingKind::blockwise) EXPECT_LT(worst, 0.25) << "worst per-tensor gradient relative error";
+    std::printf("fp8 %s: loss %.6f (f32 %.6f), worst per-tensor gradient error %.4f, activations kept %.4f of bf16's\n",
+                amp::fp8_scaling_name(kind).c_str(), r.loss.item(), f32.loss.item(), worst,
+                static_cast<double>(r.activations_kept) / static_cast<double>(bf16.activations_kept));
     // Linear inputs are saved as FP8 codes (1 byte) instead of bf16 (2).
     EXPECT_LT(r.activations_kept, bf16.activations_kept);
   }
