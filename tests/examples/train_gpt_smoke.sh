@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Smoke test of the train_gpt example on the public API, end to end: prepare a text corpus, train a few
-# steps, checkpoint, resume to more steps, evaluate only. Fails on a non-zero exit or missing outputs.
+# steps, checkpoint, resume to more steps, evaluate only; then short bf16 and fp8 runs. Fails on a non-zero exit or
+# missing outputs.
 #   train_gpt_smoke.sh <memtrain_train_gpt binary> <corpus.txt> <scratch dir>
 set -euo pipefail
 bin=$1 corpus=$2 dir=$3
 rm -rf "$dir" && mkdir -p "$dir"
-common=(--model tiny --vocab-size 300 --data "$corpus" --data-dir "$dir/data" --out-dir "$dir/run" --micro-batch 4 --sample-tokens 8)
+base=(--model tiny --vocab-size 300 --data "$corpus" --data-dir "$dir/data" --micro-batch 4 --sample-tokens 8)
+common=("${base[@]}" --out-dir "$dir/run")
 
 "$bin" "${common[@]}" --steps 4 > "$dir/first.log" 2>&1 || { cat "$dir/first.log"; exit 1; }
 "$bin" "${common[@]}" --steps 6 --resume > "$dir/resumed.log" 2>&1 || { cat "$dir/resumed.log"; exit 1; }
@@ -17,7 +19,14 @@ grep -q '"peak_bytes_total"' "$dir/run/summary.json" || { echo "summary without 
 tail -n 20 "$dir/resumed.log" | grep -q "total" || { echo "the run does not end with the memory report"; exit 1; }
 "$bin" "${common[@]}" --eval-only --resume > "$dir/eval.log" 2>&1 || { cat "$dir/eval.log"; exit 1; }
 grep -q "val loss" "$dir/eval.log" || { echo "no val loss"; cat "$dir/eval.log"; exit 1; }
+# Mixed precision end to end: the run finishes and its config records the policy.
+for p in "bf16" "fp8 --fp8-scaling delayed"; do
+  out="$dir/run_${p%% *}"
+  # shellcheck disable=SC2086  # $p carries the flag's value and, for fp8, one more flag
+  "$bin" "${base[@]}" --out-dir "$out" --steps 2 --precision $p > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
+  grep -q "\"precision\": \"${p%% *}\"" "$out/config.json" || { echo "config.json without precision ${p%% *}"; exit 1; }
+done
 # A bad flag value is refused with the reason, not run.
-if "$bin" "${common[@]}" --precision fp8 > "$dir/bad.log" 2>&1; then echo "--precision fp8 was accepted"; exit 1; fi
+if "$bin" "${common[@]}" --precision fp9 > "$dir/bad.log" 2>&1; then echo "--precision fp9 was accepted"; exit 1; fi
 grep -q "precision" "$dir/bad.log" || { cat "$dir/bad.log"; exit 1; }
 echo "train_gpt smoke: ok"
