@@ -174,6 +174,24 @@ TEST(Checkpoint, RegionRunTwiceInOneGraph) {
   for (std::size_t i = 0; i < gp.size(); ++i) expect_bit_identical({again.params()[i].grad()}, {gp[i]});
 }
 
+// The block's second linear saves its input (the last tensor the region drops) before it multiplies, so the
+// re-run stops there: full recomputes the first projection only, selective (which keeps its output) nothing.
+TEST(Checkpoint, RerunStopsBeforeTheLastProjection) {
+  const std::int64_t rows = 5, c = 16;
+  const double first_projection = 2.0 * rows * (4 * c) * c;
+  for (const Mode mode : {Mode::full, Mode::selective}) {
+    manual_seed(3);
+    const Block block(c);
+    const Tensor x = randn({rows, c}).set_requires_grad();
+    const ckpt::Counters before = ckpt::counters();
+    ops::sum(ckpt::checkpoint(block, x, options_for(mode))).backward();
+    const ckpt::Counters after = ckpt::counters();
+    EXPECT_EQ(after.recomputes - before.recomputes, 1);
+    EXPECT_EQ(after.recomputed_flops - before.recomputed_flops, mode == Mode::full ? first_projection : 0.0)
+        << (mode == Mode::full ? "full" : "selective");
+  }
+}
+
 TEST(Checkpoint, UnusedOutputIsNeverRerunAndFreesEverything) {
   manual_seed(2);
   const Block block(8);

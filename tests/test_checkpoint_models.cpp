@@ -87,6 +87,33 @@ TEST(CheckpointModels, GptLabelledSelectiveTrainsBitIdentically) {
   }
 }
 
+// What each policy computes again in backward, by FLOPs of the block's GEMMs and attention (the figures from
+// the config, not from the library): a re-run stops once mlp.proj's input is saved again, so mlp.proj's GEMM
+// is never redone; selective redoes attn.proj only (ln_2 needs the residual it feeds).
+TEST(CheckpointModels, GptRerunsRecomputeOnlyWhatBackwardNeeds) {
+  const nn::GPTConfig c = small_gpt();
+  const double B = 3, T = 16, N = B * T, C = static_cast<double>(c.n_embd), H = static_cast<double>(c.n_head);
+  const double qkv = 2 * N * 3 * C * C, proj = 2 * N * C * C, fc = 2 * N * 4 * C * C;
+  const double attention = 4 * B * H * T * T * (C / H) * 0.5;  // causal: half the scores
+  const double layers = static_cast<double>(c.n_layer);
+  const std::vector<std::pair<const char*, double>> expected = {
+      {"none", 0.0},
+      {"full", layers * (qkv + attention + proj + fc)},
+      {"every:2", layers / 2 * (qkv + attention + proj + fc)},
+      {"selective", layers * proj},
+      {"selective:scaled_dot_product_attention,linear@mlp.fc", layers * (qkv + proj)},
+  };
+  const Tensor idx = random_tokens({3, 16}, 97, 1), targets = random_tokens({3, 16}, 97, 2);
+  for (const auto& [policy, flops] : expected) {
+    manual_seed(21);
+    nn::GPT model(c);
+    model.set_checkpointing(Policy::parse(policy));
+    const ckpt::Counters before = ckpt::counters();
+    model.loss(idx, targets).backward();
+    EXPECT_DOUBLE_EQ(ckpt::counters().recomputed_flops - before.recomputed_flops, flops) << policy;
+  }
+}
+
 // Losses and gradients of the CNN with batch norm inside the regions: the running statistics must be
 // updated once per forward, not again by the re-run.
 TEST(CheckpointModels, CnnEveryPolicyTrainsBitIdenticallyAndBatchNormCountsOnce) {

@@ -240,6 +240,26 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
   }();
   const Quantized xq = quantize_rows(x2, Fp8Format::e4m3, recipe.kind, meta ? &meta->input : nullptr);
 
+  // Saved before the product, so a checkpoint re-run that only needs these codes again stops before it.
+  const bool grad = autograd::needs_grad({&x, &weight, &bias});
+  const bool want_dx = grad && x.requires_grad(), want_dw = grad && weight.requires_grad();
+  BackwardState s{autograd::SavedTensor(want_dw ? xq.codes : Tensor()),
+                  autograd::SavedTensor(want_dw ? xq.inv_scales : Tensor()),
+                  autograd::SavedTensor(want_dx ? wq.codes : Tensor()),
+                  autograd::SavedTensor(want_dx ? wq.inv_scales : Tensor()),
+                  recipe.kind,
+                  meta,
+                  x.shape(),
+                  x.dtype(),
+                  weight.dtype(),
+                  bias.defined() ? bias.dtype() : DType::f32,
+                  rows,
+                  in,
+                  out,
+                  want_dx,
+                  want_dw,
+                  grad && bias.defined() && bias.requires_grad(),
+                  bias.defined()};
   const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
   const Tensor y = ckpt::detail::compute_or_replay("linear", flops, [&] {
                      Tensor y32 = f32_result({rows, out}, x.dtype());  // (rows, out)
@@ -253,25 +273,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
                      return std::vector<Tensor>{y32.to(x.dtype())};
                    })[0].reshape(out_shape);
 
-  if (autograd::needs_grad({&x, &weight, &bias})) {
-    const bool want_dx = x.requires_grad(), want_dw = weight.requires_grad();
-    BackwardState s{autograd::SavedTensor(want_dw ? xq.codes : Tensor()),
-                    autograd::SavedTensor(want_dw ? xq.inv_scales : Tensor()),
-                    autograd::SavedTensor(want_dx ? wq.codes : Tensor()),
-                    autograd::SavedTensor(want_dx ? wq.inv_scales : Tensor()),
-                    recipe.kind,
-                    meta,
-                    x.shape(),
-                    x.dtype(),
-                    weight.dtype(),
-                    bias.defined() ? bias.dtype() : DType::f32,
-                    rows,
-                    in,
-                    out,
-                    want_dx,
-                    want_dw,
-                    bias.defined() && bias.requires_grad(),
-                    bias.defined()};
+  if (grad) {
     std::vector<Tensor> inputs{x, weight};
     if (bias.defined()) inputs.push_back(bias);
     autograd::record(kOp, inputs, {y}, [s = std::move(s)](const std::vector<Tensor>& g) {

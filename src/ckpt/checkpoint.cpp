@@ -24,6 +24,7 @@ constexpr const char* kOp = "ckpt::checkpoint";
 
 std::atomic<std::int64_t> g_regions{0};
 std::atomic<std::int64_t> g_recomputes{0};
+std::atomic<double> g_recomputed_flops{0};
 thread_local int t_rerun_depth = 0;  // re-runs in progress on this thread (nested regions re-run inside)
 
 // Thrown by the re-run's save hook once the last placeholder is filled, so the rest of fn is skipped.
@@ -344,7 +345,8 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 bool in_rerun() { return t_rerun_depth > 0; }
 
 Counters counters() {
-  return {g_regions.load(std::memory_order_relaxed), g_recomputes.load(std::memory_order_relaxed)};
+  return {g_regions.load(std::memory_order_relaxed), g_recomputes.load(std::memory_order_relaxed),
+          g_recomputed_flops.load(std::memory_order_relaxed)};
 }
 
 namespace detail {
@@ -357,14 +359,18 @@ std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
   const std::string_view label = current_op_label();
   const bool keep = covers(f.keep_ops, op, label);
   if (region->rerun()) {
-    if (!keep) return compute();
+    const auto recompute = [&] {
+      g_recomputed_flops.fetch_add(flops, std::memory_order_relaxed);
+      return compute();
+    };
+    if (!keep) return recompute();
     const std::string name = op_str(op, label);
     MT_CHECK(f.replay_cursor < f.kept.size() && f.kept[f.replay_cursor].op == name, kOp,
              "the re-run of a region reached {} where its forward kept {}: the region's function must run the same "
              "ops in the same order every time",
              name, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
     const KeptOutputs& kept = f.kept[f.replay_cursor++];
-    if (kept.tensors.empty()) return compute();  // released after the forward: nothing saved it
+    if (kept.tensors.empty()) return recompute();  // released after the forward: nothing saved it
     std::vector<Tensor> out;
     for (const Tensor& t : kept.tensors) out.push_back(t.detach());
     return out;

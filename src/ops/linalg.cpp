@@ -1,5 +1,10 @@
 // matmul and linear. Operands are handed to the GEMM as (pointer, transposed?, leading dim, batch stride)
 // read straight from their strides, so the transposed views backward makes cost no copies.
+//
+// save_then_compute: both ops save their operands for backward before they run the product. Under activation
+// checkpointing, a region's re-run stops as soon as its last dropped tensor is saved again; when that is the
+// input of the region's last projection (GPT's mlp.proj, whose output only feeds a residual add), saving first
+// means the re-run stops before that GEMM instead of after it.
 #include "memtrain/ops/linalg.h"
 
 #include "amp/autocast_state.h"
@@ -137,14 +142,16 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor x2 = x.reshape({-1, x.size(-1)});  // (N, in)
   const std::int64_t N = x2.size(0), out_features = weight.size(0);
   const double flops = 2.0 * static_cast<double>(N) * static_cast<double>(out_features) * static_cast<double>(x2.size(1));
+  // Saved before the product: see save_then_compute at the top.
+  const bool grad = needs_grad({&x2, &weight, &bias});
+  const SavedTensor sx(grad && weight.requires_grad() ? x2 : Tensor()), sw(grad && x2.requires_grad() ? weight : Tensor());
   Tensor out = ckpt::detail::compute_or_replay("linear", flops, [&] {
                  Tensor y = Tensor::empty({N, out_features}, x.dtype());  // (N, out)
                  y.copy_(bias.detach().reshape({1, out_features}).expand({N, out_features}));
                  gemm_cpu(x2.detach(), weight.detach().t(), y, 1, 1.0);
                  return std::vector<Tensor>{y};
                })[0];
-  if (needs_grad({&x2, &weight, &bias})) {
-    SavedTensor sx(weight.requires_grad() ? x2 : Tensor()), sw(x2.requires_grad() ? weight : Tensor());
+  if (grad) {
     const bool want_db = bias.requires_grad();
     record("linear", {x2, weight, bias}, {out}, [sx, sw, want_db](const std::vector<Tensor>& g) {
       const Tensor xv = sx.unpack(), wv = sw.unpack();
@@ -163,9 +170,11 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (auto c = amp::detail::autocast_to_compute({a, b})) return matmul((*c)[0], (*c)[1]);
   const double flops = 2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.dim() >= 2 ? b.size(-1) : 0);
+  // Saved before the product: see save_then_compute at the top.
+  const bool grad = needs_grad({&a, &b});
+  const SavedTensor sa(grad && b.requires_grad() ? a : Tensor()), sb(grad && a.requires_grad() ? b : Tensor());
   Tensor out = ckpt::detail::compute_or_replay("matmul", flops, [&] { return std::vector<Tensor>{matmul_forward(a, b)}; })[0];
-  if (needs_grad({&a, &b})) {
-    SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
+  if (grad) {
     // A 2-D B stored transposed is a Linear weight seen through .t(): its gradient is computed as
     // (dC^T A)^T, i.e. stored in the weight's own [out, in] layout, so the .t() backward hands the weight a
     // contiguous gradient it can take over instead of copying a transposed one.

@@ -70,6 +70,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
   }
   const double flops = 2.0 * static_cast<double>(s.B * s.Cout * s.OH * s.OW) *
                        static_cast<double>(s.Cin / groups * s.KH * s.KW);
+  std::vector<Tensor> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  // Saved before the convolution, so a checkpoint re-run that only needs x again stops before computing it.
+  const bool grad = autograd::needs_grad(inputs);
+  const bool want_dx = grad && x.requires_grad(), want_dw = grad && weight.requires_grad();
+  const SavedTensor sx(want_dw ? x : Tensor()), sw(want_dx ? weight : Tensor());
   const Tensor out = ckpt::detail::compute_or_replay(op, flops, [&] {
     const Tensor xc = detail::compute_input(x), wc = detail::compute_input(weight);
     const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
@@ -84,12 +90,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
     });
     return std::vector<Tensor>{detail::as_dtype(y, x.dtype())};
   })[0];
-  std::vector<Tensor> inputs{x, weight};
-  if (bias.defined()) inputs.push_back(bias);
-  if (autograd::needs_grad(inputs)) {
-    const bool want_dx = x.requires_grad(), want_dw = weight.requires_grad();
+  if (grad) {
     const bool want_db = bias.defined() && bias.requires_grad();
-    SavedTensor sx(want_dw ? x : Tensor()), sw(want_dx ? weight : Tensor());
     autograd::record(op, inputs, {out},
                      [sx, sw, s, want_dx, want_dw, want_db, has_b = bias.defined(), xd = x.dtype(),
                       wd = weight.dtype()](const std::vector<Tensor>& g) {

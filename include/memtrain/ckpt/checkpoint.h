@@ -7,9 +7,10 @@
 // unpacks a placeholder, the region re-runs fn on detached copies of its inputs (same requires_grad), with the
 // RNG stream set back to where the forward started it, grad mode on; the k-th tensor saved during the re-run
 // fills placeholder k. The re-run's own graph is thrown away, and it stops as soon as the last placeholder is
-// filled. The original nodes then run their backward unchanged, so dropout, captured parameters and nesting
-// need nothing special, and gradients are bit-identical to the run without checkpointing (the kernels are
-// deterministic).
+// filled (matmul, linear and conv2d save their operands before they compute, so a re-run whose last dropped
+// tensor is the input of the region's last projection stops before that GEMM). The original nodes then run
+// their backward unchanged, so dropout, captured parameters and nesting need nothing special, and gradients are
+// bit-identical to the run without checkpointing (the kernels are deterministic).
 //
 // What is kept: parameters (leaves that require grad: they are alive anyway), the region's inputs (held by the
 // region itself, through the enclosing hooks so an outer region may drop them in turn) and, when the region
@@ -79,6 +80,7 @@ bool in_rerun();
 struct Counters {
   std::int64_t regions = 0;     // checkpoint() calls
   std::int64_t recomputes = 0;  // forward re-runs during backward
+  double recomputed_flops = 0;  // FLOPs of the expensive ops (see compute_or_replay) those re-runs computed again
 };
 Counters counters();
 
