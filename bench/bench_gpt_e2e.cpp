@@ -26,6 +26,7 @@
 #include "memtrain/core/tensor.h"
 #include "memtrain/nn/gpt.h"
 #include "memtrain/optim/spec.h"
+#include "step_timing.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -36,16 +37,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <optional>
 #include <random>
-#include <sys/resource.h>
 #include <string>
 #include <vector>
 
 namespace {
 
 using namespace memtrain;
+using bench::cpu_seconds, bench::median_of, bench::mib, bench::peak_rss_kib, bench::random_tokens;
 
 struct Args {
   std::string model = "small";
@@ -80,39 +80,6 @@ Args parse(int argc, char** argv) {
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
   return a;
-}
-
-// CPU seconds (user + system, all threads) this process has used: next to wall time, it shows how much
-// of a step was lost to other processes on a busy machine.
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// Peak resident set size of this process in KiB (VmHWM), or 0 where /proc is absent.
-std::int64_t peak_rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
-  return 0;
-}
-
-double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::mt19937_64& gen) {
-  std::vector<std::int64_t> buf(static_cast<std::size_t>(B * T));
-  std::uniform_int_distribution<std::int64_t> dist(0, V - 1);
-  for (auto& t : buf) t = dist(gen);
-  return from_buffer(buf.data(), {B, T}, DType::i64, DType::i64);
 }
 
 }  // namespace

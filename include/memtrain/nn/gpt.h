@@ -18,6 +18,7 @@
 #include "memtrain/nn/transformer_block.h"
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace memtrain::nn {
@@ -36,6 +37,9 @@ class GPT : public Module {
   // Activation checkpointing of the transformer blocks (each block is one region); none by default.
   void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
+  // Exchanges the model's checkpointer (policy and any budget plan) with `other`: a benchmark that alternates
+  // policies step by step keeps one checkpointer per policy, so a budget plan is made once, not at every switch.
+  void swap_checkpointer(ckpt::BlockCheckpointer& other) { std::swap(checkpointer_, other); }
 
  private:
   GPTConfig config_;
