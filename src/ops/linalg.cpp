@@ -17,6 +17,9 @@
 #include "memtrain/ops/reduce.h"
 #include "ops/op_utils.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace memtrain::ops {
 
 using autograd::needs_grad;
@@ -95,6 +98,42 @@ void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& out, std::int64_t batch,
   }
 }
 
+bool is_narrow(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// Narrow (bf16/f16) products on the CPU accumulate in f32, but the f32 result exists one slab of rows at a
+// time (at most kNarrowSlabElements floats), each slab rounded into the narrow output: mixed precision keeps
+// activations narrow to halve them, and an f32 copy of a whole [N, 4C] output (plus a separate bias add) would
+// give that saving back at the forward's peak. Slabs are few and even (each GEMM call re-packs the other
+// operand): GPT-2's [1024, 3072] MLP output runs as two GEMMs of 512 rows.
+constexpr std::int64_t kNarrowSlabElements = std::int64_t{1} << 21;  // 8 MiB of f32
+
+// Rows per slab: the fewest slabs of at most `limit` elements, rows split evenly, a multiple of 16 rows.
+std::int64_t even_slab_rows(std::int64_t rows, std::int64_t row_elements, std::int64_t limit) {
+  const std::int64_t per_slab = std::max<std::int64_t>(1, limit / std::max<std::int64_t>(row_elements, 1));
+  const std::int64_t slabs = (rows + per_slab - 1) / per_slab;
+  const std::int64_t even = (rows + slabs - 1) / slabs;
+  return std::min(rows, std::min(per_slab, (even + 15) / 16 * 16));
+}
+
+// out [rows, n] (narrow, contiguous) = a [rows, k] x b [k, n] (+ bias [n], added to the f32 accumulator, so
+// each element is rounded once). bf16 runs natively in the GEMM; f16 operands are widened (b once, a per slab).
+void narrow_gemm_rows(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+  const std::int64_t rows = a.size(0), n = b.size(1);
+  const bool native = a.dtype() == DType::bf16;
+  const Tensor bw = native ? b.detach() : b.detach().to(DType::f32);
+  const Tensor bias_row = bias.defined() ? bias.detach().to(DType::f32).reshape({1, n}) : Tensor();
+  const std::int64_t slab = even_slab_rows(rows, n, kNarrowSlabElements);
+  const Tensor acc = Tensor::empty({slab, n}, DType::f32);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += slab) {
+    const std::int64_t r = std::min(slab, rows - r0);
+    Tensor y = acc.narrow(0, 0, r);
+    if (bias_row.defined()) y.copy_(bias_row.expand({r, n}));
+    const Tensor a_slab = a.detach().narrow(0, r0, r);
+    gemm_cpu(native ? a_slab : a_slab.to(DType::f32), bw, y, 1, bias_row.defined() ? 1.0 : 0.0);
+    out.narrow(0, r0, r).copy_(y);
+  }
+}
+
 Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   detail::check_same("matmul", a, b);
   detail::check_floating("matmul", a);
@@ -120,6 +159,12 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
     return out;
   }
   detail::check_cpu("matmul", a);
+  if (is_narrow(a.dtype()) && b.dim() == 2 && (a.dim() == 2 || a.is_contiguous())) {
+    Tensor out = Tensor::empty(out_shape, a.dtype());
+    Tensor out2 = out.reshape({-1, b.size(1)});
+    if (out.numel() > 0) narrow_gemm_rows(a.reshape({-1, a.size(-1)}), b, Tensor(), out2);
+    return out;
+  }
   const bool native = a.dtype() == DType::f32 || a.dtype() == DType::f64 || a.dtype() == DType::bf16;
   const Tensor x = native ? a : a.detach().to(DType::f32), y = native ? b : b.detach().to(DType::f32);
   const DType acc = a.dtype() == DType::f64 ? DType::f64 : DType::f32;
@@ -128,12 +173,13 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   return out.dtype() == a.dtype() ? out : out.to(a.dtype());
 }
 
-// linear with a bias on the CPU in f32/f64: the bias is written into the output rows and the GEMM adds
-// x W^T onto them (beta = 1), saving the separate pass over [N, out] that add() would make. One node:
-// dx = dY W, dW = dY^T x (computed straight in W's [out, in] layout), db = column sums of dY.
+// linear with a bias on the CPU: the bias is written into the output rows and the GEMM adds x W^T onto them
+// (beta = 1), saving the separate pass over [N, out] that add() would make (bf16/f16: slab by slab in f32, see
+// narrow_gemm_rows). One node: dx = dY W, dW = dY^T x (computed straight in W's [out, in] layout), db = column
+// sums of dY.
 bool fused_linear_applies(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const DType t = x.dtype();
-  return (t == DType::f32 || t == DType::f64) && weight.dtype() == t && bias.dtype() == t && x.device().is_cpu() &&
+  return (t == DType::f32 || t == DType::f64 || is_narrow(t)) && weight.dtype() == t && bias.dtype() == t && x.device().is_cpu() &&
          weight.device().is_cpu() && bias.device().is_cpu() && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
          x.numel() > 0;
 }
@@ -147,6 +193,10 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const SavedTensor sx(grad && weight.requires_grad() ? x2 : Tensor()), sw(grad && x2.requires_grad() ? weight : Tensor());
   Tensor out = ckpt::detail::compute_or_replay("linear", flops, [&] {
                  Tensor y = Tensor::empty({N, out_features}, x.dtype());  // (N, out)
+                 if (is_narrow(x.dtype())) {
+                   narrow_gemm_rows(x2, weight.detach().t(), bias, y);
+                   return std::vector<Tensor>{y};
+                 }
                  y.copy_(bias.detach().reshape({1, out_features}).expand({N, out_features}));
                  gemm_cpu(x2.detach(), weight.detach().t(), y, 1, 1.0);
                  return std::vector<Tensor>{y};

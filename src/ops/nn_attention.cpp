@@ -143,24 +143,45 @@ std::vector<Tensor> attention_forward_cuda(const char* op, const Tensor& q, cons
   return {out, lse};
 }
 
+// The CPU kernel on f32/f64 operands: y [B, H, T, D] (any layout_of strides) and lse [B, H, T] written.
+void attention_forward_kernel(const char* op, Tensor& y, Tensor& lse, const Tensor& qc, const Tensor& kc,
+                              const Tensor& vc, bool causal) {
+  const std::int64_t B = qc.size(0), H = qc.size(1), T_len = qc.size(2), D = qc.size(3);
+  const int nthreads = detail::max_threads();
+  const Tensor ws = detail::workspace(cpu::attention_forward_workspace(T_len, D, nthreads), qc.dtype());
+  detail::dispatch_compute(op, qc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    cpu::attention_forward<T>(y.data<T>(), layout_of(y), lse.data<T>(), qc.data<T>(), layout_of(qc), kc.data<T>(),
+                              layout_of(kc), vc.data<T>(), layout_of(vc), B, H, T_len, D,
+                              1.0 / std::sqrt(static_cast<double>(D)), causal, ws.data<T>(), nthreads);
+  });
+}
+
 std::vector<Tensor> attention_forward_cpu(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                           bool causal) {
   detail::check_cpu(op, q);
   const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
+  if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
+    // Narrow q, k, v: widened one batch element at a time, so the f32 copies of q, k, v and of the output are
+    // 1/B of their full size (mixed precision halves activations; full f32 copies would give that back at the
+    // forward's peak). The kernel sees the same rows either way: the same bits as widening everything.
+    const Tensor y_bthd = Tensor::empty({B, T_len, H, D}, q.dtype());
+    const Tensor lse = Tensor::empty({B, H, T_len}, DType::f32);
+    const Tensor yb_bthd = Tensor::empty({1, T_len, H, D}, DType::f32);
+    Tensor yb = yb_bthd.transpose(1, 2);
+    for (std::int64_t b = 0; b < B; ++b) {
+      Tensor lse_b = lse.narrow(0, b, 1);
+      attention_forward_kernel(op, yb, lse_b, head_input(q.narrow(0, b, 1)), head_input(k.narrow(0, b, 1)),
+                               head_input(v.narrow(0, b, 1)), causal);
+      y_bthd.narrow(0, b, 1).copy_(yb_bthd);
+    }
+    return {y_bthd.transpose(1, 2), lse};
+  }
   const Tensor qc = head_input(q), kc = head_input(k), vc = head_input(v);
   Tensor y = Tensor::empty({B, T_len, H, D}, qc.dtype()).transpose(1, 2);
   Tensor lse = Tensor::empty({B, H, T_len}, qc.dtype());
-  {
-    const int nthreads = detail::max_threads();
-    const Tensor ws = detail::workspace(cpu::attention_forward_workspace(T_len, D, nthreads), qc.dtype());
-    detail::dispatch_compute(op, qc.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      cpu::attention_forward<T>(y.data<T>(), layout_of(y), lse.data<T>(), qc.data<T>(), layout_of(qc), kc.data<T>(),
-                                layout_of(kc), vc.data<T>(), layout_of(vc), B, H, T_len, D,
-                                1.0 / std::sqrt(static_cast<double>(D)), causal, ws.data<T>(), nthreads);
-    });
-  }
-  return {detail::as_dtype(y, q.dtype()), lse};
+  attention_forward_kernel(op, y, lse, qc, kc, vc, causal);
+  return {y, lse};
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace memtrain::ops {
 
 using autograd::SavedTensor;
@@ -119,6 +122,28 @@ NormGrads rms_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& w
   return {detail::as_dtype(dx, x.dtype()), want_dw ? detail::as_dtype(dw, weight.dtype()) : Tensor(), Tensor()};
 }
 
+// layer_norm's CPU forward for a contiguous bf16/f16 x: the f32 copies of x and of the output exist one slab of
+// rows at a time (at most kNarrowSlabElements floats each) instead of at full size, since mixed precision keeps
+// activations narrow to halve them and full-size f32 temporaries would give that back at the forward's peak.
+// Each row is normalised by the same kernel as on the widened path, so the results are the same bits.
+constexpr std::int64_t kNarrowSlabElements = std::int64_t{1} << 19;
+
+void layer_norm_forward_narrow(const Tensor& x, const Tensor& wc, const Tensor& bc, double eps, Tensor& out,
+                               Tensor& mean, Tensor& rstd) {
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  const std::int64_t slab = std::min(N, std::max<std::int64_t>(1, kNarrowSlabElements / C));
+  const Tensor x2 = x.detach().reshape({N, C}), out2 = out.reshape({N, C});
+  const Tensor xs = Tensor::empty({slab, C}, DType::f32), ys = Tensor::empty({slab, C}, DType::f32);
+  for (std::int64_t r0 = 0; r0 < N; r0 += slab) {
+    const std::int64_t r = std::min(slab, N - r0);
+    xs.narrow(0, 0, r).copy_(x2.narrow(0, r0, r));
+    cpu::layer_norm_forward<float>(ys.data<float>(), mean.data<float>() + r0, rstd.data<float>() + r0, xs.data<float>(),
+                                   wc.defined() ? wc.data<float>() : nullptr, bc.defined() ? bc.data<float>() : nullptr,
+                                   r, C, eps);
+    out2.narrow(0, r0, r).copy_(ys.narrow(0, 0, r));
+  }
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
@@ -140,19 +165,26 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                              x.dtype(), N, C, eps, dev.index);
   } else {
     detail::check_cpu(op, x);
-    const Tensor xc = detail::compute_input(x);
     const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
     const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
-    Tensor y = Tensor::empty(xc.shape(), xc.dtype());
-    mean = Tensor::empty(stat_shape, xc.dtype());
-    rstd = Tensor::empty(stat_shape, xc.dtype());
-    detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(),
-                                 wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr, N, C,
-                                 eps);
-    });
-    out = detail::as_dtype(y, x.dtype());
+    if ((x.dtype() == DType::bf16 || x.dtype() == DType::f16) && x.is_contiguous() && x.numel() > 0) {
+      out = Tensor::empty(x.shape(), x.dtype());
+      mean = Tensor::empty(stat_shape, DType::f32);
+      rstd = Tensor::empty(stat_shape, DType::f32);
+      layer_norm_forward_narrow(x, wc, bc, eps, out, mean, rstd);
+    } else {
+      const Tensor xc = detail::compute_input(x);
+      Tensor y = Tensor::empty(xc.shape(), xc.dtype());
+      mean = Tensor::empty(stat_shape, xc.dtype());
+      rstd = Tensor::empty(stat_shape, xc.dtype());
+      detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(),
+                                   wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr, N, C,
+                                   eps);
+      });
+      out = detail::as_dtype(y, x.dtype());
+    }
   }
   const std::vector<Tensor> inputs = defined_only({x, weight, bias});
   if (autograd::needs_grad(inputs)) {

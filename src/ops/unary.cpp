@@ -23,6 +23,8 @@ using autograd::needs_grad;
 using autograd::record;
 using autograd::SavedTensor;
 using detail::binary_kernel;
+using detail::is_narrow_contiguous;
+using detail::narrow_blocks;
 using detail::unary_kernel;
 
 namespace {
@@ -105,34 +107,6 @@ Tensor clamp_backward(const Tensor& g, const Tensor& x, double lo, double hi) {
     using T = decltype(v);
     return (v >= T(lo) && v <= T(hi)) ? dy : T(0);
   });
-}
-
-// Contiguous bf16/f16 arrays of n elements through an f32 array kernel in blocks widened on the stack, so a
-// narrow activation never gets a full-size f32 copy (mixed precision stores the MLP's widest tensors narrow
-// to halve them; two f32 temporaries of their size would give the saving back at the peak). kernel(out, in...,
-// len) runs on f32 blocks; each result is rounded once, as widening the whole array would give.
-constexpr std::int64_t kNarrowBlock = 2048;
-
-template <std::size_t kInputs, typename Kernel>
-void narrow_blocks(DType dtype, std::int64_t n, void* out, const std::array<const void*, kInputs>& in, Kernel kernel) {
-  const std::size_t es = dtype_size(dtype);
-  const std::int64_t blocks = (n + kNarrowBlock - 1) / kNarrowBlock;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    std::array<std::array<float, kNarrowBlock>, kInputs + 1> buf;
-    const std::int64_t off = b * kNarrowBlock, len = std::min(kNarrowBlock, n - off);
-    for (std::size_t i = 0; i < kInputs; ++i)
-      cpu::convert(static_cast<const unsigned char*>(in[i]) + off * es, dtype, buf[i + 1].data(), DType::f32,
-                   static_cast<std::size_t>(len));
-    if constexpr (kInputs == 1) kernel(buf[0].data(), buf[1].data(), len);
-    else kernel(buf[0].data(), buf[1].data(), buf[2].data(), len);
-    cpu::convert(buf[0].data(), DType::f32, static_cast<unsigned char*>(out) + off * es, dtype,
-                 static_cast<std::size_t>(len));
-  }
-}
-
-bool is_narrow_contiguous(const Tensor& t) {
-  return (t.dtype() == DType::bf16 || t.dtype() == DType::f16) && t.is_contiguous();
 }
 
 // gelu (tanh) and its backward on the fused array kernels of cpu/gelu.h: inputs in the compute dtype and
