@@ -184,11 +184,14 @@ TEST(Checkpoint, RerunStopsBeforeTheLastProjection) {
     const Block block(c);
     const Tensor x = randn({rows, c}).set_requires_grad();
     const ckpt::Counters before = ckpt::counters();
-    ops::sum(ckpt::checkpoint(block, x, options_for(mode))).backward();
+    ckpt::RegionProfile profile;
+    ops::sum(ckpt::checkpoint(block, x, options_for(mode), &profile)).backward();
     const ckpt::Counters after = ckpt::counters();
+    const double recomputed = after.recomputed_flops - before.recomputed_flops;
     EXPECT_EQ(after.recomputes - before.recomputes, 1);
-    EXPECT_EQ(after.recomputed_flops - before.recomputed_flops, mode == Mode::full ? first_projection : 0.0)
-        << (mode == Mode::full ? "full" : "selective");
+    EXPECT_EQ(recomputed, mode == Mode::full ? first_projection : 0.0) << (mode == Mode::full ? "full" : "selective");
+    // The profile (what the budget planner prices) predicts what the re-run did.
+    EXPECT_EQ(mode == Mode::full ? profile.full_rerun_flops : profile.unsaved_expensive_flops, recomputed);
   }
 }
 
@@ -252,11 +255,13 @@ TEST(Checkpoint, FullDropsMoreThanSelectiveAndReportsIt) {
   EXPECT_EQ(full.dropped_bytes, full.saved_bytes);
   EXPECT_LT(selective.dropped_bytes, full.dropped_bytes);
   // The fc output [64, 128] is saved (by gelu); the proj output [64, 32] feeds the residual add, which saves
-  // nothing, so it is not counted and selective lets it go.
+  // nothing, so it is not counted and selective lets it go. The proj runs after the region's last save (its
+  // input), so no re-run computes it again: full redoes the fc only, selective nothing.
   EXPECT_EQ(full.expensive_bytes, 4 * row);
-  EXPECT_DOUBLE_EQ(full.unsaved_expensive_flops, 2.0 * 64 * 32 * 128);
+  EXPECT_DOUBLE_EQ(full.unsaved_expensive_flops, 0.0);
   EXPECT_EQ(selective.cheap_saved_bytes, selective.dropped_bytes);
   EXPECT_DOUBLE_EQ(full.expensive_flops, 2.0 * 64 * 32 * 128 * 2);
+  EXPECT_DOUBLE_EQ(full.full_rerun_flops, 2.0 * 64 * 32 * 128);
 }
 
 TEST(Checkpoint, FunctionThatChangesOnRerunIsCaught) {

@@ -98,6 +98,7 @@ struct ExpensiveOp {
   double flops = 0;
   bool saved = false;     // some op inside the region saved one of the outputs
   std::ptrdiff_t kept = -1;  // its entry in Frame::kept, if kept
+  std::size_t saves_before = 0;  // tensors the region had saved when the op started
 };
 
 // Everything a region needs after its forward: how to re-run it and where the re-run's saves go.
@@ -126,6 +127,9 @@ struct Frame : std::enable_shared_from_this<Frame> {
   StorageSet saved, expensive, input_set, dropped;
   std::vector<ExpensiveOp> expensive_op_list;
   std::unordered_map<const Storage*, std::size_t> expensive_op_of;  // output storage -> expensive_op_list index
+  // Index of the last save that full drops (anything but parameters and inputs) and of the last that selective
+  // drops too (not an expensive op's output): a re-run in that mode stops there.
+  std::ptrdiff_t last_full_drop = -1, last_selective_drop = -1;
   RegionProfile profile;
 
   // Re-run state.
@@ -177,7 +181,11 @@ std::shared_ptr<void> RegionHooks::pack_forward(const Tensor& tensor) {
   ++f.profile.saved_tensors;
   const Storage* storage = tensor.storage().get();
   const bool parameter = tensor.is_leaf() && tensor.requires_grad();
-  if (!parameter && !f.input_storages.count(storage)) f.saved.add(tensor.storage());
+  if (!parameter && !f.input_storages.count(storage)) {
+    f.saved.add(tensor.storage());
+    f.last_full_drop = static_cast<std::ptrdiff_t>(index);
+    if (!f.expensive.contains(storage)) f.last_selective_drop = static_cast<std::ptrdiff_t>(index);
+  }
   if (auto it = f.expensive_op_of.find(storage); it != f.expensive_op_of.end()) {
     ExpensiveOp& op = f.expensive_op_list[it->second];
     for (const auto& w : op.outputs) op.saved |= w.lock().get() == storage;  // the address, not a reused one
@@ -317,10 +325,12 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
   // Outputs of expensive ops that nothing saved are not needed by backward: a selective region lets them go
   // (the re-run recomputes them if a later op needs them) instead of holding bytes `none` would not hold.
   for (const ExpensiveOp& op : f.expensive_op_list) {
+    const auto started = static_cast<std::ptrdiff_t>(op.saves_before);
+    if (started <= f.last_full_drop) f.profile.full_rerun_flops += op.flops;
     if (op.saved) {
       f.profile.expensive_bytes += op.nbytes;
     } else {
-      f.profile.unsaved_expensive_flops += op.flops;
+      if (started <= f.last_selective_drop) f.profile.unsaved_expensive_flops += op.flops;
       if (op.kept >= 0) f.kept[static_cast<std::size_t>(op.kept)].tensors.clear();
     }
   }
@@ -375,11 +385,13 @@ std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
     for (const Tensor& t : kept.tensors) out.push_back(t.detach());
     return out;
   }
+  const std::size_t saves_before = f.slots.size();
   std::vector<Tensor> out = compute();
   if (covers(f.expensive_ops(), op, label)) {
     f.profile.expensive_flops += flops;
     ExpensiveOp& e = f.expensive_op_list.emplace_back();
     e.flops = flops;
+    e.saves_before = saves_before;
     if (keep) e.kept = static_cast<std::ptrdiff_t>(f.kept.size());
     for (const Tensor& t : out) {
       if (!t.defined()) continue;

@@ -150,7 +150,7 @@ RegionCost region_cost(const RegionProfile& p, RegionMode mode) {
   switch (mode) {
     case RegionMode::none: return {p.input_bytes + p.saved_bytes, 0.0};
     case RegionMode::selective: return {p.input_bytes + p.expensive_bytes, cheap + p.unsaved_expensive_flops};
-    case RegionMode::full: return {p.input_bytes, p.expensive_flops + cheap};
+    case RegionMode::full: return {p.input_bytes, p.full_rerun_flops + cheap};
   }
   return {};
 }

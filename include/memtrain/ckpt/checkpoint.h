@@ -57,7 +57,10 @@ struct RegionProfile {
   std::size_t cheap_saved_bytes = 0;  // saved, not an input, not an expensive output: what selective drops
   std::size_t dropped_bytes = 0;    // what this region actually dropped
   double expensive_flops = 0;       // FLOPs of the expensive ops (matmul: 2*M*N*K, ...)
-  double unsaved_expensive_flops = 0;  // of those, the ops whose outputs nothing saved (selective recomputes them)
+  // What a re-run computes again. It stops at the last tensor it must save again, so expensive ops after that
+  // (a last projection whose input is saved before it multiplies) are never redone.
+  double full_rerun_flops = 0;      // full: the expensive ops before the region's last dropped save
+  double unsaved_expensive_flops = 0;  // selective: those whose outputs nothing saved, before the last cheap save
   std::int64_t saved_tensors = 0;   // SavedTensors created inside the region
   std::int64_t dropped_tensors = 0;
 };
