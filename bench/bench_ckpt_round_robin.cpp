@@ -15,6 +15,7 @@
 // activations category over its timed steps (the forward runs under CategoryGuard(activations), as
 // train::Trainer runs it). The last lines are machine-readable ("RESULT ...").
 #include "memtrain/autograd/engine.h"
+#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
@@ -78,6 +79,7 @@ struct PolicyRun {
   ckpt::BlockCheckpointer checkpointer;
   std::vector<double> wall_ms, cpu_ms;
   std::size_t act_peak = 0, total_peak = 0;
+  double recomputed_flops = 0;  // per step (ckpt::Counters): what the re-runs computed again
 };
 
 }  // namespace
@@ -97,7 +99,10 @@ int main(int argc, char** argv) try {
   const Tensor targets = random_tokens(a.batch, a.seq_len, cfg.vocab_size, gen);
 
   std::vector<PolicyRun> runs;
-  for (const std::string& p : a.policies) runs.push_back(PolicyRun{ckpt::BlockCheckpointer(ckpt::Policy::parse(p)), {}, {}});
+  for (const std::string& p : a.policies) {
+    PolicyRun& run = runs.emplace_back();
+    run.checkpointer.set_policy(ckpt::Policy::parse(p));
+  }
   const std::size_t k = runs.size();
   fmt::print("memtrain GPT {} (params {:.2f}M) B={} T={} threads={}, {} policies, {} warm-up + {} timed rounds\n",
              a.model, static_cast<double>(model.num_parameters()) * 1e-6, a.batch, a.seq_len, omp_get_max_threads(),
@@ -109,6 +114,7 @@ int main(int argc, char** argv) try {
       PolicyRun& run = runs[(static_cast<std::size_t>(r) + j) % k];
       model.swap_checkpointer(run.checkpointer);  // the policy's checkpointer is the model's for this step
       allocator.reset_peak();
+      const double flops0 = ckpt::counters().recomputed_flops;
       const double c0 = cpu_seconds();
       const auto t0 = std::chrono::steady_clock::now();
       Tensor loss;
@@ -126,6 +132,7 @@ int main(int argc, char** argv) try {
       const bool timed = r >= a.warmup;
       if (timed) {
         run.wall_ms.push_back(dt), run.cpu_ms.push_back(dc);
+        run.recomputed_flops = ckpt::counters().recomputed_flops - flops0;
         run.act_peak = std::max(run.act_peak, mem[MemoryCategory::activations].peak_bytes);
         run.total_peak = std::max(run.total_peak, mem.peak_bytes);
       }
@@ -146,11 +153,13 @@ int main(int argc, char** argv) try {
     fmt::print("{}\n", run.checkpointer.describe(cfg.n_layer));
     fmt::print("RESULT impl=memtrain mode=round_robin model={} B={} T={} threads={} rounds={} policy={} "
                "step_ms={:.1f} cpu_ms={:.1f} overhead_median={:+.4f} overhead_min={:+.4f} overhead_max={:+.4f} "
-               "act_peak_bytes={} total_peak_bytes={} act_cut={:.4f} plan_kept_bytes={}\n",
+               "act_peak_bytes={} total_peak_bytes={} act_cut={:.4f} plan_kept_bytes={} recomputed_gflop={:.2f}\n",
                a.model, a.batch, a.seq_len, omp_get_max_threads(), a.rounds, run.checkpointer.policy().to_string(),
                median_of(run.wall_ms), median_of(run.cpu_ms), median_of(ratio) - 1.0, lo - 1.0, hi - 1.0,
-               run.act_peak, run.total_peak, 1.0 - static_cast<double>(run.act_peak) / static_cast<double>(base.act_peak),
-               run.checkpointer.plan() ? run.checkpointer.plan()->kept_bytes : std::size_t{0});
+               run.act_peak, run.total_peak,
+               1.0 - static_cast<double>(run.act_peak) / static_cast<double>(base.act_peak),
+               run.checkpointer.plan() ? run.checkpointer.plan()->kept_bytes : std::size_t{0},
+               run.recomputed_flops * 1e-9);
   }
   fmt::print("peak RSS {:.0f} MiB (the process, all policies)\n", static_cast<double>(peak_rss_kib()) / 1024.0);
   return 0;

@@ -3,7 +3,9 @@
 # PyTorch with and without per-block checkpointing, all in one run, one markdown table per config.
 #
 # Per config the runs interleave, so a change in machine load hits both sides alike:
-#   memtrain none, torch none, memtrain full, torch full, memtrain every:2, memtrain selective, memtrain budget:X
+#   memtrain none, torch none, memtrain full, torch full, memtrain every:2, memtrain selective,
+#   memtrain selective:scaled_dot_product_attention,linear@mlp.fc (op labels: keep attention and the MLP's fc
+#   output, recompute the qkv projection), memtrain budget:X
 # memtrain is bench_gpt_e2e --checkpoint POLICY; the peer is bench/torch_peer/gpt_ckpt_torch.py (Python torch,
 # torch.utils.checkpoint per block, use_reentrant=False). The peer's runs are skipped with a warning where
 # `$PYTHON -c 'import torch'` fails.
@@ -70,6 +72,7 @@ for cfg in "${configs[@]}"; do
   ((have_peer)) && run torch full
   run memtrain every:2
   run memtrain selective
+  run memtrain selective:scaled_dot_product_attention,linear@mlp.fc
   none_act=$(field "${rows[0]##*|}" act_peak_bytes)
   budget=$(awk -v b="$none_act" 'BEGIN { h = b / 2; m = int(h / 1048576);
     if (m >= 2) printf "%dMiB", m; else printf "%dKiB", int(h / 1024) }')

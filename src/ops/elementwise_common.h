@@ -48,9 +48,10 @@ Tensor unary_kernel(const char* op, const Tensor& a, F f) {
   check_cpu(op, a);
   if (is_narrow_contiguous(a)) {
     Tensor y = Tensor::empty(a.shape(), a.dtype());
-    narrow_blocks<1>(a.dtype(), a.numel(), y.data_ptr(), {a.data_ptr()}, [&](float* out, const float* x, std::int64_t len) {
-      for (std::int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(f(x[i]));
-    });
+    narrow_blocks<1>(a.dtype(), a.numel(), y.data_ptr(), {a.data_ptr()},
+                     [&](float* out, const float* x, std::int64_t len) {
+                       for (std::int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(f(x[i]));
+                     });
     return y;
   }
   const Tensor x = to_compute(a);

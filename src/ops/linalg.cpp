@@ -179,9 +179,9 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
 // sums of dY.
 bool fused_linear_applies(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const DType t = x.dtype();
-  return (t == DType::f32 || t == DType::f64 || is_narrow(t)) && weight.dtype() == t && bias.dtype() == t && x.device().is_cpu() &&
-         weight.device().is_cpu() && bias.device().is_cpu() && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
-         x.numel() > 0;
+  return (t == DType::f32 || t == DType::f64 || is_narrow(t)) && weight.dtype() == t && bias.dtype() == t &&
+         x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu() && bias.dim() == 1 &&
+         bias.size(0) == weight.size(0) && x.numel() > 0;
 }
 
 Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -190,7 +190,8 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const double flops = 2.0 * static_cast<double>(N) * static_cast<double>(out_features) * static_cast<double>(x2.size(1));
   // Saved before the product: see save_then_compute at the top.
   const bool grad = needs_grad({&x2, &weight, &bias});
-  const SavedTensor sx(grad && weight.requires_grad() ? x2 : Tensor()), sw(grad && x2.requires_grad() ? weight : Tensor());
+  const SavedTensor sx(grad && weight.requires_grad() ? x2 : Tensor());
+  const SavedTensor sw(grad && x2.requires_grad() ? weight : Tensor());
   Tensor out = ckpt::detail::compute_or_replay("linear", flops, [&] {
                  Tensor y = Tensor::empty({N, out_features}, x.dtype());  // (N, out)
                  if (is_narrow(x.dtype())) {
