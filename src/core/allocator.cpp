@@ -1,10 +1,13 @@
-// Caching allocator with per-category accounting. See include/memtrain/core/allocator.h.
+// Caching allocator with per-category accounting and a budget. See include/memtrain/core/allocator.h;
+// where freed bytes wait (the cache policy) is src/core/block_cache.h.
 #include "memtrain/core/allocator.h"
 
+#include "core/block_cache.h"
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -64,11 +67,24 @@ void register_memory_source_factory(DeviceType type, std::unique_ptr<MemorySourc
   cuda_factory() = factory;
 }
 
+namespace {
+CachePolicy default_policy(const Device& device) {
+  return device.is_cpu() ? CachePolicy::size_classes : CachePolicy::segments;
+}
+}  // namespace
+
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source)
-    : device_(device), source_(std::move(source)) {}
+    : Allocator(device, std::move(source), default_policy(device)) {}
+
+Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy)
+    : device_(device),
+      source_(std::move(source)),
+      cache_(policy == CachePolicy::segments ? detail::make_segment_pool() : detail::make_size_class_cache()) {
+  MT_CHECK(source_ != nullptr, "Allocator", "no memory source for {}", device_.str());
+}
 
 Allocator::~Allocator() {
-  // Blocks still live at exit belong to static tensors; only the cache is ours to return.
+  // Blocks still live at exit belong to static tensors; only the free segments are ours to return.
   empty_cache();
 }
 
@@ -103,7 +119,8 @@ std::size_t Allocator::size_class(std::size_t nbytes) {
 }
 
 Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
-  const std::size_t cls = size_class(nbytes);
+  MT_CHECK(nbytes <= kMaxRequest, "Allocator::allocate", "allocator({}): {} bytes requested, more than any device has",
+           device_.str(), nbytes);
   std::unique_lock lock(mutex_);
   if (budget_ && stats_.live_bytes + nbytes > *budget_) {
     const std::string msg = fmt::format(
@@ -112,26 +129,18 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
         report_locked());
     throw OutOfBudget(msg);
   }
-  void* ptr = nullptr;
-  auto it = cache_.find(cls);
-  if (it != cache_.end()) {
-    ptr = it->second;
-    cache_.erase(it);
-    stats_.cached_bytes -= cls;
+  detail::CachedBlock block = cache_->take(nbytes);
+  if (block.ptr != nullptr) {
+    stats_.cached_bytes -= block.bytes;
     ++stats_.cache_hits;
   } else {
+    const std::size_t segment_bytes = cache_->segment_bytes(nbytes);
     lock.unlock();  // the OS/driver call may be slow; accounting below happens under the lock again
-    try {
-      ptr = source_->raw_allocate(cls);
-    } catch (const Error&) {
-      lock.lock();
-      if (cache_.empty()) throw;
-      lock.unlock();
-      empty_cache();  // retry once with the cache handed back
-      ptr = source_->raw_allocate(cls);
-    }
+    void* segment = allocate_segment(segment_bytes, nbytes, category);
     lock.lock();
-    stats_.reserved_bytes += cls;
+    block = cache_->add_segment(segment, segment_bytes, nbytes);
+    stats_.reserved_bytes += segment_bytes;
+    stats_.cached_bytes += segment_bytes - block.bytes;  // the segment's tail, if split off, is free cache
   }
   ++stats_.num_allocs;
   auto& cs = stats_.by_category[static_cast<int>(category)];
@@ -143,17 +152,59 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
     stats_.peak_bytes = stats_.live_bytes;
     for (auto& c : stats_.by_category) c.at_total_peak = c.live_bytes;
   }
-  return Block{ptr, nbytes, cls, category};
+  return Block{block.ptr, nbytes, block.bytes, category};
+}
+
+void* Allocator::allocate_segment(std::size_t segment_bytes, std::size_t nbytes, MemoryCategory category) {
+  void* segment = nullptr;
+  try {
+    segment = source_->raw_allocate(segment_bytes);
+  } catch (const Error& first) {
+    std::vector<detail::Segment> released;
+    {
+      std::lock_guard lock(mutex_);
+      released = release_free_segments_locked();
+    }
+    free_segments(released);
+    std::size_t released_bytes = 0;
+    for (const auto& s : released) released_bytes += s.bytes;
+    const std::string retry = released.empty() ? std::string("no free cache to release")
+                                               : fmt::format("released {} of free cache and retried",
+                                                             human_bytes(released_bytes));
+    // The source's message names its own call (cudaMalloc of the segment size); say what was asked for.
+    auto out_of_memory = [&](const Error& cause) {
+      std::lock_guard lock(mutex_);
+      return Error(fmt::format("allocator({}): out of memory allocating {} bytes of {} (a {}-byte segment; {}; "
+                               "{} still reserved): {}",
+                               device_.str(), nbytes, category_name(category), segment_bytes, retry,
+                               human_bytes(stats_.reserved_bytes), cause.what()));
+    };
+    if (released.empty()) throw out_of_memory(first);
+    // Retry once with the cache handed back: the failure may have been memory we were only caching.
+    try {
+      segment = source_->raw_allocate(segment_bytes);
+    } catch (const Error& second) {
+      throw out_of_memory(second);
+    }
+  }
+  const std::size_t alignment = cache_->segment_alignment();
+  if (reinterpret_cast<std::uintptr_t>(segment) % alignment != 0) {
+    source_->raw_free(segment, segment_bytes);
+    detail::throw_error("Allocator::allocate",
+                        fmt::format("allocator({}): the memory source returned {}, not {}-byte aligned",
+                                    device_.str(), fmt::ptr(segment), alignment));
+  }
+  return segment;
 }
 
 void Allocator::deallocate(const Block& block) {
   if (block.ptr == nullptr) return;
   std::lock_guard lock(mutex_);
+  cache_->give_back(block.ptr, block.class_bytes);  // throws on a foreign or double-freed block
   auto& cs = stats_.by_category[static_cast<int>(block.category)];
   cs.live_bytes -= block.nbytes;
   --cs.live_blocks;
   stats_.live_bytes -= block.nbytes;
-  cache_.emplace(block.class_bytes, block.ptr);
   stats_.cached_bytes += block.class_bytes;
 }
 
@@ -171,15 +222,26 @@ void Allocator::reset_peak() {
   }
 }
 
+std::vector<detail::Segment> Allocator::release_free_segments_locked() {
+  std::vector<detail::Segment> segments = cache_->release_free_segments();
+  for (const auto& s : segments) {
+    stats_.reserved_bytes -= s.bytes;
+    stats_.cached_bytes -= s.bytes;
+  }
+  return segments;
+}
+
+void Allocator::free_segments(const std::vector<detail::Segment>& segments) {
+  for (const auto& s : segments) source_->raw_free(s.ptr, s.bytes);
+}
+
 void Allocator::empty_cache() {
-  std::multimap<std::size_t, void*> cache;
+  std::vector<detail::Segment> segments;
   {
     std::lock_guard lock(mutex_);
-    cache.swap(cache_);
-    stats_.reserved_bytes -= stats_.cached_bytes;
-    stats_.cached_bytes = 0;
+    segments = release_free_segments_locked();
   }
-  for (auto& [bytes, ptr] : cache) source_->raw_free(ptr, bytes);
+  free_segments(segments);  // outside the lock: cudaFree waits for the device
 }
 
 void Allocator::set_budget(std::optional<std::size_t> bytes) {

@@ -1,9 +1,13 @@
 // Memory accounting. Every allocation of tensor bytes goes through the Allocator of its device and is
 // tagged with a MemoryCategory taken from the innermost CategoryGuard on the calling thread. The
 // allocator keeps, per category and in total: live bytes (exactly the bytes tensors asked for), peak
-// bytes, and what was live per category at the moment of the total peak. Freed blocks are cached by
-// size class and reused, so steady-state training touches no fresh pages; the cache shows up as
-// "reserved" in the report. An optional byte budget turns an overrun into OutOfBudget with the report.
+// bytes, and what was live per category at the moment of the total peak. Freed blocks are cached and
+// reused, so steady-state training touches no fresh pages; the cache shows up as "reserved" in the report.
+// An optional byte budget turns an overrun into OutOfBudget with the report.
+//
+// How freed bytes are cached is the CachePolicy, chosen at construction: the CPU caches whole blocks by
+// size class; devices carve blocks out of 2 MiB-granular segments, split and coalesced on demand (see
+// src/core/segment_pool.h), because each cudaMalloc is slow and device memory must not fragment.
 #pragma once
 
 #include "memtrain/core/device.h"
@@ -11,7 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <map>  // kept: code that includes this header may rely on it
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,6 +24,11 @@
 #include <vector>
 
 namespace memtrain {
+
+namespace detail {
+class BlockCache;  // src/core/block_cache.h
+struct Segment;
+}  // namespace detail
 
 enum class MemoryCategory : std::uint8_t {
   parameters,
@@ -47,6 +56,12 @@ class CategoryGuard {
 };
 MemoryCategory current_category();  // MemoryCategory::other when no guard is active
 
+// How an Allocator caches freed bytes.
+enum class CachePolicy : std::uint8_t {
+  size_classes,  // one source allocation per block, reused only by the same size class (CPU)
+  segments,      // source allocations are segments split into 256-byte aligned blocks, merged on free (CUDA)
+};
+
 // Where raw bytes come from for one device kind: host memory, CUDA memory, ...
 class MemorySource {
  public:
@@ -66,8 +81,8 @@ struct MemoryStats {
   std::array<CategoryStats, kNumMemoryCategories> by_category{};
   std::size_t live_bytes = 0;      // sum of live bytes over categories
   std::size_t peak_bytes = 0;      // peak of that sum
-  std::size_t reserved_bytes = 0;  // bytes held from the OS/driver: live blocks + cache (size-class rounded)
-  std::size_t cached_bytes = 0;    // bytes in the cache, ready for reuse
+  std::size_t reserved_bytes = 0;  // bytes held from the OS/driver: blocks in use + cache (rounded)
+  std::size_t cached_bytes = 0;    // reserved bytes in no block in use, ready for reuse
   std::size_t num_allocs = 0;      // allocations served
   std::size_t cache_hits = 0;      // of those, served from the cache
   const CategoryStats& operator[](MemoryCategory c) const { return by_category[static_cast<int>(c)]; }
@@ -77,14 +92,18 @@ struct MemoryStats {
 struct Block {
   void* ptr = nullptr;
   std::size_t nbytes = 0;      // bytes asked for (what accounting counts)
-  std::size_t class_bytes = 0; // bytes actually reserved (size class)
+  std::size_t class_bytes = 0; // bytes the block occupies (size class, or split block size) >= nbytes
   MemoryCategory category = MemoryCategory::other;
 };
 
 class Allocator {
  public:
+  // The policy defaults to the device's: size classes for the CPU, segments for anything else.
   Allocator(Device device, std::unique_ptr<MemorySource> source);
+  Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy);
   ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
 
   // The allocator of a device. CPU always exists; CUDA exists when built with CUDA.
   static Allocator& get(Device device);
@@ -96,25 +115,33 @@ class Allocator {
   MemoryStats stats() const;
   const Device& device() const { return device_; }
   void reset_peak();     // peaks restart from the current live bytes
-  void empty_cache();    // hand cached blocks back to the OS/driver
+  void empty_cache();    // hand source allocations with no block in use back to the OS/driver
   void set_budget(std::optional<std::size_t> bytes);  // live-bytes budget; nullopt = unlimited
   std::optional<std::size_t> budget() const;
 
   // Human-readable table: category, live, peak, at-peak; then total, reserved, cache.
   std::string report() const;
 
-  // Rounds a request to the size class the cache keys on (>= nbytes, multiple of 64).
+  // Rounds a request to the size class the CPU's cache keys on (>= nbytes, multiple of 64).
   static std::size_t size_class(std::size_t nbytes);
+
+  // Largest request accepted; anything above is a size computation gone wrong, not memory to ask for.
+  static constexpr std::size_t kMaxRequest = std::size_t{1} << 62;
 
  private:
   std::string report_locked() const;
+  // Takes the free segments out of the cache and its accounting (under the lock); the caller frees them.
+  std::vector<detail::Segment> release_free_segments_locked();
+  void free_segments(const std::vector<detail::Segment>& segments);
+  // Asks the source for a segment for nbytes; on failure releases the free segments and retries once.
+  void* allocate_segment(std::size_t segment_bytes, std::size_t nbytes, MemoryCategory category);
 
   Device device_;
   std::unique_ptr<MemorySource> source_;
   mutable std::mutex mutex_;
   MemoryStats stats_;
   std::optional<std::size_t> budget_;
-  std::multimap<std::size_t, void*> cache_;  // size class -> free block
+  std::unique_ptr<detail::BlockCache> cache_;  // the CachePolicy; touched only under mutex_
 };
 
 // Shortcut for the CPU allocator's report / stats.

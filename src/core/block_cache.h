@@ -1,0 +1,50 @@
+// How an Allocator keeps device bytes between uses (its cache policy), apart from the accounting and the
+// budget, which the Allocator does the same way for every policy.
+//
+// A cache holds "segments" (what the MemorySource handed out) and lends "blocks" (ranges of a segment) to
+// the Allocator. Two policies: SizeClassCache (one block per segment, reused only by requests of the same
+// size class; the CPU's) and SegmentPool (segments split into blocks and coalesced again; devices').
+// Not thread-safe: the Allocator calls every method under its mutex.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace memtrain::detail {
+
+struct CachedBlock {
+  void* ptr = nullptr;     // nullptr: nothing cached fits
+  std::size_t bytes = 0;   // bytes the block occupies (>= the request)
+};
+
+struct Segment {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+};
+
+class BlockCache {
+ public:
+  virtual ~BlockCache() = default;
+
+  // A free block for a request of nbytes, taken out of the cache; {nullptr, 0} when none fits.
+  virtual CachedBlock take(std::size_t nbytes) = 0;
+  // Bytes to ask the source for when take() found nothing for nbytes (>= nbytes).
+  virtual std::size_t segment_bytes(std::size_t nbytes) const = 0;
+  // Alignment the cache needs of a segment's address (what its blocks promise).
+  virtual std::size_t segment_alignment() const = 0;
+  // Adopts a fresh segment of segment_bytes(nbytes) bytes and carves the block for nbytes from it; the
+  // rest of the segment (if any) becomes free cache.
+  virtual CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t nbytes) = 0;
+  // A block from take()/add_segment() comes back; it becomes free cache (merged with free neighbours
+  // where the policy splits). Throws when ptr/bytes is not a block this cache lent out.
+  virtual void give_back(void* ptr, std::size_t bytes) = 0;
+  // Removes every segment that has no block in use and returns them, for the caller to free.
+  virtual std::vector<Segment> release_free_segments() = 0;
+};
+
+std::unique_ptr<BlockCache> make_size_class_cache();
+std::unique_ptr<BlockCache> make_segment_pool();
+
+}  // namespace memtrain::detail
