@@ -1,8 +1,10 @@
 // Selection and comparison: where, masked_fill, gt, lt, eq. where moves elements without arithmetic, so
 // its kernel copies raw element bits (any dtype, bf16/fp8 stay exact); comparisons compute in the
-// compute dtype (floats) or the integer type itself and write booleans as bytes 0/1.
+// compute dtype (floats) or the integer type itself and write booleans as bytes 0/1. Tensors on a CUDA
+// device go to the kernels of memtrain/cuda/elementwise.h, which follow the same rules.
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/cuda/elementwise.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "ops/elementwise_common.h"
@@ -42,13 +44,29 @@ void where_typed(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& o
   });
 }
 
+// Operands of a CUDA comparison: f32/f64/f16/bf16, integers and bool as stored; fp8 widened to f32 first
+// (exact, as the CPU's to_compute).
+Tensor cuda_comparable(const Tensor& t) {
+  return is_floating(t.dtype()) && !detail::cuda_native_float(t.dtype()) ? t.detach().to(DType::f32) : t.detach();
+}
+
 // out = cond ? a : b, broadcast; not recorded.
 Tensor where_kernel(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_boolean(op, cond, "the condition");
   detail::check_same(op, a, b);
+  const Shape shape = detail::broadcast_shapes(op, detail::broadcast_shapes(op, cond.shape(), a.shape()), b.shape());
+  if (a.device().is_cuda()) {
+    MT_CHECK(cond.device() == a.device(), op, "the condition {} is on {} but the values {} are on {}",
+             shape_str(cond.shape()), cond.device().str(), shape_str(a.shape()), a.device().str());
+    Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+    const Shape cs = detail::broadcast_strides(cond, shape), as = detail::broadcast_strides(a, shape),
+                bs = detail::broadcast_strides(b, shape);
+    cuda::where(out.data_ptr(), cond.data_ptr(), cs.data(), a.data_ptr(), as.data(), b.data_ptr(), bs.data(),
+                shape.data(), static_cast<int>(shape.size()), a.element_size(), a.device().index);
+    return out;
+  }
   detail::check_cpu(op, a);
   detail::check_cpu(op, cond);
-  const Shape shape = detail::broadcast_shapes(op, detail::broadcast_shapes(op, cond.shape(), a.shape()), b.shape());
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   switch (a.element_size()) {
     case 1: where_typed<std::uint8_t>(cond, a, b, out); break;
@@ -80,10 +98,17 @@ Tensor comparable(const Tensor& t) { return is_floating(t.dtype()) ? detail::to_
 
 // out[i] = pred(a[i], s) as bool; a numeric (not bool).
 template <typename P>
-Tensor compare_scalar(const char* op, const Tensor& a, double s, P pred) {
+Tensor compare_scalar(const char* op, cuda::CompareOp cuda_op, const Tensor& a, double s, P pred) {
   detail::check_defined(op, a);
-  detail::check_cpu(op, a);
   MT_CHECK(a.dtype() != DType::boolean, op, "needs a numeric tensor, got {} bool", shape_str(a.shape()));
+  if (a.device().is_cuda()) {
+    const Tensor x = cuda_comparable(a);
+    Tensor out = Tensor::empty(x.shape(), DType::boolean, x.device());
+    cuda::compare_scalar(cuda_op, out.data_ptr(), x.data_ptr(), x.strides().data(), x.shape().data(),
+                         static_cast<int>(x.dim()), x.dtype(), s, x.device().index);
+    return out;
+  }
+  detail::check_cpu(op, a);
   const Tensor x = comparable(a);
   Tensor out = Tensor::empty(x.shape(), DType::boolean);
   dispatch_compare(op, x.dtype(), [&](auto zero) {
@@ -128,17 +153,25 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
 }
 
 Tensor gt(const Tensor& a, double s) {
-  return compare_scalar("gt", a, s, [](double x, double y) { return x > y; });
+  return compare_scalar("gt", cuda::CompareOp::gt, a, s, [](double x, double y) { return x > y; });
 }
 
 Tensor lt(const Tensor& a, double s) {
-  return compare_scalar("lt", a, s, [](double x, double y) { return x < y; });
+  return compare_scalar("lt", cuda::CompareOp::lt, a, s, [](double x, double y) { return x < y; });
 }
 
 Tensor eq(const Tensor& a, const Tensor& b) {
   detail::check_same("eq", a, b);
-  detail::check_cpu("eq", a);
   const Shape shape = detail::broadcast_shapes("eq", a.shape(), b.shape());
+  if (a.device().is_cuda()) {
+    const Tensor x = cuda_comparable(a), z = cuda_comparable(b);
+    Tensor out = Tensor::empty(shape, DType::boolean, a.device());
+    const Shape xs = detail::broadcast_strides(x, shape), zs = detail::broadcast_strides(z, shape);
+    cuda::eq(out.data_ptr(), x.data_ptr(), xs.data(), z.data_ptr(), zs.data(), shape.data(),
+             static_cast<int>(shape.size()), x.dtype(), a.device().index);
+    return out;
+  }
+  detail::check_cpu("eq", a);
   const Tensor x = comparable(a), z = comparable(b);
   Tensor out = Tensor::empty(shape, DType::boolean);
   const bool is_bool = a.dtype() == DType::boolean;
