@@ -3,6 +3,8 @@
 
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/cuda/reduce.h"
 #include "memtrain/ops/elementwise.h"
 #include "ops/elementwise_common.h"
 
@@ -72,6 +74,42 @@ Tensor sum_kernel(const Tensor& a, const Shape& keep) {
   return acc.to(a.dtype());
 }
 
+// The CUDA sum: `a` as a contiguous [outer, reduce, inner] array for cuda::sum_dim. A contiguous input
+// whose reduced dims (ignoring size-1 dims) are adjacent is used in place; otherwise the kept dims are
+// moved first and the reduced dims last in one strided copy (reduce = their product, inner = 1).
+Tensor sum_cuda(const Tensor& a, const std::vector<bool>& mask, const Shape& keep) {
+  Tensor out = Tensor::empty(keep, a.dtype(), a.device());
+  const Shape& s = a.shape();
+  const std::size_t rank = s.size();
+  std::size_t first = rank, last = 0;  // the first and last reduced dims of size != 1
+  for (std::size_t i = 0; i < rank; ++i) {
+    if (mask[i] && s[i] != 1) {
+      first = std::min(first, i);
+      last = i;
+    }
+  }
+  bool in_place = a.is_contiguous();
+  for (std::size_t i = first; in_place && i < last; ++i) in_place = mask[i] || s[i] == 1;
+  Tensor x = a.detach();
+  std::int64_t outer = 1, reduce = 1, inner = 1;
+  if (in_place) {  // (when nothing of size > 1 is reduced, first == rank: all outer, a copy)
+    for (std::size_t i = 0; i < rank; ++i) (i < first ? outer : i <= last ? reduce : inner) *= s[i];
+  } else {
+    Shape perm;
+    for (std::size_t i = 0; i < rank; ++i)
+      if (!mask[i]) perm.push_back(static_cast<std::int64_t>(i));
+    for (std::size_t i = 0; i < rank; ++i)
+      if (mask[i]) perm.push_back(static_cast<std::int64_t>(i));
+    CategoryGuard category(MemoryCategory::workspace);  // freed when this returns
+    x = x.permute(perm).contiguous();
+    outer = out.numel();
+    reduce = outer == 0 ? 0 : a.numel() / outer;
+  }
+  cuda::sum_dim(x.numel() == 0 ? nullptr : x.data_ptr(), out.data_ptr(), a.dtype(), outer, reduce, inner,
+                a.device().index);
+  return out;
+}
+
 // Values (a's dtype) and i64 positions of the first maximum along dim d, both shaped like `a` with dim d
 // set to 1. NaN counts as larger than any number, so a NaN in a row propagates (as in PyTorch).
 struct MaxResult {
@@ -79,12 +117,33 @@ struct MaxResult {
   Tensor indices;
 };
 
-MaxResult max_kernel(const char* op, const Tensor& a, std::int64_t d) {
+// On CUDA: a contiguous copy (when needed) viewed as [outer, n, inner] for cuda::max_dim; `values` may be
+// skipped (argmax).
+MaxResult max_cuda(const Tensor& a, std::int64_t d, const Shape& keep, bool want_values) {
+  Tensor x = a;
+  if (!x.is_contiguous()) {
+    CategoryGuard category(MemoryCategory::workspace);  // freed when this returns
+    x = x.contiguous();
+  }
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t k = 0; k < a.dim(); ++k) (k < d ? outer : inner) *= k == d ? 1 : a.shape()[k];
+  MaxResult r;
+  if (want_values) r.values = Tensor::empty(keep, a.dtype(), a.device());
+  r.indices = Tensor::empty(keep, DType::i64, a.device());
+  if (r.indices.numel() == 0) return r;  // another dim is empty: nothing to compute
+  cuda::max_dim(x.data_ptr(), want_values ? r.values.data_ptr() : nullptr, r.indices.data<std::int64_t>(), a.dtype(),
+                outer, a.shape()[d], inner, a.device().index);
+  return r;
+}
+
+MaxResult max_kernel(const char* op, const Tensor& a, std::int64_t d, bool want_values = true) {
   const std::int64_t n = a.shape()[d];
   MT_CHECK(n > 0, op, "cannot reduce over dimension {} of size 0 (input {})", d, shape_str(a.shape()));
-  const Tensor x = detail::to_compute(a);
   Shape keep = a.shape();
   keep[d] = 1;
+  if (a.device().is_cuda()) return max_cuda(a, d, keep, want_values);
+  detail::check_cpu(op, a);
+  const Tensor x = detail::to_compute(a);
   Tensor values = Tensor::empty(keep, x.dtype());
   Tensor indices = Tensor::empty(keep, DType::i64);
   const Shape& xs = x.strides();
@@ -123,10 +182,15 @@ MaxResult max_kernel(const char* op, const Tensor& a, std::int64_t d) {
 
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
   detail::check_floating("sum", a);
-  detail::check_cpu("sum", a);
   const std::vector<bool> mask = reduced_mask("sum", a, dims);
   const Shape keep = keepdim_shape(a, mask);
-  Tensor out = sum_kernel(a, keep);
+  Tensor out;
+  if (a.device().is_cuda()) {
+    out = sum_cuda(a, mask, keep);
+  } else {
+    detail::check_cpu("sum", a);
+    out = sum_kernel(a, keep);
+  }
   if (!keepdim) out = out.view(drop_reduced(keep, mask));
   if (needs_grad({&a})) {
     record("sum", {a}, {out}, [keep, in_shape = a.shape()](const std::vector<Tensor>& g) {
@@ -150,7 +214,6 @@ Tensor mean(const Tensor& a) { return mean(a, {}, false); }
 
 Tensor max(const Tensor& a, std::int64_t dim, bool keepdim) {
   detail::check_floating("max", a);
-  detail::check_cpu("max", a);
   const std::int64_t d = checked_dim("max", dim, a);
   if (a.dim() == 0) return max(a.reshape({1}), 0, false);
   MaxResult r = max_kernel("max", a.detach(), d);  // detached: the conversion to f32 needs no node
@@ -176,10 +239,9 @@ Tensor argmax(const Tensor& a, std::int64_t dim, bool keepdim) {
   detail::check_defined("argmax", a);
   MT_CHECK(is_floating(a.dtype()), "argmax", "needs a floating tensor, got {} {}", shape_str(a.shape()),
            dtype_name(a.dtype()));
-  detail::check_cpu("argmax", a);
   const std::int64_t d = checked_dim("argmax", dim, a);
-  if (a.dim() == 0) return zeros({}, DType::i64);
-  Tensor idx = max_kernel("argmax", a.detach(), d).indices;
+  if (a.dim() == 0) return zeros({}, DType::i64, a.device());
+  Tensor idx = max_kernel("argmax", a.detach(), d, /*want_values=*/false).indices;
   return keepdim ? idx : idx.squeeze(d);
 }
 

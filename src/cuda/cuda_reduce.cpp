@@ -1,0 +1,119 @@
+// CUDA backend, host side of memtrain/cuda/reduce.h: argument checks, the DType dispatch to the launchers
+// of kernels/reduce_dims.cuh, and the f64 scratch of chunked sums.
+//
+// Every entry point checks its arguments first (so a bad call throws without touching a device), then
+// requires the device, makes it current and enqueues on the legacy default stream. Scratch goes back to
+// the allocator's cache as soon as the kernels are enqueued: the cache hands a block only to work enqueued
+// later on the same stream, and cudaFree (empty_cache) waits for the device (see cuda_nn.cpp).
+#include "memtrain/cuda/reduce.h"
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/error.h"
+#include "memtrain/cuda/cuda.h"
+#include "cuda/cuda_common.h"
+#include "kernels/reduce_dims.cuh"
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+namespace memtrain::cuda {
+
+namespace {
+
+constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see cuda.h)
+
+std::optional<FloatFormat> float_format(DType t) {
+  switch (t) {
+    case DType::f64: return FloatFormat::f64;
+    case DType::f32: return FloatFormat::f32;
+    case DType::f16: return FloatFormat::f16;
+    case DType::bf16: return FloatFormat::bf16;
+    default: return std::nullopt;
+  }
+}
+
+void check_dtype(const char* op, DType dtype) {
+  MT_CHECK(float_format(dtype).has_value(), op, "dtype {} is not supported (f64, f32, f16, bf16)",
+           dtype_name(dtype));
+}
+
+// Sizes non-negative, and outer * reduce * inner elements of 8 bytes addressable with int64.
+void check_layout(const char* op, std::int64_t outer, std::int64_t reduce, std::int64_t inner) {
+  MT_CHECK(outer >= 0 && reduce >= 0 && inner >= 0, op, "negative layout (outer {}, reduce {}, inner {})", outer,
+           reduce, inner);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max() / 8;
+  bool fits = true;
+  std::int64_t n = 1;
+  for (std::int64_t s : {outer, reduce, inner}) {
+    if (s != 0 && n > kMax / s) fits = false;
+    n = fits ? n * s : n;
+  }
+  MT_CHECK(fits, op, "layout (outer {}, reduce {}, inner {}) is too large", outer, reduce, inner);
+}
+
+// A block of workspace on `device`, returned to the allocator's cache on scope exit (see the top).
+class Scratch {
+ public:
+  Scratch(int device, std::size_t nbytes) : allocator_(Allocator::get(Device::cuda(device))) {
+    if (nbytes > 0) block_ = allocator_.allocate(nbytes, MemoryCategory::workspace);
+  }
+  ~Scratch() {
+    if (block_.ptr != nullptr) allocator_.deallocate(block_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  double* doubles() const { return static_cast<double*>(block_.ptr); }
+
+ private:
+  Allocator& allocator_;
+  Block block_;
+};
+
+void sum_impl(const char* op, const void* src, DType src_dtype, void* out, DType out_dtype, bool square,
+              std::int64_t outer, std::int64_t reduce, std::int64_t inner, int device) {
+  const std::int64_t outputs = outer * inner;
+  if (outputs == 0) return;
+  MT_CHECK(out != nullptr && (reduce == 0 || src != nullptr), op, "null pointer for layout (outer {}, reduce {}, inner {})",
+           outer, reduce, inner);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  const SumPlan plan = plan_sum_dim(outer, reduce, inner);
+  Scratch partials(device, reduce == 0 ? 0 : static_cast<std::size_t>(sum_dim_partials(plan, outer, inner)) * sizeof(double));
+  MT_CUDA_CHECK(op, launch_sum_dim, src, *float_format(src_dtype), out, *float_format(out_dtype), square, outer,
+                reduce, inner, plan, partials.doubles(), kStream);
+}
+
+}  // namespace
+
+void sum_dim(const void* src, void* out, DType dtype, std::int64_t outer, std::int64_t reduce, std::int64_t inner,
+             int device) {
+  constexpr const char* op = "cuda::sum_dim";
+  check_dtype(op, dtype);
+  check_layout(op, outer, reduce, inner);
+  sum_impl(op, src, dtype, out, dtype, false, outer, reduce, inner, device);
+}
+
+void sum_of_squares(const void* src, DType dtype, std::size_t n, double* out, int device) {
+  constexpr const char* op = "cuda::sum_of_squares";
+  check_dtype(op, dtype);
+  MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max() / 8), op, "{} elements is too many",
+           n);
+  sum_impl(op, src, dtype, out, DType::f64, true, 1, static_cast<std::int64_t>(n), 1, device);
+}
+
+void max_dim(const void* src, void* values, std::int64_t* indices, DType dtype, std::int64_t outer,
+             std::int64_t reduce, std::int64_t inner, int device) {
+  constexpr const char* op = "cuda::max_dim";
+  check_dtype(op, dtype);
+  check_layout(op, outer, reduce, inner);
+  if (outer * inner == 0) return;  // no outputs: nothing to write
+  MT_CHECK(values != nullptr || indices != nullptr, op, "no output: values and indices are both null");
+  MT_CHECK(reduce > 0, op, "cannot take the max over an empty axis (outer {}, reduce 0, inner {})", outer, inner);
+  MT_CHECK(src != nullptr, op, "null source for layout (outer {}, reduce {}, inner {})", outer, reduce, inner);
+  detail::require_device(op, device);
+  detail::DeviceGuard guard(device, op);
+  MT_CUDA_CHECK(op, launch_max_dim, src, *float_format(dtype), values, indices, outer, reduce, inner, kStream);
+}
+
+}  // namespace memtrain::cuda
