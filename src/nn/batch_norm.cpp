@@ -4,6 +4,7 @@
 #include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/nn.h"
 #include "memtrain/ops/reduce.h"
 
 namespace memtrain::nn {
@@ -25,6 +26,12 @@ std::int64_t BatchNorm2d::num_batches_tracked() const { return num_batches_track
 Tensor BatchNorm2d::forward(const Tensor& x) {
   MT_CHECK(x.dim() == 4 && x.size(1) == num_features_, "nn::BatchNorm2d",
            "BatchNorm2d({}) expected x [B, {}, H, W], got {}", num_features_, num_features_, shape_str(x.shape()));
+  if (x.device().is_cuda()) {  // fused kernels; the CPU keeps the composition below (same rule)
+    const bool update = is_training() && !ckpt::in_rerun();
+    Tensor y = ops::batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_, update);
+    if (update) num_batches_tracked_.fill_(static_cast<double>(num_batches_tracked() + 1));
+    return y;
+  }
   const std::int64_t C = num_features_;
   const Shape per_channel{1, C, 1, 1};
   const Tensor w = weight_.reshape(per_channel), b = bias_.reshape(per_channel);

@@ -3,10 +3,16 @@
 // recompute x_hat from them. Statistics are kept in the compute dtype (f32 for bf16/f16 inputs).
 // On a CUDA device the kernels of memtrain/cuda/nn.h run instead (f32 or bf16, one dtype for x, weight
 // and bias, contiguous; statistics always f32), forward and backward.
+// batch_norm (NCHW, per channel; the rule of nn::BatchNorm2d): on CUDA the kernels of memtrain/cuda/nn_spatial.h
+// with their own backward; on the CPU the composition of differentiable ops the module has always used.
 #include "cpu/norm.h"
+#include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/cuda/nn.h"
+#include "memtrain/cuda/nn_spatial.h"
+#include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/reduce.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -245,6 +251,101 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
                      });
   }
   return out;
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps, bool update_running) {
+  const char* op = "batch_norm";
+  detail::check_floating(op, x);
+  MT_CHECK(x.dim() == 4, op, "expects x [B, C, H, W], got {}", shape_str(x.shape()));
+  const std::int64_t B = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  for (const auto& [what, p] : {std::pair<const char*, const Tensor&>{"weight", weight},
+                                {"bias", bias}, {"running_mean", running_mean}, {"running_var", running_var}}) {
+    if (!p.defined()) continue;
+    detail::check_same_device(op, "input", x, what, p);
+    MT_CHECK(p.dim() == 1 && p.size(0) == C, op, "{} {} does not match the channels of input {}", what,
+             shape_str(p.shape()), shape_str(x.shape()));
+  }
+  MT_CHECK(training || (running_mean.defined() && running_var.defined()), op, "eval mode needs running statistics");
+  MT_CHECK(!training || B * HW > 1, op, "training needs more than one value per channel, got input {}",
+           shape_str(x.shape()));
+  const Shape per_channel{1, C, 1, 1};
+  if (!x.device().is_cuda()) {
+    detail::check_cpu(op, x);
+    const Tensor w = weight.defined() ? weight.reshape(per_channel) : Tensor();
+    const Tensor b = bias.defined() ? bias.reshape(per_channel) : Tensor();
+    auto affine = [&](Tensor y) {
+      if (w.defined()) y = y * w;
+      return b.defined() ? y + b : y;
+    };
+    if (!training) {
+      const Tensor invstd = ops::rsqrt(running_var.reshape(per_channel) + eps);
+      return affine((x - running_mean.reshape(per_channel)) * invstd);
+    }
+    const Tensor mean = ops::mean(x, {0, 2, 3}, true);       // (1,C,1,1)
+    const Tensor xc = x - mean;                              // (B,C,H,W)
+    const Tensor var = ops::mean(xc * xc, {0, 2, 3}, true);  // (1,C,1,1), biased
+    Tensor y = affine(xc * ops::rsqrt(var + eps));
+    if (update_running && running_mean.defined()) {
+      autograd::NoGradGuard no_grad;
+      const double n = static_cast<double>(B * HW), unbias = n / (n - 1.0);
+      Tensor rm = running_mean, rv = running_var;  // handles: copy_ writes the caller's storage
+      rm.copy_(running_mean * (1.0 - momentum) + mean.detach().reshape({C}) * momentum);
+      rv.copy_(running_var * (1.0 - momentum) + var.detach().reshape({C}) * (momentum * unbias));
+    }
+    return y;
+  }
+  // CUDA: one dtype (f32 or bf16) for every operand, contiguous.
+  auto operand = [&](const char* what, const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    detail::check_cuda_same_dtype(op, what, t, "input", x);
+    const Tensor c = t.detach().contiguous();
+    detail::check_cuda_data(op, what, c);
+    return c;
+  };
+  const Tensor xc = operand("input", x), wc = operand("weight", weight), bc = operand("bias", bias);
+  const bool update = training && update_running && running_mean.defined();
+  for (const auto& [what, p] : {std::pair<const char*, const Tensor&>{"running_mean", running_mean},
+                                {"running_var", running_var}}) {
+    if (!p.defined() || (training && !update)) continue;
+    detail::check_cuda_same_dtype(op, what, p, "input", x);
+    MT_CHECK(p.is_contiguous(), op, "{} must be contiguous on {}", what, p.device().str());
+  }
+  const Device dev = x.device();
+  const auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev);
+  Tensor save_mean = Tensor::empty({C}, DType::f32, dev), save_invstd = Tensor::empty({C}, DType::f32, dev);
+  cuda::batch_norm_forward(y.data_ptr(), save_mean.data<float>(), save_invstd.data<float>(),
+                           training && !update ? nullptr : running_mean.data_ptr(),
+                           training && !update ? nullptr : running_var.data_ptr(), xc.data_ptr(), ptr(wc), ptr(bc),
+                           x.dtype(), B, C, HW, training, momentum, eps, dev.index);
+  const std::vector<Tensor> inputs = defined_only({x, weight, bias});
+  if (autograd::needs_grad(inputs)) {
+    const bool want_dw = weight.defined() && weight.requires_grad();
+    const bool want_db = bias.defined() && bias.requires_grad();
+    SavedTensor sx(xc), sw(wc), smean(save_mean), sinv(save_invstd);
+    autograd::record(op, inputs, {y},
+                     [sx, sw, smean, sinv, want_dw, want_db, training, B, C, HW, has_w = weight.defined(),
+                      has_b = bias.defined()](const std::vector<Tensor>& g) {
+                       const Tensor xs = sx.unpack(), ws = sw.unpack();
+                       const Tensor dout = g[0].contiguous();
+                       check_cuda_grad("batch_norm_backward", dout, xs);
+                       const Device d = xs.device();
+                       Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), d);
+                       Tensor dw = want_dw ? Tensor::empty({C}, xs.dtype(), d) : Tensor();
+                       Tensor db = want_db ? Tensor::empty({C}, xs.dtype(), d) : Tensor();
+                       cuda::batch_norm_backward(dx.data_ptr(), want_dw ? dw.data_ptr() : nullptr,
+                                                 want_db ? db.data_ptr() : nullptr, dout.data_ptr(), xs.data_ptr(),
+                                                 ws.defined() ? ws.data_ptr() : nullptr, smean.unpack().data<float>(),
+                                                 sinv.unpack().data<float>(), xs.dtype(), B, C, HW, training,
+                                                 d.index);
+                       std::vector<Tensor> grads{dx};
+                       if (has_w) grads.push_back(dw);
+                       if (has_b) grads.push_back(db);
+                       return grads;
+                     });
+  }
+  return y;
 }
 
 }  // namespace memtrain::ops

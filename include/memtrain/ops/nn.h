@@ -15,6 +15,13 @@ Tensor log_softmax(const Tensor& x, std::int64_t dim = -1);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 
+// Batch norm over x [B, C, H, W] per channel; weight, bias, running_mean, running_var [C] (weight/bias may be
+// undefined: 1 / 0). training: batch statistics (the biased variance normalises) and, when update_running, the
+// running statistics move by momentum (unbiased variance), outside the graph; eval: the running statistics as
+// constants. Gradients flow to x, weight and bias. nn::BatchNorm2d calls it for CUDA inputs.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps, bool update_running);
+
 // weight [V, C], indices integer [...] -> [..., C]. Indices outside [0, V) throw.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
