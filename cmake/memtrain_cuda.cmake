@@ -22,15 +22,16 @@ if(MEMTRAIN_HAVE_CUDA)
   # Kernels need only C++17, which every CMake version knows how to ask nvcc for (3.25 has no CUDA20 flag
   # for nvcc 13); the host code in src/cuda/ is C++ and stays C++20.
   set_target_properties(memtrain PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
-  target_link_libraries(memtrain PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  target_link_libraries(memtrain PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::cusolver)
   target_compile_definitions(memtrain PUBLIC MEMTRAIN_HAVE_CUDA=1)
   # Host code includes "kernels/elementwise.cuh" and the backend's internal "cuda/cuda_common.h".
   target_include_directories(memtrain PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   message(STATUS "memtrain: CUDA backend ON (${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
 
-  # cuDNN and NCCL: optional, found and reported only (nothing links them yet). Besides the toolkit and
-  # the usual system paths, look in MEMTRAIN_CUDNN_ROOT / MEMTRAIN_NCCL_ROOT and in the layouts of the
-  # pip wheels (nvidia-cudnn-cu13, nvidia-nccl-cu13): site-packages/nvidia/{cudnn,nccl,cu13}/{include,lib}.
+  # cuDNN and NCCL: optional. cuDNN, when found, is linked for conv2d; NCCL is found and reported only.
+  # Besides the toolkit and the usual system paths, look in MEMTRAIN_CUDNN_ROOT / MEMTRAIN_NCCL_ROOT and in
+  # the layouts of the pip wheels (nvidia-cudnn-cu13, nvidia-nccl-cu13):
+  # site-packages/nvidia/{cudnn,nccl,cu13}/{include,lib}.
   # Wheels ship only versioned names (libcudnn.so.9), hence the explicit NAMES.
   set(MEMTRAIN_CUDNN_ROOT "" CACHE PATH "Extra prefix to search for cuDNN (with include/ and lib/)")
   set(MEMTRAIN_NCCL_ROOT "" CACHE PATH "Extra prefix to search for NCCL (with include/ and lib/)")
@@ -59,7 +60,11 @@ if(MEMTRAIN_HAVE_CUDA)
   find_library(MEMTRAIN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_mt_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
                PATH_SUFFIXES lib lib64)
   if(MEMTRAIN_CUDNN_INCLUDE_DIR AND MEMTRAIN_CUDNN_LIBRARY)
-    message(STATUS "memtrain: cuDNN found (${MEMTRAIN_CUDNN_LIBRARY}); not used yet")
+    # conv2d (src/cuda/cuda_conv.cpp) uses it; without it conv2d runs its im2col + cuBLAS fallback.
+    target_include_directories(memtrain PRIVATE ${MEMTRAIN_CUDNN_INCLUDE_DIR})
+    target_link_libraries(memtrain PRIVATE ${MEMTRAIN_CUDNN_LIBRARY})
+    target_compile_definitions(memtrain PRIVATE MEMTRAIN_HAVE_CUDNN=1)
+    message(STATUS "memtrain: cuDNN found (${MEMTRAIN_CUDNN_LIBRARY}); conv2d uses it")
   else()
     message(STATUS "memtrain: cuDNN not found (optional; set MEMTRAIN_CUDNN_ROOT)")
   endif()

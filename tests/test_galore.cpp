@@ -425,14 +425,6 @@ TEST(GaLoreStep, RefusesWhatItCannotProject) {
             std::string::npos);
 }
 
-TEST(GaLoreStep, RefusesCudaParamsForProjection) {
-  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
-  Tensor on_device = random_param(2, {4, 9}).detach().to(Device::cuda(0));
-  EXPECT_NE(error_of([&] { GaLore(Spec::adamw(), {.rank = 2}, projected_only({on_device}, 1e-3, 0.0)); })
-                .find("is on cuda:0; the GaLore projection runs on the CPU"),
-            std::string::npos);
-}
-
 // Plain groups are stepped by the base rule itself: the same bits and the same state_dict as the base.
 TEST(GaLorePlain, MatchesTheBaseOptimizerBitForBit) {
   for (const Spec& spec : {Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), Spec::sgd({.lr = 1e-2, .momentum = 0.9})}) {

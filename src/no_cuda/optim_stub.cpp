@@ -29,5 +29,20 @@ void dequantize_blockwise(const std::uint8_t*, const float*, float*, std::size_t
   not_built("cuda::dequantize_blockwise");
 }
 bool grad_is_finite(const float*, std::size_t, int) { not_built("cuda::grad_is_finite"); }
+std::size_t adafactor_workspace_bytes(std::size_t, std::int64_t, std::int64_t, std::int64_t) {
+  not_built("cuda::adafactor_workspace_bytes");
+}
+void adafactor_factored_step(float*, const float*, float*, float*, float*, std::int64_t, std::int64_t, std::int64_t,
+                             const AdafactorHyper&, void*, int) {
+  not_built("cuda::adafactor_factored_step");
+}
+void adafactor_vector_step(float*, const float*, float*, float*, std::size_t, const AdafactorHyper&, void*, int) {
+  not_built("cuda::adafactor_vector_step");
+}
+void orthonormalize_columns(float*, std::int64_t, std::int64_t, int) { not_built("cuda::orthonormalize_columns"); }
+void top_singular_vectors(const float*, std::int64_t, std::int64_t, std::int64_t, float*, float*, int) {
+  not_built("cuda::top_singular_vectors");
+}
+void transpose(const float*, std::int64_t, std::int64_t, float*, int) { not_built("cuda::transpose"); }
 
 }  // namespace memtrain::cuda

@@ -1,6 +1,10 @@
 // Adafactor: statistics accumulate in double (row/column means, the update RMS), elementwise work in
-// float on raw pointers. The update u is built in one workspace buffer of the parameter's size.
+// float on raw pointers. The update u is built in one workspace buffer of the parameter's size. Parameters on
+// a CUDA device run the same rule through cuda::adafactor_*_step (deterministic device reductions), with
+// their state on the device.
 #include "memtrain/optim/adafactor.h"
+
+#include "memtrain/cuda/optim.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,21 +27,53 @@ Adafactor::Adafactor(std::vector<ParamGroup> groups, AdafactorOptions options)
 }
 
 void Adafactor::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "Adafactor");
+  check_f32_contiguous(param, "Adafactor", /*cuda_ok=*/true);
   const Shape& s = param.shape();
+  const Device device = param.device();
   if (s.size() >= 2) {
     Shape row(s.begin(), s.end() - 1);  // [..., m]
     Shape col(s.begin(), s.end() - 2);  // [..., n]
     col.push_back(s.back());
-    state.tensors["exp_avg_sq_row"] = zeros(row, DType::f32);
-    state.tensors["exp_avg_sq_col"] = zeros(col, DType::f32);
+    state.tensors["exp_avg_sq_row"] = zeros(row, DType::f32, device);
+    state.tensors["exp_avg_sq_col"] = zeros(col, DType::f32, device);
   } else {
-    state.tensors["exp_avg_sq"] = zeros(s, DType::f32);
+    state.tensors["exp_avg_sq"] = zeros(s, DType::f32, device);
   }
-  if (options_.use_first_moment) state.tensors["exp_avg"] = zeros(s, DType::f32);
+  if (options_.use_first_moment) state.tensors["exp_avg"] = zeros(s, DType::f32, device);
+}
+
+void Adafactor::update_cuda(Tensor& param, const Tensor& g32, const ParamGroup& group, ParamState& state) {
+  const cuda::AdafactorHyper hyper{group.lr,       group.weight_decay,     group.beta1, options_.decay_rate,
+                                   options_.eps1,  options_.clip_threshold, state.step};
+  const Shape& s = param.shape();
+  const auto n = static_cast<std::size_t>(param.numel());
+  float* m = options_.use_first_moment ? state.tensors.at("exp_avg").data<float>() : nullptr;
+  const int device = param.device().index;
+  std::int64_t batch = 0, rows = 0, cols = 0;
+  if (s.size() >= 2) {
+    rows = s[s.size() - 2];
+    cols = s.back();
+    batch = rows * cols == 0 ? 0 : param.numel() / (rows * cols);
+  }
+  // Scratch for the update u and the reductions' partial sums; update() runs under the workspace category.
+  const std::size_t ws_bytes = cuda::adafactor_workspace_bytes(n, batch, rows, cols);
+  Tensor workspace = Tensor::empty({static_cast<std::int64_t>(ws_bytes)}, DType::u8, param.device());
+  if (s.size() >= 2) {
+    cuda::adafactor_factored_step(param.data<float>(), g32.data<float>(),
+                                  state.tensors.at("exp_avg_sq_row").data<float>(),
+                                  state.tensors.at("exp_avg_sq_col").data<float>(), m, batch, rows, cols, hyper,
+                                  workspace.data<std::uint8_t>(), device);
+  } else {
+    cuda::adafactor_vector_step(param.data<float>(), g32.data<float>(), state.tensors.at("exp_avg_sq").data<float>(),
+                                m, n, hyper, workspace.data<std::uint8_t>(), device);
+  }
 }
 
 void Adafactor::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
+  if (param.device().is_cuda()) {
+    update_cuda(param, grad_f32(grad, param.device()), group, state);
+    return;
+  }
   const Tensor g32 = grad_f32(grad);
   const float* g = g32.data<float>();
   float* p = param.data<float>();

@@ -108,10 +108,9 @@ GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t
     for (const Tensor& p : param_groups()[g].params) {
       Entry entry;
       if (g < n_projected) {
-        MT_CHECK(p.device().is_cpu(), kWhere,
-                 "projected param {} (shape {}) is on {}; the GaLore projection runs on the CPU in f32 (put it in "
-                 "the plain groups to step it on the device)",
-                 index, shape_str(p.shape()), p.device().str());
+        MT_CHECK(p.device().is_cpu() || p.device().is_cuda(), kWhere,
+                 "projected param {} (shape {}) is on {}; projection runs on the CPU or a CUDA device", index,
+                 shape_str(p.shape()), p.device().str());
         MT_CHECK(p.dim() == 2, kWhere, "projected param {} must be a 2-D weight, got shape {}", index,
                  shape_str(p.shape()));
         MT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), kWhere,
@@ -167,21 +166,17 @@ void GaLore::update(Tensor& param, const Tensor& grad, const ParamGroup& group, 
   }
   // R and the workspace below are temporaries: update() runs under MemoryCategory::workspace, and the
   // projector allocates its refreshed basis under optimizer_state itself.
-  const Tensor R = entry.projector->project(grad_f32(grad), entry.base.step());
+  const Tensor R = entry.projector->project(grad_f32(grad, param.device()), entry.base.step());
   step_projected(param, R, group, entry);
 }
 
 void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& group, Entry& entry) {
-  Tensor delta = zeros(R.shape(), DType::f32);
+  // On the parameter's device: the base rule then dispatches to its device kernels, and its state lives there.
+  Tensor delta = zeros(R.shape(), DType::f32, param.device());
   // R is finite: G passed the base class's gate and the basis is orthonormal.
   rule_->step_external(delta, R, hyper_of(group, 0.0), entry.base, /*grad_checked=*/true);
-  const Tensor back = entry.projector->project_back(delta);
-  const float* b = back.data<float>();
-  float* p = param.data<float>();
-  const std::int64_t n = param.numel();
   const float decay = static_cast<float>(1.0 - group.lr * group.weight_decay);
-#pragma omp parallel for simd if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] * decay + b[i];
+  entry.projector->project_back_add(delta, param, decay);  // param = param * decay + project_back(delta)
 }
 
 const ParamGroup& GaLore::group_of(std::size_t index) const {
@@ -210,7 +205,7 @@ void GaLore::accumulate(const Tensor& param, const Tensor& grad) {
   Tensor G;
   {
     CategoryGuard category(MemoryCategory::workspace);
-    G = grad_f32(grad);
+    G = grad_f32(grad, param.device());
   }
   if (!is_finite(G)) {
     entry.skip = true;
@@ -253,10 +248,12 @@ bool GaLore::step_projected_gradient(const Tensor& param, const Tensor& R) {
            shape_str(param.shape()));
   const Shape want = GaLoreProjector::projected_shape(entry.projector->side(), param.size(0), param.size(1),
                                                       galore_.rank);
-  MT_CHECK(R.defined() && R.shape() == want && R.dtype() == DType::f32 && R.device().is_cpu() && R.is_contiguous(),
-           who, "R must be a contiguous CPU f32 tensor of shape {} for param of shape {}, got {}", shape_str(want),
-           shape_str(param.shape()),
-           R.defined() ? fmt::format("{} {}", dtype_name(R.dtype()), shape_str(R.shape())) : "an undefined tensor");
+  MT_CHECK(R.defined() && R.shape() == want && R.dtype() == DType::f32 && R.device() == param.device() &&
+               R.is_contiguous(),
+           who, "R must be a contiguous f32 tensor of shape {} on {} for param of shape {}, got {}", shape_str(want),
+           param.device().str(), shape_str(param.shape()),
+           R.defined() ? fmt::format("{} {} on {}", dtype_name(R.dtype()), shape_str(R.shape()), R.device().str())
+                       : "an undefined tensor");
   if (!is_finite(R)) return false;
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::workspace);
@@ -312,7 +309,8 @@ void GaLore::load_state_dict(const StateDict& dict) {
       {
         // A stand-in of R's shape: init_state reads only its shape, dtype and device.
         CategoryGuard category(MemoryCategory::workspace);
-        const Tensor like = Tensor::empty(GaLoreProjector::projected_shape(side, m, n, galore_.rank), DType::f32);
+        const Tensor like =
+            Tensor::empty(GaLoreProjector::projected_shape(side, m, n, galore_.rank), DType::f32, param.device());
         e.base = rule_->load_external(dict, prefix, like, hyper_of(group, 0.0), used, where);
       }
       if (e.base.step() > 0) {
@@ -341,7 +339,7 @@ void GaLore::load_state_dict(const StateDict& dict) {
         RngState state;
         std::memcpy(&state.seed, rng_c.data<std::int64_t>(), sizeof(state.seed));
         std::memcpy(&state.offset, rng_c.data<std::int64_t>() + 1, sizeof(state.offset));
-        e.projector->restore(m, n, left, right, state, count.contiguous().data<std::int64_t>()[0]);
+        e.projector->restore(m, n, left, right, state, count.contiguous().data<std::int64_t>()[0], param.device());
       }
       ++i;
     }

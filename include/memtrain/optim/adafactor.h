@@ -9,7 +9,8 @@
 //   optional first moment (off by default): M = beta1*M + (1-beta1)*u, u = M  (beta1 = group.beta1)
 //   decoupled weight decay: p -= wd*lr*p;  then p -= u.
 // State bytes: (m + n)*4 per m x n matrix (times the batch), 4n per vector, plus 4 per element with the
-// first moment. CPU, contiguous f32 parameters.
+// first moment. Contiguous f32 parameters on the CPU or a CUDA device (state on the parameter's device; the
+// device rule is cuda::adafactor_*_step, equal to this one up to f32 rounding).
 #pragma once
 
 #include "memtrain/optim/optimizer.h"
@@ -34,6 +35,7 @@ class Adafactor : public Optimizer {
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
 
  private:
+  void update_cuda(Tensor& param, const Tensor& g32, const ParamGroup& group, ParamState& state);
   AdafactorOptions options_;
 };
 

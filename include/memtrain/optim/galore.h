@@ -24,8 +24,10 @@
 // gradient never exists), and the step's later micro-batches project on that basis without refreshing again.
 //
 // State: the base state of every parameter (R's shape for projected ones) plus each projector's basis
-// (GaLoreProjector::bytes()); state_bytes() is exactly their sum. Projection runs on the CPU in f32:
-// projected parameters on a CUDA device are refused; plain ones may live wherever the base supports.
+// (GaLoreProjector::bytes()); state_bytes() is exactly their sum. Projection runs in f32 on the parameter's
+// device: on CUDA the projector uses cuBLAS / cuSOLVER (galore_projector.h), and the base state, the basis and
+// the accumulators live on the device, where the base rule runs its device kernels (AdamW, AdamW8bit, Lion,
+// Lion8bit, SGD, Adafactor). A device basis may differ from the CPU's by the signs of its columns.
 #pragma once
 
 #include "memtrain/optim/galore_projector.h"
@@ -57,7 +59,7 @@ struct GaLoreSpec {
 // Parameters split by how they are stepped; param_groups() holds the projected groups, then the plain ones,
 // and state_dict numbers parameters in that order.
 struct GaLoreGroups {
-  std::vector<ParamGroup> projected;  // 2-D CPU f32 weights, stepped in the projected space
+  std::vector<ParamGroup> projected;  // 2-D f32 weights (CPU or CUDA), stepped in the projected space
   std::vector<ParamGroup> plain;      // stepped by the base rule as usual
 };
 

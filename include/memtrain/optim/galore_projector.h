@@ -12,7 +12,12 @@
 // with QR re-orthonormalisation, B = Q^T A, small SVD of B, P = Q U_B[:, :r]. With warm_start, the range
 // search starts from [previous P | Gaussian columns] (pushed once through A A^T) instead of A Omega.
 // Random numbers come from the projector's own Philox stream (seed, offset), not the global one, so a run
-// is reproducible whatever else draws random numbers. CPU, f32, 2-D, contiguous or not.
+// is reproducible whatever else draws random numbers. f32, 2-D, contiguous or not.
+// Devices: the first project() fixes the device (CPU or CUDA); the basis lives there and every later tensor
+// must be on it. On CUDA the same algorithm runs with cuBLAS / cuSOLVER (Householder QR, Jacobi SVD) on the
+// same Gaussian draws (made on the host from the same Philox stream, so rng_state() advances identically):
+// the basis spans the same subspace as the CPU's up to f32 rounding, but each column's sign is the device
+// SVD's, which may differ from Eigen's (singular vectors are defined up to sign).
 #pragma once
 
 #include "memtrain/core/rng.h"
@@ -52,14 +57,18 @@ class GaLoreProjector {
 
   explicit GaLoreProjector(GaLoreProjectorOptions options);
 
-  // G: (m, n) f32 CPU, the same shape at every call. Refreshes the basis when due (see the top), then
+  // G: (m, n) f32, the same shape and device at every call. Refreshes the basis when due (see the top), then
   // returns the projected gradient: (r, n) left, (m, r) right, (r, r) full.
   Tensor project(const Tensor& G, std::int64_t step);
   // acc += the projection of G on the current basis, never refreshing (accumulating micro-batches of one
   // step: project() has seen the step's first one). G and acc as for project(); acc contiguous.
   void project_add(const Tensor& G, Tensor& acc) const;
-  // N: the projected shape above. Returns scale * (P N | N Q^T | P N Q^T), shape (m, n), f32.
+  // N: the projected shape above, on the projector's device. Returns scale * (P N | N Q^T | P N Q^T), shape
+  // (m, n), f32.
   Tensor project_back(const Tensor& N) const;
+  // W = W * decay + project_back(N) for W (m, n) contiguous f32 on the projector's device (on CUDA one gemm
+  // with beta = decay, no (m, n) temporary).
+  void project_back_add(const Tensor& N, Tensor& W, float decay) const;
 
   bool refreshed_last() const { return refreshed_last_; }  // whether the last project() refreshed
   std::int64_t refresh_count() const { return refresh_count_; }
@@ -68,6 +77,7 @@ class GaLoreProjector {
   const Tensor& left_matrix() const { return left_; }    // P (m, r); undefined unless left / both
   const Tensor& right_matrix() const { return right_; }  // Q (n, r); undefined unless right / both
   std::size_t bytes() const;  // bytes of the basis matrices: 4*min(m,n)*r for std, 0 before the first call
+  Device device() const { return device_; }  // where the basis lives (CPU until the first project())
   const GaLoreProjectorOptions& options() const { return options_; }
 
   // The side an (m, n) gradient gets under `proj_type`, and the shape of its projection at rank r.
@@ -76,18 +86,27 @@ class GaLoreProjector {
 
   // Checkpoints: the Philox position, and restore() of everything later project() calls depend on (shape,
   // basis, random stream, refresh count), so a restored projector continues bit-identically. `left` is
-  // (m, r) for the left / both sides, `right` (n, r) for right / both; the unused one is undefined.
+  // (m, r) for the left / both sides, `right` (n, r) for right / both; the unused one is undefined. The basis
+  // is copied to `device`, which later gradients must be on.
   const RngState& rng_state() const { return rng_; }
   void restore(std::int64_t m, std::int64_t n, const Tensor& left, const Tensor& right, RngState rng,
-               std::int64_t refresh_count);
+               std::int64_t refresh_count, Device device = Device::cpu());
 
  private:
-  void init_shape(std::int64_t m, std::int64_t n);
+  void init_shape(std::int64_t m, std::int64_t n, Device device);
+  void check_same_device(const Tensor& t, const char* what) const;
   // out = (or +=, when accumulate) the projection of contiguous G on the current basis.
   void project_into(const Tensor& G, Tensor& out, bool accumulate) const;
+  void project_into_cuda(const Tensor& G, Tensor& out, bool accumulate) const;
   void refresh(const Tensor& G);
+  void refresh_cuda(const Tensor& G);  // the same algorithm on the device (galore_projector.cpp, bottom)
+  // N checked against the projected shape and the device, made contiguous; `who` names the caller.
+  Tensor checked_projected(const Tensor& N, const char* who) const;
+  // W = scale * (P N | N Q^T | P N Q^T) + beta * W on the device (beta 0: W is not read).
+  void project_back_cuda(const Tensor& N, Tensor& W, float beta) const;
 
   GaLoreProjectorOptions options_;
+  Device device_ = Device::cpu();
   Side side_ = Side::unset;
   std::int64_t m_ = 0, n_ = 0;
   Tensor left_, right_;
