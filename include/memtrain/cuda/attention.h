@@ -5,9 +5,13 @@
 //
 // Operands are [B, H, T, D] with unit stride along D and any (non-negative) strides for batch, head and
 // time, given by a HeadLayout, so head views of a fused [B, T, 3, H, D] QKV projection are read and
-// written in place. dtype: f32, or bf16 (bf16 operands; f32 accumulation, softmax statistics and lse).
+// written in place. dtype: f32, bf16 or f16 (16-bit operands; f32 accumulation, softmax statistics and lse).
 // D: 32, 64 or 128. The T x T score matrix is never stored; the backward recomputes it from q, k and lse.
 // Outputs must not overlap each other or the inputs.
+// Kernels: f32 runs on CUDA cores (f32 FMA); bf16 and f16 run their GEMMs on tensor cores (compute capability
+// 8.0+, f32 accumulation; P and dS are rounded to the operand dtype before their GEMMs, as FlashAttention-2
+// does). bf16 can be switched to the CUDA-core kernels (set_attention_kernels) so the two can be compared;
+// on a device older than 8.0 bf16 always takes them, and f16 is refused.
 #pragma once
 
 #include "memtrain/core/dtype.h"
@@ -39,5 +43,16 @@ void attention_backward(void* dq, const HeadLayout& ldq, void* dk, const HeadLay
                         const HeadLayout& lv, const void* out, const HeadLayout& lo, const float* lse,
                         std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, double scale, bool causal,
                         DType dtype, int device);
+
+// Which kernels bf16 attention runs: `automatic` (tensor cores where the device has them) or `cuda_cores`
+// (the f32-FMA kernels that f32 uses). Process-wide, for tests and benchmarks that compare the two; f32 and
+// f16 ignore it. Works without CUDA (it is only a setting).
+enum class AttentionKernels { automatic, cuda_cores };
+void set_attention_kernels(AttentionKernels kernels);
+AttentionKernels attention_kernels();
+
+// True when attention_forward / attention_backward with this dtype and head dim on `device` take the
+// tensor-core kernels under the current setting. Throws as the entry points do for a missing device.
+bool attention_uses_tensor_cores(DType dtype, std::int64_t D, int device);
 
 }  // namespace memtrain::cuda
