@@ -3,7 +3,8 @@
 // With no flags it prepares Debian's fortunes corpus (a byte-level BPE tokenizer and llm.c token shards
 // under --data-dir), trains the "mini" GPT with the memory-efficient defaults (8-bit AdamW), evaluates,
 // prints a sample and the memory report. Everything a run used is written under --out-dir: config.json
-// (rerun it with --config), metrics.jsonl, summary.json and the checkpoints.
+// (rerun it with --config), metrics.jsonl, summary.json and the checkpoints. --device cuda trains on the GPU
+// (the model, the optimizer state and the activations live there; batches are copied over as they are used).
 //
 //   memtrain_train_gpt --help
 #include <memtrain/memtrain.h>
@@ -25,7 +26,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device = "cpu";
+  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
   std::optional<double> galore_scale;
   std::optional<double> lr;
@@ -73,6 +74,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.galore_scale) c.galore_scale = *f.galore_scale;
   if (f.layerwise) c.layerwise_update = true;
   if (f.seed) c.seed = *f.seed;
+  if (f.device) c.device = *f.device;
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
   if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
   c.summary_path = !f.summary_json.empty()       ? f.summary_json
@@ -139,7 +141,10 @@ std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t 
 void print_sample(nn::GPT& model, const data::BpeTokenizer& tokenizer, std::int64_t tokens, std::uint64_t seed) {
   const nn::SampleOptions options{.max_new_tokens = tokens, .temperature = 0.8, .top_k = 40, .seed = seed,
                                   .stop_token = tokenizer.eot_token()};
-  const auto ids = nn::sample_tokens(model, [&](const Tensor& idx) { return model.forward(idx); },
+  // The sampler works on the host: the window goes to the model's device and the logits come back.
+  const Device device = model.device();
+  const auto forward = [&](const Tensor& idx) { return model.forward(idx.to(device)).to(Device::cpu()); };
+  const auto ids = nn::sample_tokens(model, forward,
                                      model.config().block_size, {tokenizer.eot_token()}, options);
   std::vector<std::int32_t> generated(ids.begin() + 1, ids.end());
   if (!generated.empty() && generated.back() == tokenizer.eot_token()) generated.pop_back();
@@ -183,7 +188,7 @@ int main(int argc, char** argv) {
                  "GaLore rank for the attention and MLP weights (0 = off); --optimizer is its base rule");
   app.add_option("--galore-gap", f.galore_gap, "steps between GaLore projector refreshes (200)");
   app.add_option("--galore-scale", f.galore_scale, "GaLore scale alpha of the projected update (0.25)");
-  app.add_option("--device", f.device, "cpu")->capture_default_str();
+  app.add_option("--device", f.device, "cpu (default), cuda or cuda:N (needs a build with CUDA and a GPU)");
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
   app.add_flag("--layerwise", f.layerwise,
                "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
@@ -197,17 +202,20 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
   try {
-    MT_CHECK(*f.device == "cpu", "train_gpt", "--device {}: only the CPU trainer exists so far", *f.device);
     train::TrainerConfig config = resolve_config(f);
+    // Before any data is prepared: a run asked for a GPU that is not there stops at once, saying why.
+    const Device device = train::device_from_name(config.device, "train_gpt");
+    MT_CHECK(device.is_cpu() || cuda::is_available(), "train_gpt", "--device {}: CUDA is not usable here ({})",
+             config.device, cuda::unavailable_reason());
     const std::int64_t vocab = f.vocab_size.value_or(nn::GPTConfig::preset(config.model.preset).vocab_size);
     Corpus corpus = prepare_data(f, vocab);
     config.data.train = corpus.train;
     config.data.val = corpus.val;
     auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab);
     const std::int64_t T = model->config().block_size;
-    fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), optimizer {}\n", model->num_parameters(),
+    fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), optimizer {}, device {}\n", model->num_parameters(),
                model->config().n_layer, model->config().n_head, model->config().n_embd, model->config().vocab_size,
-               T, config.optimizer.to_string());
+               T, config.optimizer.to_string(), device.str());
 
     auto train_set = std::make_shared<data::TokenWindowDataset>(corpus.train, T, model->config().vocab_size);
     auto val_set = std::make_shared<data::TokenWindowDataset>(corpus.val, T, model->config().vocab_size);
@@ -227,6 +235,7 @@ int main(int argc, char** argv) {
       fmt::print("val loss {:.4f} over {} batches\n", trainer.evaluate(), config.eval_batches);
       sample();
       fmt::print("\n{}", memory_report());
+      if (device.is_cuda()) fmt::print("{}", memory_report(device));
     } else {
       // The sample comes right after the last step, so fit()'s memory report stays the last thing printed.
       trainer.on_step = [&](const train::StepMetrics& m) {

@@ -5,8 +5,12 @@
 #   2. the CUDA test suite (every Cuda* test: each CUDA kernel against the CPU reference);
 #   3. GEMM TFLOP/s, memtrain (cuBLAS / cuBLASLt) beside PyTorch on the same shapes, in this one call;
 #   4. the other kernels (attention, optimizer steps, layer_norm, cross_entropy) beside PyTorch;
-#   5. compute-sanitizer memcheck over the CUDA tests when time is left.
-# MEMTRAIN_DEVICE_STEPS picks steps (default "tests,gemm,kernels,memcheck"); the environment summary always runs.
+#   5. gpt: an end-to-end GPT-2 124M training step (T=1024, B=MEMTRAIN_GPT_BATCH, default 8; 3 warm-up and
+#      MEMTRAIN_GPT_STEPS timed steps, default 10) with bench_gpt_e2e --device cuda for fp32 + AdamW, bf16 +
+#      AdamW and bf16 + 8-bit GaLore (rank 128) + selective checkpointing, then PyTorch eager on the same model
+#      and batch (scripts/device/gpt_peer.py: fp32 fused AdamW, bf16 autocast): tokens/s, step ms, peak memory;
+#   6. compute-sanitizer memcheck over the CUDA tests when time is left.
+# MEMTRAIN_DEVICE_STEPS picks steps (default "tests,gemm,kernels,gpt,memcheck"); the environment summary always runs.
 # Logs go to $OUT (the device tool brings them back). Each step has its own time limit so one hang
 # cannot eat the lease; the exit status is the test suite's.
 set -uo pipefail
@@ -34,7 +38,7 @@ elapsed() { echo $(( $(date +%s) - start )); }
   ldd $carry/memtrain_tests | grep -i "not found" || echo "all libraries found"
 } 2>&1 | tee "$OUT/env.txt"
 
-steps=",${MEMTRAIN_DEVICE_STEPS:-tests,gemm,kernels,memcheck},"
+steps=",${MEMTRAIN_DEVICE_STEPS:-tests,gemm,kernels,gpt,memcheck},"
 want() { [[ $steps == *",$1,"* ]]; }
 tests_rc=0
 
@@ -60,6 +64,40 @@ timeout 120 $carry/bench_cuda_kernels "$OUT/kernels_memtrain.json" 2>&1 | tee "$
 echo "== kernels, PyTorch ($(elapsed) s)"
 PYTHONUNBUFFERED=1 timeout 120 python3 scripts/device/kernels_peer.py "$OUT/kernels_torch.json" 2>&1 |
   tee "$OUT/kernels_torch.md"
+fi
+
+if want gpt; then
+gpt_args=(--model gpt2-124M --seq-len 1024 --batch "${MEMTRAIN_GPT_BATCH:-8}" --warmup 3
+          --steps "${MEMTRAIN_GPT_STEPS:-10}" --device cuda)
+# One run per configuration, each under its own limit: a hang or an out-of-memory costs that row only. All
+# of them log into one file (few files come back from the device).
+gpt_log="$OUT/gpt.log"
+: >"$gpt_log"
+gpt_run() {  # gpt_run NAME FLAGS...
+  local name=$1 part
+  shift
+  echo "== GPT-2 124M step, memtrain $name ($(elapsed) s)"
+  part=$(mktemp)
+  timeout "${MEMTRAIN_GPT_LIMIT_S:-90}" $carry/bench_gpt_e2e "${gpt_args[@]}" "$@" >"$part" 2>&1
+  local rc=$?
+  { echo "==== memtrain $name: rc=$rc"; cat "$part"; } >>"$gpt_log"
+  echo "rc=$rc"
+  grep -E "^memtrain GPT|^median step|^host allocator|^RESULT|rror" "$part" | head -n 8
+  rm -f "$part"
+}
+gpt_run fp32_adamw
+gpt_run bf16_adamw --precision bf16
+gpt_run bf16_galore8bit_selective --precision bf16 --optimizer adamw8bit --galore-rank 128 --galore-gap 200 \
+  --checkpoint selective
+echo "== GPT-2 124M step, PyTorch eager ($(elapsed) s)"
+PYTHONUNBUFFERED=1 timeout "${MEMTRAIN_GPT_PEER_LIMIT_S:-120}" python3 scripts/device/gpt_peer.py --model gpt2-124M \
+  --seq-len 1024 --batch "${MEMTRAIN_GPT_BATCH:-8}" --warmup 3 --steps "${MEMTRAIN_GPT_STEPS:-10}" \
+  --modes fp32,bf16 >"$OUT/gpt_torch.part" 2>&1
+peer_rc=$?
+{ echo "==== torch eager: rc=$peer_rc"; cat "$OUT/gpt_torch.part"; } >>"$gpt_log"
+rm -f "$OUT/gpt_torch.part"
+echo "rc=$peer_rc"
+grep -E "^torch|^RESULT|failed|skipped" "$gpt_log" | grep -v "^RESULT impl=memtrain" | head -n 8
 fi
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

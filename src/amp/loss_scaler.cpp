@@ -4,9 +4,12 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/float_types.h"
+#include "memtrain/cuda/convert.h"
+#include "memtrain/ops/elementwise.h"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <type_traits>
 
@@ -50,6 +53,31 @@ bool unscale_cpu_contiguous(const Tensor& g, double scale) {
     default: break;
   }
   detail::throw_error(kWho, fmt::format("unscale_: unsupported dtype {}", dtype_name(g.dtype())));
+}
+
+// Contiguous f32/bf16/f16 gradients on CUDA are unscaled where they live: multiplied by 1 / scale (ops::mul_;
+// equal to the CPU's division whenever the scale is a power of two, as the default growth and backoff keep
+// it), then checked by their max |g| (cuda::amax: NaN when any element is NaN, Inf when any is Inf), one
+// float per gradient read back in one copy per device.
+bool unscale_on_device(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+bool unscale_cuda(const std::vector<Tensor>& grads, double scale) {
+  std::map<int, std::vector<Tensor>> by_device;
+  for (const Tensor& g : grads) by_device[g.device().index].push_back(g);
+  bool finite = true;
+  for (auto& [index, list] : by_device) {
+    const Device device = Device::cuda(index);
+    CategoryGuard category(MemoryCategory::workspace);
+    const Tensor amaxes = Tensor::empty({static_cast<std::int64_t>(list.size())}, DType::f32, device);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      Tensor g = list[i];
+      ops::mul_(g, 1.0 / scale);
+      cuda::amax(g.data_ptr(), g.dtype(), static_cast<std::size_t>(g.numel()), amaxes.data<float>() + i, index);
+    }
+    const Tensor host = amaxes.to(Device::cpu());
+    for (std::size_t i = 0; i < list.size(); ++i) finite &= std::isfinite(host.data<float>()[i]);
+  }
+  return finite;
 }
 
 bool supported(DType t) { return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16; }
@@ -98,8 +126,13 @@ bool DynamicLossScaler::unscale_(const std::vector<Tensor>& grads) {
   }
   autograd::NoGradGuard no_grad;
   bool finite = true;
+  std::vector<Tensor> on_device;
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;
+    if (g.device().is_cuda() && g.is_contiguous() && unscale_on_device(g.dtype()) && g.numel() > 0) {
+      on_device.push_back(g);
+      continue;
+    }
     if (g.device().is_cpu() && g.is_contiguous()) {
       finite &= unscale_cpu_contiguous(g, scale_);
       continue;
@@ -110,6 +143,7 @@ bool DynamicLossScaler::unscale_(const std::vector<Tensor>& grads) {
     Tensor target = g;
     target.copy_(work);
   }
+  if (!on_device.empty()) finite &= unscale_cuda(on_device, scale_);
   return finite;
 }
 

@@ -195,6 +195,20 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
+Tensor& Tensor::set_data_(const Tensor& src) {
+  MT_CHECK(src.defined(), "set_data_", "the source tensor is undefined");
+  MT_CHECK(src.shape() == shape() && src.dtype() == dtype(), "set_data_",
+           "source {} {} must match the tensor's shape {} and dtype {}", shape_str(src.shape()),
+           dtype_name(src.dtype()), shape_str(shape()), dtype_name(dtype()));
+  TensorImpl& self = impl();
+  const TensorImpl& from = src.impl();
+  if (&self == &from) return *this;
+  self.storage = from.storage;
+  self.strides = from.strides;
+  self.offset = from.offset;
+  return *this;
+}
+
 std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
   std::string out = fmt::format("Tensor(shape={}, dtype={}, device={}", shape_str(shape()), dtype_name(dtype()),

@@ -30,6 +30,7 @@ Tensor GPT::hidden(const Tensor& idx) const {
   MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
            config_.block_size);
   Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);            // (T)
+  if (!idx.device().is_cpu()) pos = pos.to(idx.device());                       // beside the token ids
   Tensor x = drop_->forward(wte_->forward(idx) + wpe_->forward(pos));           // (B,T,C)
   const auto n = static_cast<std::int64_t>(h_.size());
   for (std::int64_t i = 0; i < n; ++i) {
@@ -39,7 +40,11 @@ Tensor GPT::hidden(const Tensor& idx) const {
 }
 
 Tensor GPT::forward(const Tensor& idx) const {
-  return ops::matmul(hidden(idx), wte_->weight().t());  // (B,T,V), tied head
+  const Tensor h = hidden(idx);  // (B,T,C)
+  if (h.device().is_cpu()) return ops::matmul(h, wte_->weight().t());  // (B,T,V), tied head
+  // The CUDA matmul takes 2-D operands: the head runs over the B*T rows at once.
+  const std::int64_t B = h.size(0), T = h.size(1);
+  return ops::matmul(h.reshape({B * T, config_.n_embd}), wte_->weight().t()).reshape({B, T, config_.vocab_size});
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
@@ -49,12 +54,15 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   const Tensor h = hidden(idx);
   const Tensor& head = wte_->weight();
   // Under amp::Autocast h is bf16/f16; the fused head widens it and computes the loss in f32 either way.
-  const bool narrow_or_f32 = h.dtype() == DType::f32 || h.dtype() == DType::bf16 || h.dtype() == DType::f16;
-  if (h.device().is_cpu() && narrow_or_f32 && head.dtype() == DType::f32) {
+  // The fused head runs on the CPU (x f32, bf16 or f16) and on CUDA (x f32 or bf16).
+  const bool fused_dtype = h.dtype() == DType::f32 || h.dtype() == DType::bf16 ||
+                           (h.dtype() == DType::f16 && h.device().is_cpu());
+  if (fused_dtype && head.dtype() == DType::f32) {
     return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
                                            ops::Reduction::mean, -100);
   }
-  const Tensor logits = ops::matmul(h, head.t());
+  // 2-D on CUDA (its matmul takes 2-D operands); the CPU keeps the batched product it always ran.
+  const Tensor logits = ops::matmul(h.device().is_cpu() ? h : h.reshape({N, config_.n_embd}), head.t());
   return ops::cross_entropy(logits.reshape({N, config_.vocab_size}), targets.reshape({N}), ops::Reduction::mean,
                             -100);
 }

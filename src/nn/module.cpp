@@ -3,10 +3,12 @@
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
+#include "memtrain/cuda/cuda.h"
 #include "memtrain/ops/elementwise.h"
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <set>
 
 namespace memtrain::nn {
@@ -86,6 +88,64 @@ std::int64_t Module::num_parameters() const {
   std::int64_t n = 0;
   for (const auto& [name, t] : named_parameters()) n += t.numel();
   return n;
+}
+
+Module& Module::to(Device device) {
+  if (device.is_cuda()) {
+    MT_CHECK(cuda::is_available(), "Module::to", "cannot move the module to {}: CUDA is not usable here ({})",
+             device.str(), cuda::unavailable_reason());
+    MT_CHECK(device.index >= 0 && device.index < cuda::device_count(), "Module::to",
+             "cannot move the module to {}: this machine has {} CUDA device(s)", device.str(), cuda::device_count());
+  }
+  // Every tensor once, even when registered under two names or as both (keyed by the shared TensorImpl).
+  struct Move {
+    Tensor target, moved, grad;
+  };
+  std::vector<Move> moves;
+  std::set<const TensorImpl*> seen;
+  auto plan = [&](const NamedTensors& named, bool parameters) {
+    for (const auto& [name, t] : named) {
+      if (!seen.insert(t.impl_ptr().get()).second || t.device() == device) continue;
+      Move m{t, Tensor(), Tensor()};
+      {
+        CategoryGuard category(parameters ? MemoryCategory::parameters : t.storage()->category());
+        m.moved = Tensor::empty(t.shape(), t.dtype(), device);
+        m.moved.copy_(t.detach());
+      }
+      const Tensor g = t.grad();
+      if (g.defined() && g.device() != device) {
+        CategoryGuard category(MemoryCategory::gradients);
+        m.grad = g.detach().to(device);
+      }
+      moves.push_back(std::move(m));
+    }
+  };
+  plan(named_parameters(), true);
+  plan(named_buffers(), false);
+  // Nothing below throws: the module switches devices all at once, and the old storage goes with the last
+  // handle to it.
+  for (Move& m : moves) {
+    m.target.set_data_(m.moved);
+    if (m.grad.defined()) m.target.set_grad(m.grad);
+  }
+  return *this;
+}
+
+Device Module::device() const {
+  std::optional<std::pair<std::string, Device>> first;
+  auto check = [&](const NamedTensors& named) {
+    for (const auto& [name, t] : named) {
+      if (!first) {
+        first.emplace(name, t.device());
+        continue;
+      }
+      MT_CHECK(t.device() == first->second, "Module::device", "the module is spread over devices: '{}' is on {} but "
+               "'{}' is on {}", first->first, first->second.str(), name, t.device().str());
+    }
+  };
+  check(named_parameters());
+  check(named_buffers());
+  return first ? first->second : Device::cpu();
 }
 
 void Module::zero_grad() {

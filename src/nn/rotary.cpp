@@ -43,7 +43,13 @@ Tensor RotaryEmbedding::apply(const Tensor& x) const {
   MT_CHECK(x.dim() == 4 && x.size(3) == head_dim_ && x.size(2) <= max_seq_len_, "nn::RotaryEmbedding",
            "expected x [B, H, T <= {}, {}], got {}", max_seq_len_, head_dim_, shape_str(x.shape()));
   const std::int64_t T = x.size(2);
-  const Tensor c = cos_.slice(0, 0, T), s = sin_.slice(0, 0, T);  // (T,D), broadcast over B and H
+  Tensor c = cos_.slice(0, 0, T), s = sin_.slice(0, 0, T);  // (T,D), broadcast over B and H
+  if (x.device() != c.device()) {
+    // The tables are derived data, not buffers, so Module::to leaves them on the CPU: the T rows in use
+    // travel to x's device per call (T x D elements, small beside the activations).
+    c = c.to(x.device());
+    s = s.to(x.device());
+  }
   return x * c + rotate_half(x) * s;
 }
 

@@ -1,5 +1,6 @@
 // Layer-wise updates: the gradient-ready hooks that step each parameter during backward (see layerwise.h).
 #include "train/layerwise.h"
+#include "train/grad_norm.h"
 
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
@@ -13,8 +14,10 @@ namespace memtrain::train::detail {
 
 namespace {
 
-// L2 norm of a contiguous CPU f32 tensor (a projected gradient), summed in double as global_grad_norm does.
+// L2 norm of a projected gradient, summed in double as global_grad_norm does: read in place when it is a
+// contiguous CPU f32 tensor, reduced on its device when it lives on CUDA.
 double l2_norm(const Tensor& t) {
+  if (!t.device().is_cpu()) return std::sqrt(sum_of_squares({t}));
   const float* p = t.data<float>();
   const std::int64_t n = t.numel();
   double acc = 0.0;

@@ -24,6 +24,8 @@ nlohmann::json RunSummary::to_json() const {
       {"peak_bytes_total", peak_bytes_total},
       {"optimizer_state_bytes", optimizer_state_bytes},
       {"peak_rss_bytes", peak_rss_bytes},
+      {"device", device},
+      {"host_peak_bytes", host_peak_bytes},
   };
 }
 
@@ -71,6 +73,7 @@ RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>
   s.peak_bytes_total = memory.peak_bytes;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_rss_bytes = peak_rss_bytes();
+  s.host_peak_bytes = memory.peak_bytes;  // fit() replaces it with the CPU allocator's on a device run
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/cuda/cuda.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
 #include "train/layerwise.h"
@@ -55,6 +56,14 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const n
   return std::make_unique<optim::GaLore>(spec, g, std::move(groups));
 }
 
+// The batch with its tensors on `device` (the model's), copied there under MemoryCategory::data.
+data::Batch on_device(data::Batch batch, Device device) {
+  CategoryGuard category(MemoryCategory::data);
+  if (batch.inputs.defined() && batch.inputs.device() != device) batch.inputs = batch.inputs.to(device);
+  if (batch.targets.defined() && batch.targets.device() != device) batch.targets = batch.targets.to(device);
+  return batch;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
@@ -64,9 +73,14 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   MT_CHECK(model_ != nullptr, "Trainer", "model is null");
   MT_CHECK(static_cast<bool>(loss_fn_), "Trainer", "loss_fn is empty");
   MT_CHECK(train != nullptr, "Trainer", "the training dataset is null");
+  const Device device = device_from_name(config_.device, "Trainer");
+  MT_CHECK(device.is_cpu() || cuda::is_available(), "Trainer", "config.device '{}': CUDA is not usable here ({})",
+           config_.device, cuda::unavailable_reason());
+  // In place, before the optimizer is built: every handle to a parameter sees the moved data.
+  model_->to(device);
   const nn::NamedTensors named = model_->named_parameters();
   MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train");
-  device_ = named.front().second.device();
+  device_ = device;
 
   optimizer_ = make_optimizer(config_, named);
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
@@ -129,7 +143,7 @@ StepMetrics Trainer::train_step() {
   std::int64_t total = 0;
   std::int64_t samples = 0;
   for (std::int64_t i = 0; i < config_.grad_accum; ++i) {
-    batches.push_back(train_loader_->next());
+    batches.push_back(on_device(train_loader_->next(), device_));
     total += batches.back().targets_count;
     samples += batches.back().samples;
   }
@@ -231,6 +245,7 @@ double Trainer::evaluate() {
   for (std::int64_t i = 0; i < n; ++i) {
     data::Batch batch = val_loader_->next();
     if (batch.targets_count == 0) continue;
+    batch = on_device(std::move(batch), device_);
     CategoryGuard category(MemoryCategory::activations);
     amp::Autocast autocast(autocast_mode());
     const Tensor loss = loss_fn_(batch);
@@ -243,7 +258,9 @@ double Trainer::evaluate() {
 
 RunSummary Trainer::fit() {
   Allocator& allocator = Allocator::get(device_);
+  Allocator& host = Allocator::get(Device::cpu());
   allocator.reset_peak();
+  if (&host != &allocator) host.reset_peak();
   std::optional<detail::MetricsWriter> metrics;
   // A resumed run continues the metrics file of the run it resumes.
   if (!config_.metrics_path.empty()) metrics.emplace(config_.metrics_path, /*append=*/step_ > 0);
@@ -269,10 +286,14 @@ RunSummary Trainer::fit() {
 
   const std::vector<StepMetrics> ran(history_.begin() + static_cast<std::ptrdiff_t>(first), history_.end());
   RunSummary summary = detail::summarize(config_, ran, allocator.stats(), optimizer_->state_bytes());
+  summary.device = device_.str();
+  summary.host_peak_bytes = host.stats().peak_bytes;
   if (memory_notes) {
     const std::string notes = memory_notes();
     if (!notes.empty()) fmt::print(stderr, "{}\n", notes);
   }
+  // A device run has two reports: the host's (data batches, staging) and the device's (the training).
+  if (&host != &allocator) std::fprintf(stderr, "%s", host.report().c_str());
   std::fprintf(stderr, "%s", allocator.report().c_str());
   fmt::print(stderr, "{} steps, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
              summary.steps, summary.final_train_loss,

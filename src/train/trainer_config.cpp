@@ -265,6 +265,7 @@ json TrainerConfig::to_json() const {
   j["micro_batch"] = micro_batch;
   j["grad_accum"] = grad_accum;
   j["world_size"] = world_size;
+  j["device"] = device;
   j["precision"] = precision;
   j["loss_scaler"] = {{"init_scale", loss_scaler.init_scale},
                       {"growth_factor", loss_scaler.growth_factor},
@@ -334,6 +335,7 @@ TrainerConfig TrainerConfig::from_json(const json& j) {
   r.get("micro_batch", c.micro_batch);
   r.get("grad_accum", c.grad_accum);
   r.get("world_size", c.world_size);
+  r.get("device", c.device);
   r.get("precision", c.precision);
   if (const json* l = r.find("loss_scaler")) {
     ObjectReader lr(*l, "loss_scaler", kWhere);
@@ -396,6 +398,22 @@ TrainerConfig TrainerConfig::load(const std::string& path) {
   }
 }
 
+Device device_from_name(const std::string& name, const char* where) {
+  if (name == "cpu") return Device::cpu();
+  if (name == "cuda") return Device::cuda(0);
+  if (name.rfind("cuda:", 0) == 0 && name.size() > 5 && name.size() <= 8) {
+    int index = 0;
+    bool digits = true;
+    for (std::size_t i = 5; i < name.size(); ++i) {
+      digits &= name[i] >= '0' && name[i] <= '9';
+      index = index * 10 + (name[i] - '0');
+    }
+    if (digits) return Device::cuda(index);
+  }
+  MT_CHECK(false, where, "device '{}' is not one of cpu, cuda, cuda:N", name);
+  return Device::cpu();
+}
+
 // ---- validate ------------------------------------------------------------------------------------------
 
 void TrainerConfig::validate() const {
@@ -404,6 +422,7 @@ void TrainerConfig::validate() const {
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size == 1, kWhere, "world_size {} is not supported: data-parallel training comes with the "
            "distributed issue (use world_size 1)", world_size);
+  const Device dev = device_from_name(device, kWhere);
   // Checked before the precision itself: this combination stays impossible once fp16 exists.
   MT_CHECK(!(layerwise_update && precision == "fp16"), kWhere,
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
@@ -415,6 +434,9 @@ void TrainerConfig::validate() const {
   } catch (const Error& e) {
     MT_CHECK(false, kWhere, "precision: {}", e.what());
   }
+  // The CUDA kernels take f32 and bf16 data, and amp::fp8_linear runs on the CPU only so far.
+  MT_CHECK(!(dev.is_cuda() && (p == amp::Precision::fp16 || p == amp::Precision::fp8)), kWhere,
+           "precision '{}' on device '{}' is not supported yet: on CUDA use fp32 or bf16", precision, device);
   if (p == amp::Precision::fp8) {
     try {
       (void)amp::fp8_scaling_from_name(fp8_scaling);

@@ -87,6 +87,10 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
   Tensor& copy_(const Tensor& src);  // same shape; converts dtype and moves between devices
+  // Points this tensor, and every handle that shares its TensorImpl, at src's data (storage, strides and
+  // offset; as PyTorch's `param.data = src`). Shape and dtype must match; the device may differ. Autograd
+  // metadata (requires_grad, gradient, hooks) is kept. Used to move parameters in place (nn::Module::to).
+  Tensor& set_data_(const Tensor& src);
 
   // ---- differentiable (implemented in src/ops/) ----
   Tensor view(const Shape& shape) const;     // needs a compatible layout; -1 infers one dimension

@@ -28,9 +28,10 @@ class GPT : public Module {
   explicit GPT(const GPTConfig& config, DType dtype = DType::f32);
   // idx [B, T] integer, T <= block_size -> logits [B, T, V].
   Tensor forward(const Tensor& idx) const;
-  // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored. On the CPU in
-  // f32 the head and the loss are fused (ops::fused_linear_cross_entropy): the [B*T, V] logits never exist,
-  // forward or backward; elsewhere the logits are formed and ops::cross_entropy is applied.
+  // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored. With an f32
+  // head (x f32 or bf16, or f16 on the CPU) the head and the loss are fused (ops::fused_linear_cross_entropy, CPU
+  // and CUDA): the [B*T, V] logits never exist, forward or backward; otherwise the logits are formed and
+  // ops::cross_entropy is applied.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
 

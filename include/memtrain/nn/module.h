@@ -3,7 +3,8 @@
 // submodules. Names nest with dots, e.g. "h.0.attn.c_attn.weight", in registration order, as in PyTorch.
 //
 // Layers keep their own Tensor handles to what they register; a handle shares storage with the registry's,
-// so load_state_dict (which copies values into the existing storage) is seen by both.
+// so load_state_dict (which copies values into the existing storage) is seen by both. Module::to moves the
+// data in place (Tensor::set_data_ on the shared TensorImpl), so the layers' handles follow it too.
 // Forward signatures differ per layer, so there is no virtual forward here.
 #pragma once
 
@@ -41,6 +42,19 @@ class Module {
   bool is_training() const { return training_; }
 
   std::int64_t num_parameters() const;  // elements over unique parameters
+
+  // Moves every parameter and buffer (recursively, each once: tied weights move once) to `device`, in place:
+  // every handle to a parameter (the layers', an optimizer's) sees the moved data, parameters stay leaves that
+  // require grad, and their bytes are accounted under MemoryCategory::parameters on the new device (buffers
+  // keep their category). Gradients move along (MemoryCategory::gradients). Tensors already on `device` are
+  // left as they are (same storage), so to(device()) is a no-op. All copies are made before any tensor is
+  // switched, so a failure (out of memory) leaves the module as it was. Views taken before the move (an old
+  // state_dict()) keep the old data. Throws memtrain::Error naming the device when it is not usable (CUDA
+  // absent, not built, or the index out of range). Returns *this.
+  Module& to(Device device);
+  // Where the parameters and buffers live: CPU for a module that has none; throws when they are spread over
+  // several devices (naming two tensors on different ones).
+  Device device() const;
   void zero_grad();                     // clears every parameter's gradient
 
   // name -> tensor for every parameter and buffer; the tensors are detached views of the live storage.

@@ -13,8 +13,9 @@ namespace memtrain::ops {
 // Equals cross_entropy(linear(x, weight, bias), targets, reduction, ignore_index) up to rounding. Walks the
 // rows in chunks of chunk_rows: only one chunk of logits (chunk_rows x V floats, workspace) is alive at a
 // time, forward and backward; the backward recomputes each chunk from x, weight, bias and the saved
-// per-row log-sum-exp ([N] floats). CPU; weight and bias f32; x f32, or bf16/f16 (mixed precision: rows are
-// widened chunk by chunk, the loss is f32 and dx comes back in x's dtype).
+// per-row log-sum-exp ([N] floats). Weight and bias f32; x f32, or bf16/f16 on the CPU, bf16 on CUDA (mixed
+// precision: rows are widened chunk by chunk, the loss is f32 and dx comes back in x's dtype). On CUDA the
+// chunk GEMMs are cuda::gemm in f32 and the loss the CUDA cross-entropy kernels.
 Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& targets,
                                   Reduction reduction = Reduction::mean, std::int64_t ignore_index = -100,
                                   std::int64_t chunk_rows = 1024);

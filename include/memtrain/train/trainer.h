@@ -36,9 +36,13 @@
 //
 // Randomness: the Trainer does not reseed the default RNG stream (dropout draws from it); call
 // manual_seed(config.seed) before building the model. The loaders are seeded from config.seed.
+// Device (config.device): the constructor moves the model there in place (nn::Module::to; before the optimizer
+// is built), and every training and evaluation batch is copied there as it is used; loss_fn sees batches on
+// the model's device. On CUDA, gradient clipping and fp16 unscaling run on the device; fit() prints the host's
+// memory report and then the device's.
 // Memory: the allocator's peak is reset when the Trainer is made and when fit() starts, so reported peaks
-// cover training (live parameters included). memory_budget_bytes, when set, is the CPU allocator's budget
-// while the Trainer lives; the previous budget is restored by the destructor.
+// cover training (live parameters included). memory_budget_bytes, when set, is the budget of the model's
+// device's allocator while the Trainer lives; the previous budget is restored by the destructor.
 #pragma once
 
 #include "memtrain/amp/autocast.h"
@@ -99,6 +103,8 @@ struct RunSummary {
   std::size_t peak_bytes_total = 0;
   std::size_t optimizer_state_bytes = 0;
   std::size_t peak_rss_bytes = 0;
+  std::string device = "cpu";       // where the model trained; the peaks above are that device's allocator's
+  std::size_t host_peak_bytes = 0;  // the CPU allocator's peak (the same as peak_bytes_total on a CPU run)
   // Field names as above; peak_bytes_by_category keyed by category_name; final_val_loss null when absent.
   nlohmann::json to_json() const;
 };

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "memtrain/amp/loss_scaler.h"
+#include "memtrain/core/device.h"
 #include "memtrain/optim/spec.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -54,6 +55,9 @@ struct TrainerConfig {
   std::int64_t micro_batch = 8;
   std::int64_t grad_accum = 1;
   std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
+  // Where the model trains: "cpu", "cuda" (= cuda:0) or "cuda:N". The Trainer moves the model there
+  // (nn::Module::to) and each batch as it comes; it throws naming CUDA when the device is not usable.
+  std::string device = "cpu";
   // amp/precision.h: fp32, bf16 (bf16 compute and stored activations over f32 master weights), fp16 (the same
   // with dynamic loss scaling, options below), fp8 (bf16, with every linear in FP8: amp/fp8_linear.h).
   std::string precision = "fp32";
@@ -96,6 +100,10 @@ struct TrainerConfig {
   void save(const std::string& path) const;  // atomic
   static TrainerConfig load(const std::string& path);
 };
+
+// "cpu", "cuda", "cuda:N" -> Device; throws memtrain::Error(where, ...) naming the value otherwise. Says
+// nothing about whether the device exists (the Trainer checks that when it moves the model).
+Device device_from_name(const std::string& name, const char* where = "TrainerConfig");
 
 nlohmann::json spec_to_json(const optim::Spec& spec);
 optim::Spec spec_from_json(const nlohmann::json& j);
