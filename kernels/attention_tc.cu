@@ -216,10 +216,15 @@ struct DqSmem {
   static constexpr int bytes = delta + align128(BR * 4);
 };
 
-// The budget the task set (and what keeps two blocks per SM on an H100/H200).
-static_assert(ForwardSmem<128>::bytes <= 100 * 1024 && ForwardSmem<64>::bytes <= 100 * 1024);
-static_assert(DkdvSmem<128>::bytes <= 100 * 1024 && DkdvSmem<64>::bytes <= 100 * 1024);
-static_assert(DqSmem<128>::bytes <= 100 * 1024 && DqSmem<64>::bytes <= 100 * 1024);
+// At most 99 KiB per block: the opt-in limit of sm_86/sm_89, which run the sm_80 code (sm_80 and sm_90 allow
+// more); it also keeps two blocks per SM on an H100/H200.
+constexpr int kMaxSmemBytes = 99 * 1024;
+static_assert(ForwardSmem<32>::bytes <= kMaxSmemBytes && ForwardSmem<64>::bytes <= kMaxSmemBytes &&
+              ForwardSmem<128>::bytes <= kMaxSmemBytes);
+static_assert(DkdvSmem<32>::bytes <= kMaxSmemBytes && DkdvSmem<64>::bytes <= kMaxSmemBytes &&
+              DkdvSmem<128>::bytes <= kMaxSmemBytes);
+static_assert(DqSmem<32>::bytes <= kMaxSmemBytes && DqSmem<64>::bytes <= kMaxSmemBytes &&
+              DqSmem<128>::bytes <= kMaxSmemBytes);
 
 // ---- forward ----
 
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = threadIdx.x; e < BR * LDO; e += kThreads) o_s[e] = 0.f;  // alpha = 0 on the first tile needs finite O
 
   const int w0 = warp * 16;                    // the warp's first row in the tile
-  const int r = lane / 2, half = lane % 2;     // row statistics: lanes 2r and 2r + 1 share row w0 + r
+  const int r = lane / 2, pair_lane = lane % 2;     // row statistics: lanes 2r and 2r + 1 share row w0 + r
   const int query = i0 + w0 + r;
   float* s_w = s_s + w0 * LDS;
   T* p_w = p_s + w0 * LDP;
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 
     float mx = -kInf;
-    for (int c = half; c < BC; c += 2) {
+    for (int c = pair_lane; c < BC; c += 2) {
       const int key = j0 + c;
       const bool visible = key < T_len && (!causal || key <= query);
       const float x = visible ? srow[c] * scale : -kInf;
@@ -286,7 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     // A row with nothing visible yet keeps m = -inf, p = 0 and alpha = 0 (never exp(-inf - -inf)).
     const float alpha = m == -kInf ? 0.f : expf(m - m_new);
     float sum = 0.f;
-    for (int c = half; c < BC; c += 2) {
+    for (int c = pair_lane; c < BC; c += 2) {
       const float x = srow[c];
       const float p = x == -kInf ? 0.f : expf(x - m_new);
       prow[c] = from_f32<T>(p);
@@ -295,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
     sum += __shfl_xor_sync(kFullMask, sum, 1);
     l = l * alpha + sum;
     m = m_new;
-    if (half == 0) row_s[w0 + r] = alpha;
+    if (pair_lane == 0) row_s[w0 + r] = alpha;
     __syncwarp();  // p_w and the alphas visible to the whole warp
 
     for (int e = lane; e < 16 * D; e += 32) o_w[(e / D) * LDO + e % D] *= row_s[w0 + e / D];
@@ -311,7 +316,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // kend >= 1, so every row that exists (< T_len) saw at least key 0: l > 0.
-  if (half == 0) {
+  if (pair_lane == 0) {
     row_s[w0 + r] = 1.f / l;
     if (query < T_len) lse[bh * T_len + query] = m + logf(l);
   }

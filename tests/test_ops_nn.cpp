@@ -465,6 +465,8 @@ TEST(NnOpsConv, RejectsBadShapes) {
   expect_error([] { ops::conv2d(zeros({1, 3, 5, 5}), zeros({4, 2, 3, 3}), Tensor(), 1, 0, 2); },
                {"conv2d", "groups=2", "[1, 3, 5, 5]"});
   expect_error([] { ops::conv2d(zeros({1, 2, 2, 2}), zeros({4, 2, 3, 3}), Tensor()); }, {"conv2d", "does not fit"});
+  // (H - KH) / stride rounds toward zero: a 2x2 kernel over a 1x1 input at stride 2 would give one output.
+  expect_error([] { ops::conv2d(zeros({1, 2, 1, 1}), zeros({4, 2, 2, 2}), Tensor(), 2); }, {"conv2d", "does not fit"});
   expect_error([] { ops::conv2d(zeros({1, 2, 5, 5}), zeros({4, 2, 3, 3}), zeros({3})); }, {"conv2d", "bias", "[3]"});
 }
 

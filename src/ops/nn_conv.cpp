@@ -100,7 +100,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
            shape_str(x.shape()), shape_str(weight.shape()), groups);
   s.OH = cpu::conv_out_size(s.H, s.KH, stride, padding);
   s.OW = cpu::conv_out_size(s.W, s.KW, stride, padding);
-  MT_CHECK(s.OH >= 1 && s.OW >= 1 && s.KH >= 1 && s.KW >= 1, op,
+  // The padded input must hold one whole window: conv_out_size's division rounds toward zero, so
+  // (H + 2p - KH) in (-stride, 0) would still give one output row computed over phantom zeros.
+  MT_CHECK(s.OH >= 1 && s.OW >= 1 && s.KH >= 1 && s.KW >= 1 && s.H + 2 * padding >= s.KH &&
+               s.W + 2 * padding >= s.KW,
+           op,
            "kernel {}x{} does not fit input {} with padding {}", s.KH, s.KW, shape_str(x.shape()), padding);
   if (bias.defined()) {
     detail::check_same(op, x, bias);
