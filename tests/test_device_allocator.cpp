@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -440,6 +441,222 @@ TEST(DeviceAllocator, CpuKeepsSizeClassesUnlessToldOtherwise) {
     for (const Block& blk : {a, b}) split.deallocate(blk);
   }
   EXPECT_TRUE(memory->segments.empty());
+}
+
+// ---- stream-ordered reuse (fake source whose stream key the test switches) ----
+
+// The fake source answering with a stream key the test sets, as the CUDA source answers with the
+// calling thread's current stream.
+class KeyedSource final : public MemorySource {
+ public:
+  KeyedSource(std::shared_ptr<FakeMemory> memory, std::shared_ptr<std::uintptr_t> key)
+      : inner_(std::move(memory)), key_(std::move(key)) {}
+  void* raw_allocate(std::size_t nbytes) override { return inner_.raw_allocate(nbytes); }
+  void raw_free(void* ptr, std::size_t nbytes) override { inner_.raw_free(ptr, nbytes); }
+  std::uintptr_t stream_key() const override { return *key_; }
+
+ private:
+  FakeSource inner_;
+  std::shared_ptr<std::uintptr_t> key_;
+};
+
+constexpr std::uintptr_t kStreamA = 0;  // the legacy default stream's key
+constexpr std::uintptr_t kStreamB = 0x7f00b000;
+
+struct KeyedDevice {
+  std::shared_ptr<FakeMemory> memory = std::make_shared<FakeMemory>();
+  std::shared_ptr<std::uintptr_t> key = std::make_shared<std::uintptr_t>(kStreamA);
+  Allocator alloc{Device::cuda(0), std::make_unique<KeyedSource>(memory, key)};
+
+  void expect_consistent(std::size_t live_requested, std::size_t live_block_bytes) const {
+    const MemoryStats s = alloc.stats();
+    EXPECT_EQ(s.live_bytes, live_requested);
+    EXPECT_EQ(s.reserved_bytes, memory->held());
+    EXPECT_EQ(s.reserved_bytes - s.cached_bytes, live_block_bytes);
+  }
+};
+
+TEST(DeviceAllocatorStreams, ABlockFreedOnOneStreamIsNotReusedOnAnother) {
+  KeyedDevice d;
+  for (const std::size_t n : {std::size_t{1000}, 3 * MiB}) {  // the small and the large pool
+    *d.key = kStreamA;
+    const Block a = d.alloc.allocate(n);
+    EXPECT_EQ(a.stream, kStreamA);
+    d.alloc.deallocate(a);
+    const std::size_t segments_before = d.memory->segments.size();
+    *d.key = kStreamB;
+    const Block b = d.alloc.allocate(n);
+    EXPECT_EQ(b.stream, kStreamB);
+    EXPECT_EQ(d.memory->segments.size(), segments_before + 1) << n << ": stream B got a segment of its own";
+    EXPECT_NE(d.memory->segment_of(b.ptr, b.class_bytes), d.memory->segment_of(a.ptr, a.class_bytes)) << n;
+    d.expect_consistent(n, b.class_bytes);
+    *d.key = kStreamA;
+    const Block again = d.alloc.allocate(n);
+    EXPECT_EQ(again.ptr, a.ptr) << n << ": stream A reuses its own freed block";
+    d.alloc.deallocate(again);
+    d.alloc.deallocate(b);
+    d.expect_consistent(0, 0);
+  }
+}
+
+// A block goes back to the cache of the stream it was allocated on, whichever stream is current when it
+// is freed.
+TEST(DeviceAllocatorStreams, ABlockReturnsToItsOwnStreamWhenFreedUnderAnother) {
+  KeyedDevice d;
+  *d.key = kStreamB;
+  const Block b = d.alloc.allocate(4096);
+  *d.key = kStreamA;
+  d.alloc.deallocate(b);
+  const Block a = d.alloc.allocate(4096);
+  EXPECT_EQ(d.memory->segments.size(), 2u);
+  EXPECT_NE(d.memory->segment_of(a.ptr, a.class_bytes), d.memory->segment_of(b.ptr, b.class_bytes));
+  *d.key = kStreamB;
+  const Block b2 = d.alloc.allocate(4096);
+  EXPECT_EQ(b2.ptr, b.ptr);
+  EXPECT_EQ(d.memory->segments.size(), 2u);
+  EXPECT_EQ(d.alloc.stats().cache_hits, 1u);  // b2 only: a and b each opened a segment
+  for (const Block& blk : {a, b2}) d.alloc.deallocate(blk);
+  d.expect_consistent(0, 0);
+  // A block whose recorded stream was altered is not one this allocator lent.
+  const Block c = d.alloc.allocate(512);
+  Block forged = c;
+  forged.stream = kStreamA;
+  EXPECT_THROW(d.alloc.deallocate(forged), Error);
+  d.alloc.deallocate(c);
+}
+
+// Random requests on three streams: every block lies in a segment opened for its own stream, live
+// blocks never overlap, and the accounting stays exact; empty_cache then releases every stream's segments.
+TEST(DeviceAllocatorStreams, EachStreamGetsItsOwnSegmentsAndEmptyCacheReleasesAll) {
+  KeyedDevice d;
+  const std::uintptr_t keys[] = {kStreamA, kStreamB, kStreamB + 0x100};
+  std::map<char*, std::uintptr_t> segment_stream;  // which stream opened each segment
+  std::mt19937_64 rng(5);
+  std::vector<Block> live;
+  std::size_t requested = 0, block_bytes = 0;
+  for (int op = 0; op < 1500; ++op) {
+    *d.key = keys[rng() % 3];
+    if (!live.empty() && rng() % 100 < 45) {
+      const std::size_t i = rng() % live.size();
+      requested -= live[i].nbytes;
+      block_bytes -= live[i].class_bytes;
+      d.alloc.deallocate(live[i]);  // under whatever stream is current now
+      live.erase(live.begin() + static_cast<long>(i));
+      continue;
+    }
+    const std::size_t n = rng() % 5 == 0 ? rng() % (5 * MiB) : 1 + rng() % (100 * KiB);
+    const std::size_t before = d.memory->allocations;
+    const Block b = d.alloc.allocate(n);
+    char* seg = d.memory->segment_of(b.ptr, b.class_bytes);
+    ASSERT_NE(seg, nullptr);
+    if (d.memory->allocations != before) segment_stream[seg] = *d.key;  // a fresh segment for this stream
+    ASSERT_EQ(segment_stream.count(seg), 1u);
+    ASSERT_EQ(segment_stream[seg], *d.key) << "op " << op << ": a block of another stream's segment";
+    EXPECT_EQ(b.stream, *d.key);
+    for (const Block& other : live) {
+      const char* p = static_cast<const char*>(b.ptr);
+      const char* q = static_cast<const char*>(other.ptr);
+      ASSERT_TRUE(p + b.class_bytes <= q || q + other.class_bytes <= p) << "op " << op << ": overlap";
+    }
+    live.push_back(b);
+    requested += n;
+    block_bytes += b.class_bytes;
+    if (op % 100 == 99) d.expect_consistent(requested, block_bytes);
+  }
+  std::set<std::uintptr_t> streams_with_segments;
+  for (const auto& [seg, key] : segment_stream) {
+    if (d.memory->segments.count(seg)) streams_with_segments.insert(key);
+  }
+  EXPECT_EQ(streams_with_segments.size(), 3u);
+  for (const Block& b : live) d.alloc.deallocate(b);
+  d.expect_consistent(0, 0);
+  *d.key = kStreamB;  // empty_cache releases the free segments of every stream, not only the current one
+  d.alloc.empty_cache();
+  EXPECT_TRUE(d.memory->segments.empty());
+  EXPECT_EQ(d.alloc.stats().reserved_bytes, 0u);
+  EXPECT_EQ(d.alloc.stats().cached_bytes, 0u);
+}
+
+// The out-of-memory retry may release another stream's free segments.
+TEST(DeviceAllocatorStreams, OutOfMemoryRetryReleasesOtherStreamsCache) {
+  KeyedDevice d;
+  d.memory->capacity = 8 * MiB;
+  *d.key = kStreamA;
+  d.alloc.deallocate(d.alloc.allocate(5 * MiB));  // a 6 MiB segment of stream A, all cached
+  *d.key = kStreamB;
+  const Block b = d.alloc.allocate(3 * MiB);  // 4 MiB: 6 + 4 > 8 fails, A's cache goes, then it fits
+  EXPECT_EQ(d.memory->failures, 1u);
+  EXPECT_EQ(d.memory->segments.size(), 1u);
+  d.expect_consistent(3 * MiB, 4 * MiB);
+  d.alloc.deallocate(b);
+}
+
+// The CPU's size-class cache honours the stream key too (a source may be keyed under either policy).
+TEST(DeviceAllocatorStreams, SizeClassCacheKeepsStreamsApart) {
+  KeyedDevice d;
+  Allocator alloc(Device::cpu(), std::make_unique<KeyedSource>(d.memory, d.key), CachePolicy::size_classes);
+  *d.key = kStreamB;
+  const Block b = alloc.allocate(1000);
+  alloc.deallocate(b);
+  *d.key = kStreamA;
+  const Block a = alloc.allocate(1000);
+  EXPECT_NE(a.ptr, b.ptr);
+  EXPECT_EQ(d.memory->segments.size(), 2u);
+  alloc.deallocate(a);
+  *d.key = kStreamB;
+  const Block b2 = alloc.allocate(1000);
+  EXPECT_EQ(b2.ptr, b.ptr);
+  alloc.deallocate(b2);
+  alloc.empty_cache();
+  EXPECT_TRUE(d.memory->segments.empty());
+}
+
+// The pool alone on several streams: invariants (including one stream per segment) after every step, and
+// every block taken for a stream lies in a segment added for that stream.
+TEST(SegmentPool, StreamsNeverShareASegment) {
+  detail::SegmentPool pool;
+  std::mt19937_64 rng(17);
+  struct Lent {
+    detail::CachedBlock block;
+    std::uintptr_t stream;
+  };
+  std::vector<Lent> lent;
+  std::map<char*, std::pair<std::size_t, std::uintptr_t>> segments;  // base -> (bytes, stream)
+  std::size_t next_base = 0x100000;
+  for (int op = 0; op < 2000; ++op) {
+    const std::uintptr_t stream = rng() % 3 * 0x1000;
+    if (!lent.empty() && rng() % 100 < 45) {
+      const std::size_t i = rng() % lent.size();
+      pool.give_back(lent[i].block.ptr, lent[i].block.bytes, lent[i].stream);
+      lent.erase(lent.begin() + static_cast<long>(i));
+    } else {
+      const std::size_t n = rng() % 4 == 0 ? rng() % (5 * MiB) : rng() % (200 * KiB);
+      detail::CachedBlock b = pool.take(n, stream);
+      if (b.ptr == nullptr) {
+        const std::size_t seg = pool.segment_bytes(n);
+        if (rng() % 2) next_base += 2 * MiB;
+        b = pool.add_segment(reinterpret_cast<void*>(next_base), seg, n, stream);
+        segments[reinterpret_cast<char*>(next_base)] = {seg, stream};
+        next_base += seg;
+      }
+      char* p = static_cast<char*>(b.ptr);
+      auto seg = segments.upper_bound(p);
+      ASSERT_NE(seg, segments.begin());
+      --seg;
+      ASSERT_LE(p + b.bytes, seg->first + seg->second.first);
+      ASSERT_EQ(seg->second.second, stream) << "op " << op << ": block of another stream's segment";
+      lent.push_back({b, stream});
+    }
+    if (op % 50 == 49) {
+      for (const detail::Segment& s : pool.release_free_segments()) segments.erase(static_cast<char*>(s.ptr));
+    }
+    ASSERT_NO_THROW(pool.check_invariants()) << "op " << op;
+  }
+  for (const Lent& l : lent) EXPECT_THROW(pool.give_back(l.block.ptr, l.block.bytes, l.stream + 1), Error);
+  for (const Lent& l : lent) pool.give_back(l.block.ptr, l.block.bytes, l.stream);
+  pool.release_free_segments();
+  EXPECT_EQ(pool.num_segments(), 0u);
+  pool.check_invariants();
 }
 
 // ---- the real cuda:0 allocator (skips without a device) ----

@@ -121,6 +121,7 @@ std::size_t Allocator::size_class(std::size_t nbytes) {
 Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
   MT_CHECK(nbytes <= kMaxRequest, "Allocator::allocate", "allocator({}): {} bytes requested, more than any device has",
            device_.str(), nbytes);
+  const std::uintptr_t stream = source_->stream_key();  // outside the lock: it may ask CUDA
   std::unique_lock lock(mutex_);
   if (budget_ && stats_.live_bytes + nbytes > *budget_) {
     const std::string msg = fmt::format(
@@ -129,7 +130,7 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
         report_locked());
     throw OutOfBudget(msg);
   }
-  detail::CachedBlock block = cache_->take(nbytes);
+  detail::CachedBlock block = cache_->take(nbytes, stream);
   if (block.ptr != nullptr) {
     stats_.cached_bytes -= block.bytes;
     ++stats_.cache_hits;
@@ -138,7 +139,7 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
     lock.unlock();  // the OS/driver call may be slow; accounting below happens under the lock again
     void* segment = allocate_segment(segment_bytes, nbytes, category);
     lock.lock();
-    block = cache_->add_segment(segment, segment_bytes, nbytes);
+    block = cache_->add_segment(segment, segment_bytes, nbytes, stream);
     stats_.reserved_bytes += segment_bytes;
     stats_.cached_bytes += segment_bytes - block.bytes;  // the segment's tail, if split off, is free cache
   }
@@ -152,7 +153,7 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
     stats_.peak_bytes = stats_.live_bytes;
     for (auto& c : stats_.by_category) c.at_total_peak = c.live_bytes;
   }
-  return Block{block.ptr, nbytes, block.bytes, category};
+  return Block{block.ptr, nbytes, block.bytes, category, stream};
 }
 
 void* Allocator::allocate_segment(std::size_t segment_bytes, std::size_t nbytes, MemoryCategory category) {
@@ -200,7 +201,7 @@ void* Allocator::allocate_segment(std::size_t segment_bytes, std::size_t nbytes,
 void Allocator::deallocate(const Block& block) {
   if (block.ptr == nullptr) return;
   std::lock_guard lock(mutex_);
-  cache_->give_back(block.ptr, block.class_bytes);  // throws on a foreign or double-freed block
+  cache_->give_back(block.ptr, block.class_bytes, block.stream);  // throws on a foreign or double-freed block
   auto& cs = stats_.by_category[static_cast<int>(block.category)];
   cs.live_bytes -= block.nbytes;
   --cs.live_blocks;

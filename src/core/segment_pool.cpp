@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <iterator>
+#include <tuple>
 
 namespace memtrain::detail {
 
@@ -24,12 +25,12 @@ std::size_t SegmentPool::segment_bytes(std::size_t nbytes) const {
   return small_request(rounded) ? kSmallSegment : round_up(rounded, kLargeRound);
 }
 
-CachedBlock SegmentPool::take(std::size_t nbytes) {
+CachedBlock SegmentPool::take(std::size_t nbytes, std::uintptr_t stream) {
   const std::size_t rounded = round_request(nbytes);
   FreeSet& free = free_set(small_request(rounded));
-  auto best = free.lower_bound({rounded, nullptr});
-  if (best == free.end()) return {};
-  char* ptr = best->second;
+  auto best = free.lower_bound({stream, rounded, nullptr});
+  if (best == free.end() || std::get<0>(*best) != stream) return {};  // nothing of this stream fits
+  char* ptr = std::get<2>(*best);
   free.erase(best);
   auto it = spans_.find(ptr);
   it->second.free = false;
@@ -37,13 +38,13 @@ CachedBlock SegmentPool::take(std::size_t nbytes) {
   return {ptr, it->second.bytes};
 }
 
-CachedBlock SegmentPool::add_segment(void* ptr, std::size_t bytes, std::size_t nbytes) {
+CachedBlock SegmentPool::add_segment(void* ptr, std::size_t bytes, std::size_t nbytes, std::uintptr_t stream) {
   MT_CHECK(bytes == segment_bytes(nbytes), "Allocator::allocate", "segment of {} bytes for a request of {}",
            bytes, nbytes);
   char* base = static_cast<char*>(ptr);
   segments_.emplace(base, bytes);
   const std::size_t rounded = round_request(nbytes);
-  auto it = spans_.emplace(base, Span{bytes, base, small_request(rounded), false}).first;
+  auto it = spans_.emplace(base, Span{bytes, base, small_request(rounded), false, stream}).first;
   split(it, rounded);
   return {ptr, it->second.bytes};
 }
@@ -57,33 +58,35 @@ void SegmentPool::split(Spans::iterator it, std::size_t bytes) {
   if (!worth) return;
   span.bytes = bytes;
   char* tail = it->first + bytes;
-  spans_.emplace_hint(std::next(it), tail, Span{remainder, span.segment, span.small, true});
-  free_set(span.small).insert({remainder, tail});
+  auto rest = spans_.emplace_hint(std::next(it), tail, Span{remainder, span.segment, span.small, true, span.stream});
+  free_set(span.small).insert(free_entry(*rest));
 }
 
-void SegmentPool::give_back(void* ptr, std::size_t bytes) {
+void SegmentPool::give_back(void* ptr, std::size_t bytes, std::uintptr_t stream) {
   auto it = spans_.find(static_cast<char*>(ptr));
   MT_CHECK(it != spans_.end() && !it->second.free && it->second.bytes == bytes, kWhere,
            "block {} of {} bytes was not lent by this allocator, or was already freed", fmt::ptr(ptr), bytes);
+  MT_CHECK(it->second.stream == stream, kWhere, "block {} was lent for stream {:#x}, returned for stream {:#x}",
+           fmt::ptr(ptr), it->second.stream, stream);
   it->second.free = true;
   FreeSet& free = free_set(it->second.small);
   // Blocks of one segment tile it, and segments never overlap, so the next/previous span in address order
   // that belongs to the same segment is the adjacent block.
   if (auto next = std::next(it); next != spans_.end() && next->second.free && next->second.segment == it->second.segment) {
-    free.erase({next->second.bytes, next->first});
+    free.erase(free_entry(*next));
     it->second.bytes += next->second.bytes;
     spans_.erase(next);
   }
   if (it != spans_.begin()) {
     auto prev = std::prev(it);
     if (prev->second.free && prev->second.segment == it->second.segment) {
-      free.erase({prev->second.bytes, prev->first});
+      free.erase(free_entry(*prev));
       prev->second.bytes += it->second.bytes;
       spans_.erase(it);
       it = prev;
     }
   }
-  free.insert({it->second.bytes, it->first});
+  free.insert(free_entry(*it));
 }
 
 std::vector<Segment> SegmentPool::release_free_segments() {
@@ -92,7 +95,7 @@ std::vector<Segment> SegmentPool::release_free_segments() {
     auto it = spans_.find(seg->first);
     // Coalescing makes an entirely free segment exactly one free block starting at its base.
     if (it->second.free && it->second.bytes == seg->second) {
-      free_set(it->second.small).erase({it->second.bytes, it->first});
+      free_set(it->second.small).erase(free_entry(*it));
       spans_.erase(it);
       out.push_back({seg->first, seg->second});
       seg = segments_.erase(seg);
@@ -125,8 +128,10 @@ void SegmentPool::check_invariants() const {
                fmt::ptr(base), covered);
       MT_CHECK(s.small == spans_.find(base)->second.small, where, "segment {}: blocks in two pools",
                fmt::ptr(base));
+      MT_CHECK(s.stream == spans_.find(base)->second.stream, where, "segment {}: blocks on two streams",
+               fmt::ptr(base));
       if (s.free) {
-        MT_CHECK(free_set(s.small).count({s.bytes, it->first}) == 1, where,
+        MT_CHECK(free_set(s.small).count(free_entry(*it)) == 1, where,
                  "segment {}: free block at offset {} missing from its free list", fmt::ptr(base), covered);
         ++(s.small ? small_free : large_free);
       }

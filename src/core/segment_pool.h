@@ -15,16 +15,22 @@
 //  - A freed block merges with the free blocks next to it in the same segment, so a segment whose blocks
 //    are all freed is one free block again, and release_free_segments() can hand it back.
 //
-// Stream-ordered reuse: memtrain enqueues all device work on the legacy default stream, so a block freed
-// on the host while kernels using it are still queued can be lent at once to later work: that work runs
-// after those kernels on the same stream. No events are needed; a second stream would need them.
+// Stream-ordered reuse (PyTorch's rule): a segment belongs to the stream that was current when it was
+// allocated, and a request is served only from segments of the current stream. Work on one stream runs
+// in enqueue order, so a block freed on the host while that stream's kernels may still use it can be lent
+// at once to later work on the same stream; it is never lent to another stream, which could run first.
+// A block comes back to its own stream's free list whichever stream is current when it is freed (using a
+// tensor on a second stream is the caller's to order; see include/memtrain/cuda/stream.h).
+// Releasing segments (empty_cache, the out-of-memory retry) ignores streams: cudaFree waits for the device.
 #pragma once
 
 #include "core/block_cache.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 namespace memtrain::detail {
@@ -41,16 +47,24 @@ class SegmentPool final : public BlockCache {
   // The block size a request gets before any unsplit remainder: nbytes rounded up to 512 (at least 512).
   static std::size_t round_request(std::size_t nbytes);
 
-  CachedBlock take(std::size_t nbytes) override;
+  CachedBlock take(std::size_t nbytes, std::uintptr_t stream) override;
   std::size_t segment_bytes(std::size_t nbytes) const override;
   std::size_t segment_alignment() const override { return kAlignment; }
-  CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t nbytes) override;
-  void give_back(void* ptr, std::size_t bytes) override;
+  CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t nbytes,
+                          std::uintptr_t stream) override;
+  void give_back(void* ptr, std::size_t bytes, std::uintptr_t stream) override;
   std::vector<Segment> release_free_segments() override;
+  // The same on the single stream 0 (tests of the pool alone).
+  CachedBlock take(std::size_t nbytes) { return take(nbytes, 0); }
+  CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t nbytes) {
+    return add_segment(ptr, segment_bytes, nbytes, 0);
+  }
+  void give_back(void* ptr, std::size_t bytes) { give_back(ptr, bytes, 0); }
 
   std::size_t num_segments() const { return segments_.size(); }
   // Walks every segment and throws memtrain::Error at the first inconsistency: blocks that do not tile
-  // their segment exactly, two free neighbours left unmerged, a free list out of step. For tests.
+  // their segment exactly, two free neighbours left unmerged, a free list out of step, blocks of one
+  // segment on two streams. For tests.
   void check_invariants() const;
 
  private:
@@ -59,9 +73,14 @@ class SegmentPool final : public BlockCache {
     char* segment = nullptr;  // base address of the segment this block lies in
     bool small = false;       // which pool the segment belongs to
     bool free = false;
+    std::uintptr_t stream = 0;  // the stream the segment belongs to
   };
   using Spans = std::map<char*, Span>;
-  using FreeSet = std::set<std::pair<std::size_t, char*>>;  // (bytes, address): best fit = lower_bound
+  // (stream, bytes, address): the best fit on a stream is lower_bound({stream, bytes, nullptr}).
+  using FreeSet = std::set<std::tuple<std::uintptr_t, std::size_t, char*>>;
+  static FreeSet::value_type free_entry(const Spans::value_type& block) {
+    return {block.second.stream, block.second.bytes, block.first};
+  }
 
   static bool small_request(std::size_t rounded) { return rounded <= kSmallRequest; }
   FreeSet& free_set(bool small) { return small ? small_free_ : large_free_; }

@@ -1,12 +1,14 @@
 // The CPU's cache policy: every request is rounded to its size class (Allocator::size_class) and gets a
 // segment of exactly that size; a freed block waits in a multimap keyed by size class and serves only a
-// later request of the same class. Nothing is split or merged: host memory is cheap to ask for, and the
-// byte counts other tests and benchmarks check stay what they were.
+// later request of the same class and stream key (always 0 on the CPU). Nothing is split or merged: host
+// memory is cheap to ask for, and the byte counts other tests and benchmarks check stay what they were.
 #include "core/block_cache.h"
 
 #include "memtrain/core/allocator.h"
 
+#include <cstdint>
 #include <map>
+#include <utility>
 
 namespace memtrain::detail {
 
@@ -14,9 +16,9 @@ namespace {
 
 class SizeClassCache final : public BlockCache {
  public:
-  CachedBlock take(std::size_t nbytes) override {
+  CachedBlock take(std::size_t nbytes, std::uintptr_t stream) override {
     const std::size_t cls = Allocator::size_class(nbytes);
-    auto it = free_.find(cls);
+    auto it = free_.find({stream, cls});
     if (it == free_.end()) return {};
     CachedBlock block{it->second, cls};
     free_.erase(it);
@@ -26,22 +28,24 @@ class SizeClassCache final : public BlockCache {
   std::size_t segment_bytes(std::size_t nbytes) const override { return Allocator::size_class(nbytes); }
   std::size_t segment_alignment() const override { return 64; }  // what HostMemorySource promises
 
-  CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t) override {
+  CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t, std::uintptr_t) override {
     return {ptr, segment_bytes};  // the whole segment is the block
   }
 
-  void give_back(void* ptr, std::size_t bytes) override { free_.emplace(bytes, ptr); }
+  void give_back(void* ptr, std::size_t bytes, std::uintptr_t stream) override {
+    free_.emplace(std::pair{stream, bytes}, ptr);
+  }
 
   std::vector<Segment> release_free_segments() override {
     std::vector<Segment> out;
     out.reserve(free_.size());
-    for (const auto& [bytes, ptr] : free_) out.push_back({ptr, bytes});
+    for (const auto& [key, ptr] : free_) out.push_back({ptr, key.second});
     free_.clear();
     return out;
   }
 
  private:
-  std::multimap<std::size_t, void*> free_;  // size class -> free block (= segment)
+  std::multimap<std::pair<std::uintptr_t, std::size_t>, void*> free_;  // (stream, size class) -> free block
 };
 
 }  // namespace

@@ -12,7 +12,9 @@
 namespace memtrain::cuda {
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream, as every memtrain kernel
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 constexpr std::size_t kAlign = 256;
 
 std::size_t align_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -61,10 +63,10 @@ void scale_and_apply(const char* op, float* param, float* exp_avg, std::size_t n
   float* u = at_offset<float>(workspace, l.u);
   float* scale = at_offset<float>(workspace, l.scale);
   MT_CUDA_CHECK(op, launch_adafactor_scale, u, n, at_offset<double>(workspace, l.sumsq), scale, h.lr,
-                h.clip_threshold, kStream);
+                h.clip_threshold, launch_stream());
   const auto decay = static_cast<float>(1.0 - h.weight_decay * h.lr);
   const auto b1 = static_cast<float>(h.beta1), one_minus_b1 = static_cast<float>(1.0 - h.beta1);
-  MT_CUDA_CHECK(op, launch_adafactor_apply, param, u, exp_avg, n, scale, decay, b1, one_minus_b1, kStream);
+  MT_CUDA_CHECK(op, launch_adafactor_apply, param, u, exp_avg, n, scale, decay, b1, one_minus_b1, launch_stream());
 }
 
 }  // namespace
@@ -90,9 +92,9 @@ void adafactor_factored_step(float* param, const float* grad, float* row, float*
   const Layout l = layout_for(n, batch, rows, cols);
   const double beta2t = beta2t_of(h);
   MT_CUDA_CHECK(op, launch_adafactor_factored_stats, grad, row, col, at_offset<double>(workspace, l.col_partial),
-                batch, rows, cols, beta2t, h.eps1, kStream);
+                batch, rows, cols, beta2t, h.eps1, launch_stream());
   MT_CUDA_CHECK(op, launch_adafactor_factored_update, grad, row, col, at_offset<double>(workspace, l.r_mean),
-                at_offset<float>(workspace, l.u), batch, rows, cols, kStream);
+                at_offset<float>(workspace, l.u), batch, rows, cols, launch_stream());
   scale_and_apply(op, param, exp_avg, n, h, workspace, l);
 }
 
@@ -107,7 +109,7 @@ void adafactor_vector_step(float* param, const float* grad, float* exp_avg_sq, f
   detail::DeviceGuard guard(device, op);
   const Layout l = layout_for(n, 0, 0, 0);
   MT_CUDA_CHECK(op, launch_adafactor_vector_update, grad, exp_avg_sq, at_offset<float>(workspace, l.u), n,
-                beta2t_of(h), h.eps1, kStream);
+                beta2t_of(h), h.eps1, launch_stream());
   scale_and_apply(op, param, exp_avg, n, h, workspace, l);
 }
 

@@ -21,7 +21,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;            // the legacy default stream (see cuda.h)
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 constexpr std::int64_t kMaxT = std::int64_t{1} << 30;  // in-head row indices are 32-bit in the kernels
 constexpr std::int64_t kMaxGrid = 2147483647;          // gridDim.x
 
@@ -42,7 +44,7 @@ bool use_tensor_cores(const char* op, DType dtype, std::int64_t D, int device) {
     MT_CHECK(has_tensor_cores(op, device), op,
              "dtype f16 needs a device of compute capability 8.0 or newer (cuda:{} is older); use bf16 or f32",
              device);
-    return true;
+    return attention_tc_head_dim_compiled(D);  // other head dims are refused by the entry points
   }
   return dtype == DType::bf16 && attention_tc_head_dim_compiled(D) &&
          g_kernels.load(std::memory_order_relaxed) == AttentionKernels::automatic && has_tensor_cores(op, device);
@@ -127,19 +129,20 @@ void attention_forward(void* out, const HeadLayout& lo, float* lse, const void* 
     if (dtype == DType::bf16) {
       using bf16 = __nv_bfloat16;
       MT_CUDA_CHECK(op, launch_attention_forward_tc<bf16>, out_ptr<bf16>(out), strides(lo), lse, in<bf16>(q),
-                    strides(lq), in<bf16>(k), strides(lk), in<bf16>(v), strides(lv), BH, H, T, d, s, causal, kStream);
+                    strides(lq), in<bf16>(k), strides(lk), in<bf16>(v), strides(lv), BH, H, T, d, s, causal,
+                    launch_stream());
     } else {
       MT_CUDA_CHECK(op, launch_attention_forward_tc<__half>, out_ptr<__half>(out), strides(lo), lse, in<__half>(q),
                     strides(lq), in<__half>(k), strides(lk), in<__half>(v), strides(lv), BH, H, T, d, s, causal,
-                    kStream);
+                    launch_stream());
     }
   } else if (dtype == DType::f32) {
     MT_CUDA_CHECK(op, launch_attention_forward_f32, out_ptr<float>(out), strides(lo), lse, in<float>(q), strides(lq),
-                  in<float>(k), strides(lk), in<float>(v), strides(lv), BH, H, T, d, s, causal, kStream);
+                  in<float>(k), strides(lk), in<float>(v), strides(lv), BH, H, T, d, s, causal, launch_stream());
   } else {
     MT_CUDA_CHECK(op, launch_attention_forward_bf16, out_ptr<__nv_bfloat16>(out), strides(lo), lse,
                   in<__nv_bfloat16>(q), strides(lq), in<__nv_bfloat16>(k), strides(lk), in<__nv_bfloat16>(v),
-                  strides(lv), BH, H, T, d, s, causal, kStream);
+                  strides(lv), BH, H, T, d, s, causal, launch_stream());
   }
 }
 
@@ -184,24 +187,24 @@ void attention_backward(void* dq, const HeadLayout& ldq, void* dk, const HeadLay
     MT_CUDA_CHECK(op, launch_attention_backward_tc<bf16>, out_ptr<bf16>(dq), strides(ldq), out_ptr<bf16>(dk),
                   strides(ldk), out_ptr<bf16>(dv), strides(ldv), in<bf16>(dout), strides(ldo), in<bf16>(q),
                   strides(lq), in<bf16>(k), strides(lk), in<bf16>(v), strides(lv), in<bf16>(out), strides(lo), lse,
-                  delta.data(), BH, H, T, d, s, causal, kStream);
+                  delta.data(), BH, H, T, d, s, causal, launch_stream());
   } else if (tc) {
     using f16 = __half;
     MT_CUDA_CHECK(op, launch_attention_backward_tc<f16>, out_ptr<f16>(dq), strides(ldq), out_ptr<f16>(dk),
                   strides(ldk), out_ptr<f16>(dv), strides(ldv), in<f16>(dout), strides(ldo), in<f16>(q), strides(lq),
                   in<f16>(k), strides(lk), in<f16>(v), strides(lv), in<f16>(out), strides(lo), lse, delta.data(), BH,
-                  H, T, d, s, causal, kStream);
+                  H, T, d, s, causal, launch_stream());
   } else if (dtype == DType::f32) {
     MT_CUDA_CHECK(op, launch_attention_backward_f32, out_ptr<float>(dq), strides(ldq), out_ptr<float>(dk),
                   strides(ldk), out_ptr<float>(dv), strides(ldv), in<float>(dout), strides(ldo), in<float>(q),
                   strides(lq), in<float>(k), strides(lk), in<float>(v), strides(lv), in<float>(out), strides(lo), lse,
-                  delta.data(), BH, H, T, d, s, causal, kStream);
+                  delta.data(), BH, H, T, d, s, causal, launch_stream());
   } else {
     using bf16 = __nv_bfloat16;
     MT_CUDA_CHECK(op, launch_attention_backward_bf16, out_ptr<bf16>(dq), strides(ldq), out_ptr<bf16>(dk),
                   strides(ldk), out_ptr<bf16>(dv), strides(ldv), in<bf16>(dout), strides(ldo), in<bf16>(q),
                   strides(lq), in<bf16>(k), strides(lk), in<bf16>(v), strides(lv), in<bf16>(out), strides(lo), lse,
-                  delta.data(), BH, H, T, d, s, causal, kStream);
+                  delta.data(), BH, H, T, d, s, causal, launch_stream());
   }
 }
 

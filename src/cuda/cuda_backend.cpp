@@ -1,8 +1,9 @@
 // CUDA backend, host side: device discovery, copies, and the dispatch from DType to the launchers in
 // kernels/elementwise.cuh. gemm lives in cuda_gemm.cpp, device memory in cuda_memory.cpp.
 //
-// Ordering: every kernel and cuBLAS call goes to the device's legacy default stream, so memtrain's work
-// on a device runs in call order; copies to the host (cudaMemcpy) and synchronize() wait for it.
+// Ordering: every kernel and cuBLAS call goes to the current stream of its device (the legacy default
+// stream unless a cuda::StreamGuard is active; include/memtrain/cuda/stream.h), so memtrain's work on one
+// stream runs in call order; copies (cudaMemcpy, on the legacy stream) and synchronize() wait for it.
 #include "memtrain/cuda/cuda.h"
 
 #include "cpu/convert.h"
@@ -22,7 +23,9 @@ using ::memtrain::detail::throw_error;
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see the top of this file)
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 struct Availability {
   int count = 0;       // usable devices; 0 when reason is set
@@ -180,6 +183,9 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
                                   ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                   : cudaMemcpyDeviceToHost;
   detail::DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index, op);
+  // cudaMemcpy goes to the legacy default stream, whatever stream is current. memtrain's streams are
+  // blocking ones, which the legacy stream waits for and which wait for it: the copy starts after all
+  // work enqueued before it on any of them, and work enqueued after it sees the copied bytes.
   MT_CUDA_CHECK(op, cudaMemcpy, dst, src, nbytes, kind);
 }
 
@@ -202,16 +208,18 @@ void fill(void* dst, DType dtype, std::size_t n, double value, int device) {
   detail::DeviceGuard guard(device, op);
   switch (dtype_size(dtype)) {
     case 1:
-      MT_CUDA_CHECK(op, launch_fill_u8, out<std::uint8_t>(dst), static_cast<std::uint8_t>(pattern), n, kStream);
+      MT_CUDA_CHECK(op, launch_fill_u8, out<std::uint8_t>(dst), static_cast<std::uint8_t>(pattern), n, launch_stream());
       break;
     case 2:
-      MT_CUDA_CHECK(op, launch_fill_u16, out<std::uint16_t>(dst), static_cast<std::uint16_t>(pattern), n, kStream);
+      MT_CUDA_CHECK(op, launch_fill_u16, out<std::uint16_t>(dst), static_cast<std::uint16_t>(pattern), n,
+                    launch_stream());
       break;
     case 4:
-      MT_CUDA_CHECK(op, launch_fill_u32, out<std::uint32_t>(dst), static_cast<std::uint32_t>(pattern), n, kStream);
+      MT_CUDA_CHECK(op, launch_fill_u32, out<std::uint32_t>(dst), static_cast<std::uint32_t>(pattern), n,
+                    launch_stream());
       break;
     case 8:
-      MT_CUDA_CHECK(op, launch_fill_u64, out<std::uint64_t>(dst), pattern, n, kStream);
+      MT_CUDA_CHECK(op, launch_fill_u64, out<std::uint64_t>(dst), pattern, n, launch_stream());
       break;
     default:
       throw_error(op, fmt::format("unexpected element size {} of {}", dtype_size(dtype), dtype_name(dtype)));
@@ -223,12 +231,12 @@ void add(const void* a, const void* b, void* c, DType dtype, std::size_t n, int 
   if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
   detail::DeviceGuard guard(device, op);
   if (dtype == DType::f32) {
-    MT_CUDA_CHECK(op, launch_add_f32, in<float>(a), in<float>(b), out<float>(c), n, kStream);
+    MT_CUDA_CHECK(op, launch_add_f32, in<float>(a), in<float>(b), out<float>(c), n, launch_stream());
   } else if (dtype == DType::f16) {
-    MT_CUDA_CHECK(op, launch_add_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, kStream);
+    MT_CUDA_CHECK(op, launch_add_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, launch_stream());
   } else {
     MT_CUDA_CHECK(op, launch_add_bf16, in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n,
-                  kStream);
+                  launch_stream());
   }
 }
 
@@ -237,12 +245,12 @@ void mul(const void* a, const void* b, void* c, DType dtype, std::size_t n, int 
   if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
   detail::DeviceGuard guard(device, op);
   if (dtype == DType::f32) {
-    MT_CUDA_CHECK(op, launch_mul_f32, in<float>(a), in<float>(b), out<float>(c), n, kStream);
+    MT_CUDA_CHECK(op, launch_mul_f32, in<float>(a), in<float>(b), out<float>(c), n, launch_stream());
   } else if (dtype == DType::f16) {
-    MT_CUDA_CHECK(op, launch_mul_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, kStream);
+    MT_CUDA_CHECK(op, launch_mul_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, launch_stream());
   } else {
     MT_CUDA_CHECK(op, launch_mul_bf16, in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n,
-                  kStream);
+                  launch_stream());
   }
 }
 

@@ -2,6 +2,7 @@
 // a scoped current-device switch, and the check every entry point makes before touching a device.
 #pragma once
 
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 
 #include <cublas_api.h>
@@ -18,6 +19,15 @@ void check_cublas(cublasStatus_t status, const char* where, const char* fn);
 // is usable, unavailable_reason().
 void require_device(const char* where, int device);
 
+// The calling thread's current stream on `device` (include/memtrain/cuda/stream.h): nullptr, the legacy
+// default stream, unless a StreamGuard is active. Every launch and library call goes to it.
+cudaStream_t current_stream(int device);
+// The current stream of the current device: what entry points use under their DeviceGuard. Costs a
+// cudaGetDevice only when some StreamGuard is active on this thread.
+cudaStream_t current_stream();
+// Sets the calling thread's current stream on `device` and returns the previous one (for StreamGuard).
+cudaStream_t exchange_current_stream(int device, cudaStream_t stream);
+
 // Registers the CUDA MemorySource with the allocator (idempotent; see cuda_memory.cpp).
 void ensure_memory_source_registered();
 
@@ -32,6 +42,24 @@ class DeviceGuard {
  private:
   int previous_ = -1;
   int device_ = -1;
+};
+
+// Device bytes for one call, allocated while the call's stream is current and returned at scope exit
+// (after the call's work is enqueued). Stream-ordered reuse in the allocator keeps the block from other
+// streams' work until then, so a call on a non-default stream uses this instead of a buffer shared by
+// every call on the device (two streams could otherwise use one buffer at the same time).
+class CallScratch {
+ public:
+  CallScratch(int device, std::size_t bytes)
+      : device_(device), block_(Allocator::get(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace)) {}
+  ~CallScratch() { Allocator::get(Device::cuda(device_)).deallocate(block_); }
+  CallScratch(const CallScratch&) = delete;
+  CallScratch& operator=(const CallScratch&) = delete;
+  void* get() const { return block_.ptr; }
+
+ private:
+  int device_;
+  Block block_;
 };
 
 }  // namespace memtrain::cuda::detail

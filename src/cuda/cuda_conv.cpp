@@ -37,7 +37,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 constexpr std::int64_t kFallbackBytes = std::int64_t{256} << 20;
 
 template <typename T>
@@ -84,7 +86,7 @@ void check_shape(const char* op, DType dtype, const Conv2dShape& s) {
   MT_CHECK(s.Cin % s.groups == 0 && s.Cout % s.groups == 0, op, "Cin={} and Cout={} must divide by groups={}", s.Cin,
            s.Cout, s.groups);
   MT_CHECK(s.OH == (s.H + 2 * s.padding - s.KH) / s.stride + 1 && s.OW == (s.W + 2 * s.padding - s.KW) / s.stride + 1 &&
-               s.OH >= 1 && s.OW >= 1,
+               s.OH >= 1 && s.OW >= 1 && s.H + 2 * s.padding >= s.KH && s.W + 2 * s.padding >= s.KW,
            op, "output {}x{} does not match input {}x{}, kernel {}x{}, stride {}, padding {}", s.OH, s.OW, s.H, s.W,
            s.KH, s.KW, s.stride, s.padding);
   const std::int64_t L = s.OH * s.OW, K = s.Cin * s.KH * s.KW;
@@ -118,7 +120,7 @@ const float* weight_f32(const T* w, std::int64_t n, Scratch& keep, const char* o
   if constexpr (std::is_same_v<T, float>) {
     return w;
   } else {
-    MT_CUDA_CHECK(op, launch_conv_widen<T>, keep.f32(), w, n, kStream);
+    MT_CUDA_CHECK(op, launch_conv_widen<T>, keep.f32(), w, n, launch_stream());
     return keep.f32();
   }
 }
@@ -134,12 +136,13 @@ void im2col_forward(T* out, const T* x, const T* w, const T* bias, const Conv2dS
   Scratch col(device, static_cast<std::size_t>(K * nb * L) * 4), y(device, static_cast<std::size_t>(s.Cout * nb * L) * 4);
   for (std::int64_t b0 = 0; b0 < s.B; b0 += nb) {
     const std::int64_t n = std::min(nb, s.B - b0), cols = n * L;
-    MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.f32(), x + b0 * s.Cin * s.H * s.W, n, g, kStream);
+    MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.f32(), x + b0 * s.Cin * s.H * s.W, n, g, launch_stream());
     for (std::int64_t gr = 0; gr < s.groups; ++gr) {
       gemm(DType::f32, false, false, Cg, cols, Kg, 1.0f, w32 + gr * Cg * Kg, Kg, col.f32() + gr * Kg * cols, cols,
            0.0f, y.f32() + gr * Cg * cols, cols, device);
     }
-    MT_CUDA_CHECK(op, launch_conv_from_channel_major<T>, out + b0 * s.Cout * L, y.f32(), bias, n, s.Cout, L, kStream);
+    MT_CUDA_CHECK(op, launch_conv_from_channel_major<T>, out + b0 * s.Cout * L, y.f32(), bias, n, s.Cout, L,
+                  launch_stream());
   }
 }
 
@@ -165,9 +168,9 @@ void im2col_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const 
   Scratch col(device, static_cast<std::size_t>(K * nb * L) * 4), dy(device, static_cast<std::size_t>(s.Cout * nb * L) * 4);
   for (std::int64_t b0 = 0; b0 < s.B; b0 += nb) {
     const std::int64_t n = std::min(nb, s.B - b0), cols = n * L;
-    MT_CUDA_CHECK(op, launch_conv_to_channel_major<T>, dy.f32(), dout + b0 * s.Cout * L, n, s.Cout, L, kStream);
+    MT_CUDA_CHECK(op, launch_conv_to_channel_major<T>, dy.f32(), dout + b0 * s.Cout * L, n, s.Cout, L, launch_stream());
     if (dw32 != nullptr) {
-      MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.f32(), x + b0 * s.Cin * s.H * s.W, n, g, kStream);
+      MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.f32(), x + b0 * s.Cin * s.H * s.W, n, g, launch_stream());
       for (std::int64_t gr = 0; gr < s.groups; ++gr) {
         gemm(DType::f32, false, true, Cg, Kg, cols, 1.0f, dy.f32() + gr * Cg * cols, cols, col.f32() + gr * Kg * cols,
              cols, b0 == 0 ? 0.0f : 1.0f, dw32 + gr * Cg * Kg, Kg, device);
@@ -178,11 +181,11 @@ void im2col_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const 
         gemm(DType::f32, true, false, Kg, cols, Cg, 1.0f, w32 + gr * Cg * Kg, Kg, dy.f32() + gr * Cg * cols, cols,
              0.0f, col.f32() + gr * Kg * cols, cols, device);
       }
-      MT_CUDA_CHECK(op, launch_conv_col2im<T>, dx + b0 * s.Cin * s.H * s.W, col.f32(), n, g, kStream);
+      MT_CUDA_CHECK(op, launch_conv_col2im<T>, dx + b0 * s.Cin * s.H * s.W, col.f32(), n, g, launch_stream());
     }
   }
   if constexpr (!kF32) {
-    if (dw != nullptr) MT_CUDA_CHECK(op, launch_conv_narrow<T>, dw, dw32, s.Cout * Kg, kStream);
+    if (dw != nullptr) MT_CUDA_CHECK(op, launch_conv_narrow<T>, dw, dw32, s.Cout * Kg, launch_stream());
   }
 }
 
@@ -197,7 +200,8 @@ void check_cudnn(cudnnStatus_t status, const char* where, const char* fn) {
 #define MT_CUDNN_CHECK(where, fn, ...) check_cudnn(fn(__VA_ARGS__), (where), #fn)
 
 // One handle per device, created on first use with `device` current, never destroyed (as cuda_gemm.cpp's
-// cuBLAS handles). Its stream stays the legacy default stream.
+// cuBLAS handles). Each lookup points it at the current stream, where the caller's cuDNN call then goes.
+// Like the rest of the backend, one device's handle is not meant for two host threads at once.
 cudnnHandle_t handle_for(int device, const char* op) {
   static std::mutex mutex;
   static std::vector<cudnnHandle_t> handles;
@@ -205,6 +209,7 @@ cudnnHandle_t handle_for(int device, const char* op) {
   if (handles.empty()) handles.resize(static_cast<std::size_t>(device_count()), nullptr);
   cudnnHandle_t& h = handles.at(static_cast<std::size_t>(device));
   if (h == nullptr) MT_CUDNN_CHECK(op, cudnnCreate, &h);
+  MT_CUDNN_CHECK(op, cudnnSetStream, h, launch_stream());
   return h;
 }
 
@@ -404,7 +409,9 @@ void conv2d_forward(void* out, const void* x, const void* weight, const void* bi
     if (!done) {
       im2col_forward<T>(static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(weight), b, s, device);
     } else if (b != nullptr) {
-      MT_CUDA_CHECK(op, launch_conv_bias_add<T>, static_cast<T*>(out), b, s.B, s.Cout, s.OH * s.OW, kStream);
+      // cuDNN's bf16 output is already rounded, so bf16 with a bias rounds twice (<= 1 bf16 ulp from the CPU,
+      // which rounds once; inside the bf16 tolerance). f32 is unaffected.
+      MT_CUDA_CHECK(op, launch_conv_bias_add<T>, static_cast<T*>(out), b, s.B, s.Cout, s.OH * s.OW, launch_stream());
     }
   });
 }
@@ -447,7 +454,7 @@ void conv2d_backward(void* dx, void* dweight, void* dbias, const void* dout, con
     }
     if (dbias != nullptr) {
       MT_CUDA_CHECK(op, launch_conv_bias_grad<T>, static_cast<T*>(dbias), static_cast<const T*>(dout), s.B, s.Cout,
-                    s.OH * s.OW, kStream);
+                    s.OH * s.OW, launch_stream());
     }
   });
 }

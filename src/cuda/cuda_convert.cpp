@@ -21,7 +21,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see cuda.h)
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 std::optional<FloatFormat> float_format(DType t) {
   switch (t) {
@@ -76,7 +78,7 @@ void quantize_impl(const char* op, const void* src, DType src_dtype, float scale
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_quantize_fp8, src, *float_format(src_dtype), scale, scale_ptr,
-                static_cast<std::uint8_t*>(dst), dst_dtype == DType::f8_e4m3, n, amax_out, kStream);
+                static_cast<std::uint8_t*>(dst), dst_dtype == DType::f8_e4m3, n, amax_out, launch_stream());
 }
 
 void dequantize_impl(const char* op, const void* src, DType src_dtype, float inv_scale, const float* inv_scale_ptr,
@@ -86,13 +88,13 @@ void dequantize_impl(const char* op, const void* src, DType src_dtype, float inv
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_dequantize_fp8, static_cast<const std::uint8_t*>(src), src_dtype == DType::f8_e4m3,
-                inv_scale, inv_scale_ptr, dst, *float_format(dst_dtype), n, kStream);
+                inv_scale, inv_scale_ptr, dst, *float_format(dst_dtype), n, launch_stream());
 }
 
 // Scratch for sum's per-block partials: one buffer per device, allocated on first use (category workspace,
 // so it shows in the memory report) and kept for the process, like gemm's cuBLAS workspace. The lock is
-// held while both kernels of a sum are enqueued: all work goes to the device's one legacy stream, so a
-// later sum's kernels run only after this one's have finished with the scratch.
+// held while both kernels of a sum are enqueued: sums on the legacy stream run in order, so a later
+// sum's kernels run only after this one's have finished with the scratch (other streams: see sum()).
 std::mutex sum_mutex;
 
 double* sum_scratch(int device) {
@@ -123,7 +125,7 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::siz
            dtype_name(src_dtype), dtype_name(dst_dtype));
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  MT_CUDA_CHECK(op, launch_cast, src, *from, dst, *to, n, kStream);
+  MT_CUDA_CHECK(op, launch_cast, src, *from, dst, *to, n, launch_stream());
 }
 
 void quantize_fp8(const void* src, DType src_dtype, float scale, void* dst, DType dst_dtype, std::size_t n,
@@ -161,7 +163,8 @@ void quantize_fp8_blockwise(const void* src, DType src_dtype, void* dst, DType d
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_quantize_fp8_blockwise, src, *float_format(src_dtype), static_cast<std::uint8_t*>(dst),
-                dst_dtype == DType::f8_e4m3, inv_scales, rows, cols, static_cast<int>(fp8_tile_rows(tiling)), kStream);
+                dst_dtype == DType::f8_e4m3, inv_scales, rows, cols, static_cast<int>(fp8_tile_rows(tiling)),
+                launch_stream());
 }
 
 void dequantize_fp8_blockwise(const void* src, DType src_dtype, const float* inv_scales, void* dst, DType dst_dtype,
@@ -176,7 +179,7 @@ void dequantize_fp8_blockwise(const void* src, DType src_dtype, const float* inv
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_dequantize_fp8_blockwise, static_cast<const std::uint8_t*>(src),
                 src_dtype == DType::f8_e4m3, inv_scales, dst, *float_format(dst_dtype), rows, cols,
-                static_cast<int>(fp8_tile_rows(tiling)), kStream);
+                static_cast<int>(fp8_tile_rows(tiling)), launch_stream());
 }
 
 void amax(const void* src, DType dtype, std::size_t n, float* out, int device) {
@@ -185,7 +188,7 @@ void amax(const void* src, DType dtype, std::size_t n, float* out, int device) {
   MT_CHECK(out != nullptr && (n == 0 || src != nullptr), op, "null pointer for {} elements", n);
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  MT_CUDA_CHECK(op, launch_amax, src, *float_format(dtype), n, out, kStream);
+  MT_CUDA_CHECK(op, launch_amax, src, *float_format(dtype), n, out, launch_stream());
 }
 
 void sum(const void* src, DType dtype, std::size_t n, float* out, int device) {
@@ -194,9 +197,19 @@ void sum(const void* src, DType dtype, std::size_t n, float* out, int device) {
   MT_CHECK(out != nullptr && (n == 0 || src != nullptr), op, "null pointer for {} elements", n);
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  std::lock_guard lock(sum_mutex);
-  double* partials = n == 0 ? nullptr : sum_scratch(device);
-  MT_CUDA_CHECK(op, launch_sum, src, *float_format(dtype), n, partials, out, kStream);
+  // The persistent scratch serves the legacy stream, whose sums run in order; a sum on another stream
+  // gets its own, so two streams never share one.
+  std::unique_lock lock(sum_mutex, std::defer_lock);
+  std::optional<detail::CallScratch> own;
+  double* partials = nullptr;
+  if (n != 0 && launch_stream() == nullptr) {
+    lock.lock();
+    partials = sum_scratch(device);
+  } else if (n != 0) {
+    own.emplace(device, kSumMaxBlocks * sizeof(double));
+    partials = static_cast<double*>(own->get());
+  }
+  MT_CUDA_CHECK(op, launch_sum, src, *float_format(dtype), n, partials, out, launch_stream());
 }
 
 void sum_rows(const void* src, DType dtype, std::int64_t rows, std::int64_t cols, float* out, int device) {
@@ -207,7 +220,7 @@ void sum_rows(const void* src, DType dtype, std::int64_t rows, std::int64_t cols
   MT_CHECK(out != nullptr && (cols == 0 || src != nullptr), op, "null pointer for a ({}, {}) input", rows, cols);
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  MT_CUDA_CHECK(op, launch_sum_rows, src, *float_format(dtype), rows, cols, out, kStream);
+  MT_CUDA_CHECK(op, launch_sum_rows, src, *float_format(dtype), rows, cols, out, launch_stream());
 }
 
 }  // namespace memtrain::cuda

@@ -22,7 +22,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see cuda.h)
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 template <int K>
 struct Dim {
@@ -220,7 +222,7 @@ void elementwise_unary(UnaryOp op, void* out, const void* x, const std::int64_t*
   const Operands<1> ops{{static_cast<const char*>(x)}, {x_strides}, {es}, es};
   run<1>(kOp, out, ops, shape, ndim, device,
          [&](char* o, std::array<const char*, 1> in, const ElementwiseLayout<1>& layout, std::uint64_t n) {
-           return launch_elementwise_unary(kop, format, o, in[0], layout, n, p0, p1, kStream);
+           return launch_elementwise_unary(kop, format, o, in[0], layout, n, p0, p1, launch_stream());
          });
 }
 
@@ -235,7 +237,7 @@ void elementwise_binary(BinaryOp op, void* out, const void* a, const std::int64_
                         es};
   run<2>(kOp, out, ops, shape, ndim, device,
          [&](char* o, std::array<const char*, 2> in, const ElementwiseLayout<2>& layout, std::uint64_t n) {
-           return launch_elementwise_binary(kop, format, o, in[0], in[1], layout, n, p0, p1, kStream);
+           return launch_elementwise_binary(kop, format, o, in[0], in[1], layout, n, p0, p1, launch_stream());
          });
 }
 
@@ -252,7 +254,7 @@ void where(void* out, const void* cond, const std::int64_t* cond_strides, const 
   run<3>(kOp, out, ops, shape, ndim, device,
          [&](char* o, std::array<const char*, 3> in, const ElementwiseLayout<3>& layout, std::uint64_t n) {
            return launch_elementwise_where(o, reinterpret_cast<const std::uint8_t*>(in[0]), in[1], in[2], layout, n,
-                                           elem_size, kStream);
+                                           elem_size, launch_stream());
          });
 }
 
@@ -267,7 +269,7 @@ void compare_scalar(CompareOp op, void* out, const void* x, const std::int64_t* 
   run<1>(kOp, out, ops, shape, ndim, device,
          [&](char* o, std::array<const char*, 1> in, const ElementwiseLayout<1>& layout, std::uint64_t n) {
            return launch_elementwise_compare_scalar(kop, type, reinterpret_cast<std::uint8_t*>(o), in[0], layout, n,
-                                                    s, kStream);
+                                                    s, launch_stream());
          });
 }
 
@@ -280,7 +282,8 @@ void eq(void* out, const void* a, const std::int64_t* a_strides, const void* b, 
                         1};
   run<2>(kOp, out, ops, shape, ndim, device,
          [&](char* o, std::array<const char*, 2> in, const ElementwiseLayout<2>& layout, std::uint64_t n) {
-           return launch_elementwise_eq(type, reinterpret_cast<std::uint8_t*>(o), in[0], in[1], layout, n, kStream);
+           return launch_elementwise_eq(type, reinterpret_cast<std::uint8_t*>(o), in[0], in[1], layout, n,
+                                        launch_stream());
          });
 }
 

@@ -22,7 +22,9 @@
 namespace memtrain::cuda {
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 const char* cusolver_status_name(cusolverStatus_t s) {
   switch (s) {
@@ -48,7 +50,8 @@ void check_cusolver(cusolverStatus_t status, const char* where, const char* fn) 
 
 #define MT_CUSOLVER_CHECK(where, fn, ...) check_cusolver(fn(__VA_ARGS__), (where), #fn)
 
-// Call with `device` current. Never destroyed (see cuda_gemm.cpp's handles).
+// Call with `device` current. Never destroyed (see cuda_gemm.cpp's handles). Each lookup points the handle
+// at the current stream, where the caller's cuSOLVER calls then go.
 cusolverDnHandle_t solver_for(const char* op, int device) {
   static std::mutex mutex;
   static std::vector<cusolverDnHandle_t> handles;
@@ -59,12 +62,9 @@ cusolverDnHandle_t solver_for(const char* op, int device) {
   if (h == nullptr) {
     cusolverDnHandle_t created = nullptr;
     MT_CUSOLVER_CHECK(op, cusolverDnCreate, &created);
-    if (cusolverStatus_t s = cusolverDnSetStream(created, kStream); s != CUSOLVER_STATUS_SUCCESS) {
-      cusolverDnDestroy(created);
-      check_cusolver(s, op, "cusolverDnSetStream");
-    }
     h = created;
   }
+  MT_CUSOLVER_CHECK(op, cusolverDnSetStream, h, launch_stream());
   return h;
 }
 
@@ -87,7 +87,8 @@ class Scratch {
   Block block_;
 };
 
-// Waits for the device and throws unless every info flag is 0.
+// Waits for the device and throws unless every info flag is 0. cudaMemcpy runs on the legacy stream,
+// which waits for the solver's work on any (blocking) memtrain stream.
 void check_info(const char* op, const int* dev_info, int count, const char* const* calls) {
   int host[2] = {0, 0};
   MT_CUDA_CHECK(op, cudaMemcpy, host, dev_info, static_cast<std::size_t>(count) * sizeof(int),
@@ -159,7 +160,8 @@ void top_singular_vectors(const float* a, std::int64_t rows, std::int64_t cols, 
   Scratch uu(device, fbytes(rows * mn));
   Scratch vv(device, fbytes(cols * mn));
   Scratch info(device, sizeof(int));
-  MT_CUDA_CHECK(op, cudaMemcpyAsync, a_copy.get<float>(), a, fbytes(rows * cols), cudaMemcpyDeviceToDevice, kStream);
+  MT_CUDA_CHECK(op, cudaMemcpyAsync, a_copy.get<float>(), a, fbytes(rows * cols), cudaMemcpyDeviceToDevice,
+                launch_stream());
   GesvdjParams params(op);  // defaults: tolerance at machine precision, 100 sweeps, sorted descending
   int lwork = 0;
   MT_CUSOLVER_CHECK(op, cusolverDnSgesvdj_bufferSize, h, CUSOLVER_EIG_MODE_VECTOR, /*econ=*/1, m, n,
@@ -173,9 +175,11 @@ void top_singular_vectors(const float* a, std::int64_t rows, std::int64_t cols, 
   const char* const calls[] = {"cusolverDnSgesvdj"};
   check_info(op, info.get<int>(), 1, calls);
   // Column-major with leading dimensions rows / cols: the first r columns are contiguous.
-  MT_CUDA_CHECK(op, cudaMemcpyAsync, u, uu.get<float>(), fbytes(rows * r), cudaMemcpyDeviceToDevice, kStream);
-  if (v != nullptr)
-    MT_CUDA_CHECK(op, cudaMemcpyAsync, v, vv.get<float>(), fbytes(cols * r), cudaMemcpyDeviceToDevice, kStream);
+  MT_CUDA_CHECK(op, cudaMemcpyAsync, u, uu.get<float>(), fbytes(rows * r), cudaMemcpyDeviceToDevice, launch_stream());
+  if (v != nullptr) {
+    MT_CUDA_CHECK(op, cudaMemcpyAsync, v, vv.get<float>(), fbytes(cols * r), cudaMemcpyDeviceToDevice,
+                  launch_stream());
+  }
 }
 
 void transpose(const float* src, std::int64_t rows, std::int64_t cols, float* dst, int device) {
@@ -186,7 +190,7 @@ void transpose(const float* src, std::int64_t rows, std::int64_t cols, float* ds
            "needs distinct non-null buffers (not in place) for a {} x {} matrix", rows, cols);
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  MT_CUDA_CHECK(op, launch_transpose_f32, src, rows, cols, dst, kStream);
+  MT_CUDA_CHECK(op, launch_transpose_f32, src, rows, cols, dst, launch_stream());
 }
 
 }  // namespace memtrain::cuda

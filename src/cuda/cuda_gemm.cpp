@@ -1,4 +1,5 @@
-// Row-major gemm through cuBLAS (cublasGemmEx, f32 accumulation), one cuBLAS handle per device.
+// Row-major gemm through cuBLAS (cublasGemmEx, f32 accumulation), one cuBLAS handle per device,
+// enqueued on the current stream of the device (include/memtrain/cuda/stream.h).
 //
 // Row-major <-> column-major: a row-major [r, c] matrix with row stride ld is, to cuBLAS, the
 // column-major [c, r] matrix with leading dimension ld, i.e. its transpose. So row-major
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <climits>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace memtrain::cuda {
@@ -30,16 +32,26 @@ std::size_t workspace_bytes(int device) {
   return major >= 9 ? (std::size_t{32} << 20) : (std::size_t{4} << 20);
 }
 
-// Created on first use with `device` current. Handles and their workspaces are never destroyed: at
-// process exit cuBLAS and the CUDA runtime may already be torn down, and the driver frees everything.
-cublasHandle_t handle_for(int device) {
+// One handle per device with its workspace; created on first use with `device` current. Handles and
+// workspaces are never destroyed: at process exit cuBLAS and the CUDA runtime may already be torn down,
+// and the driver frees everything.
+struct HandleState {
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+// Held from looking the handle up until its gemm is enqueued: the handle is shared by every thread and
+// stream of its device, and its stream and workspace are set for each call.
+std::mutex handle_mutex;
+
+// Call with handle_mutex held and `device` current.
+const HandleState& handle_for(int device) {
   constexpr const char* op = "cuda::gemm";
-  static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;
-  std::lock_guard lock(mutex);
-  if (handles.empty()) handles.resize(static_cast<std::size_t>(device_count()), nullptr);
-  cublasHandle_t& h = handles.at(static_cast<std::size_t>(device));
-  if (h != nullptr) return h;
+  static std::vector<HandleState> handles;
+  if (handles.empty()) handles.resize(static_cast<std::size_t>(device_count()));
+  HandleState& h = handles.at(static_cast<std::size_t>(device));
+  if (h.handle != nullptr) return h;
   cublasHandle_t created = nullptr;
   MT_CUBLAS_CHECK(op, cublasCreate, &created);
   try {
@@ -48,12 +60,11 @@ cublasHandle_t handle_for(int device) {
                     static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     const std::size_t bytes = workspace_bytes(device);
     const Block ws = Allocator::get(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace);
-    MT_CUBLAS_CHECK(op, cublasSetWorkspace, created, ws.ptr, bytes);
+    h = HandleState{created, ws.ptr, bytes};
   } catch (...) {
     cublasDestroy(created);
     throw;
   }
-  h = created;
   return h;
 }
 
@@ -83,7 +94,21 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
            k);
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  const cublasHandle_t handle = handle_for(device);
+  const cudaStream_t stream = detail::current_stream(device);
+  std::lock_guard lock(handle_mutex);
+  const HandleState& h = handle_for(device);
+  const cublasHandle_t handle = h.handle;
+  MT_CUBLAS_CHECK(op, cublasSetStream, handle, stream);
+  // cublasSetStream resets the workspace to cuBLAS's own pool; point it at ours again. The device's
+  // workspace serves the legacy stream (its gemms run in order); a gemm on another stream gets its own
+  // for the call, so two streams never share one.
+  std::optional<detail::CallScratch> own;
+  void* workspace = h.workspace;
+  if (stream != nullptr) {
+    own.emplace(device, h.workspace_bytes);
+    workspace = own->get();
+  }
+  MT_CUBLAS_CHECK(op, cublasSetWorkspace, handle, workspace, h.workspace_bytes);
   const cudaDataType_t type = cuda_type(dtype);
   MT_CUBLAS_CHECK(op, cublasGemmEx, handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type,

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,9 @@ namespace memtrain::cuda {
 namespace {
 
 constexpr const char* kOp = "cuda::gemm_lt";
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream, like every memtrain CUDA call
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 bool is_f8(DType t) { return t == DType::f8_e4m3 || t == DType::f8_e5m2; }
 bool has_bias(GemmEpilogue e) { return e == GemmEpilogue::bias || e == GemmEpilogue::bias_gelu; }
@@ -184,8 +187,8 @@ const DeviceState& state_for(int device) {
   MT_CUDA_CHECK(kOp, cudaDeviceGetAttribute, &major, cudaDevAttrComputeCapabilityMajor, device);
   MT_CUDA_CHECK(kOp, cudaDeviceGetAttribute, &minor, cudaDevAttrComputeCapabilityMinor, device);
   const std::size_t bytes = workspace_bytes(device);
-  // The workspace is shared by every gemm_lt on this device: safe because they all run in order on the
-  // legacy default stream.
+  // The workspace is shared by every gemm_lt on the legacy default stream of this device: safe because
+  // they run in order there (other streams get their own per call).
   const Block ws = Allocator::get(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace);
   cublasLtHandle_t created = nullptr;
   try {
@@ -365,8 +368,17 @@ void gemm_lt(const GemmLtArgs& g, const void* a, const void* b, void* c, int dev
     cache.emplace(key, choice);
   }
 
+  // The device's workspace serves the legacy stream, whose matmuls run in order; a matmul on another
+  // stream gets its own for the call, so two streams never share one.
+  const cudaStream_t stream = launch_stream();
+  std::optional<detail::CallScratch> own;
+  void* workspace = st.workspace;
+  if (stream != nullptr && choice.workspace > 0) {
+    own.emplace(device, choice.workspace);
+    workspace = own->get();
+  }
   MT_CUBLAS_CHECK(kOp, cublasLtMatmul, st.handle, desc.d, &g.alpha, b, lt_a.l, a, lt_b.l, &g.beta, c, lt_c.l, c,
-                  lt_c.l, &choice.algo, st.workspace, choice.workspace, kStream);
+                  lt_c.l, &choice.algo, workspace, choice.workspace, stream);
 }
 
 std::vector<float> time_reps_ms(int device, int reps, const std::function<void(int)>& work) {
@@ -383,10 +395,10 @@ std::vector<float> time_reps_ms(int device, int reps, const std::function<void(i
   std::vector<float> ms(static_cast<std::size_t>(reps));
   try {
     for (cudaEvent_t& e : events) MT_CUDA_CHECK(op, cudaEventCreate, &e);
-    MT_CUDA_CHECK(op, cudaEventRecord, events[0], kStream);
+    MT_CUDA_CHECK(op, cudaEventRecord, events[0], launch_stream());
     for (int i = 0; i < reps; ++i) {
       work(i);
-      MT_CUDA_CHECK(op, cudaEventRecord, events[static_cast<std::size_t>(i) + 1], kStream);
+      MT_CUDA_CHECK(op, cudaEventRecord, events[static_cast<std::size_t>(i) + 1], launch_stream());
     }
     MT_CUDA_CHECK(op, cudaEventSynchronize, events.back());
     for (std::size_t i = 0; i < ms.size(); ++i) {

@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_common.h"
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 
@@ -31,6 +32,12 @@ class CudaMemorySource final : public MemorySource {
                                                       device_, cudaGetErrorName(err), cudaGetErrorString(err)));
     }
     return ptr;
+  }
+
+  // The calling thread's current stream on this device: the allocator lends cached blocks only to requests
+  // on the stream their segment was allocated on (stream-ordered reuse, src/core/segment_pool.h).
+  std::uintptr_t stream_key() const override {
+    return reinterpret_cast<std::uintptr_t>(detail::current_stream(device_));
   }
 
   void raw_free(void* ptr, std::size_t) override {

@@ -22,7 +22,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 template <typename T>
 struct Tag {
@@ -103,7 +105,7 @@ void softmax_forward_impl(const char* op, bool is_log, void* y, const void* x, D
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_softmax_forward, out<T>(y), in<T>(x), N, C, is_log, kStream);
+    MT_CUDA_CHECK(op, launch_softmax_forward, out<T>(y), in<T>(x), N, C, is_log, launch_stream());
   });
 }
 
@@ -117,7 +119,7 @@ void softmax_backward_impl(const char* op, bool is_log, void* dx, const void* do
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_softmax_backward, out<T>(dx), in<T>(dout), in<T>(y), N, C, is_log, kStream);
+    MT_CUDA_CHECK(op, launch_softmax_backward, out<T>(dx), in<T>(dout), in<T>(y), N, C, is_log, launch_stream());
   });
 }
 
@@ -135,7 +137,8 @@ void dropout_impl(const char* op, void* y, const void* x, DType dtype, std::size
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_dropout, out<T>(y), in<T>(x), n, threshold, scale, state.seed, state.offset, kStream);
+    MT_CUDA_CHECK(op, launch_dropout, out<T>(y), in<T>(x), n, threshold, scale, state.seed, state.offset,
+                  launch_stream());
   });
 }
 
@@ -157,7 +160,7 @@ void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const 
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_layer_norm_forward, out<T>(y), mean, rstd, in<T>(x), in<T>(weight), in<T>(bias), N, C,
-                  static_cast<float>(eps), kStream);
+                  static_cast<float>(eps), launch_stream());
   });
 }
 
@@ -184,7 +187,7 @@ void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout,
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_layer_norm_backward, out<T>(dx), out<T>(dweight), out<T>(dbias), in<T>(dout), in<T>(x),
-                  in<T>(weight), mean, rstd, N, C, static_cast<float*>(partials.get()), kStream);
+                  in<T>(weight), mean, rstd, N, C, static_cast<float*>(partials.get()), launch_stream());
   });
 }
 
@@ -202,7 +205,7 @@ void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, D
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_rms_norm_forward, out<T>(y), rstd, in<T>(x), in<T>(weight), N, C,
-                  static_cast<float>(eps), kStream);
+                  static_cast<float>(eps), launch_stream());
   });
 }
 
@@ -223,7 +226,7 @@ void rms_norm_backward(void* dx, void* dweight, const void* dout, const void* x,
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_rms_norm_backward, out<T>(dx), out<T>(dweight), in<T>(dout), in<T>(x), in<T>(weight),
-                  rstd, N, C, static_cast<float*>(partials.get()), kStream);
+                  rstd, N, C, static_cast<float*>(partials.get()), launch_stream());
   });
 }
 
@@ -263,7 +266,7 @@ void cross_entropy_forward(float* losses, float* lse, const void* logits, DType 
     with_index_type(index_dtype, [&](auto index_tag) {
       using I = typename decltype(index_tag)::type;
       MT_CUDA_CHECK(op, launch_cross_entropy_forward, losses, lse, in<T>(logits), in<I>(targets), N, V, ignore_index,
-                    kStream);
+                    launch_stream());
     });
   });
 }
@@ -288,7 +291,7 @@ void cross_entropy_backward(void* dlogits, const float* dloss, std::int64_t dlos
     with_index_type(index_dtype, [&](auto index_tag) {
       using I = typename decltype(index_tag)::type;
       MT_CUDA_CHECK(op, launch_cross_entropy_backward, out<T>(dlogits), dloss, dloss_stride, in<T>(logits), lse,
-                    in<I>(targets), N, V, ignore_index, kStream);
+                    in<I>(targets), N, V, ignore_index, launch_stream());
     });
   });
 }
@@ -305,7 +308,7 @@ void gelu_tanh_forward(void* y, const void* x, DType dtype, std::size_t n, int d
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_gelu_tanh_forward, out<T>(y), in<T>(x), n, kStream);
+    MT_CUDA_CHECK(op, launch_gelu_tanh_forward, out<T>(y), in<T>(x), n, launch_stream());
   });
 }
 
@@ -319,7 +322,7 @@ void gelu_tanh_backward(void* dx, const void* dy, const void* x, DType dtype, st
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_gelu_tanh_backward, out<T>(dx), in<T>(dy), in<T>(x), n, kStream);
+    MT_CUDA_CHECK(op, launch_gelu_tanh_backward, out<T>(dx), in<T>(dy), in<T>(x), n, launch_stream());
   });
 }
 
@@ -351,7 +354,7 @@ void embedding_forward(void* y, const void* weight, const void* indices, DType d
     using T = typename decltype(tag)::type;
     with_index_type(index_dtype, [&](auto index_tag) {
       using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, kStream);
+      MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, launch_stream());
     });
   });
 }
@@ -379,7 +382,7 @@ void embedding_backward(void* dweight, const void* dout, const void* indices, DT
     with_index_type(index_dtype, [&](auto index_tag) {
       using I = typename decltype(index_tag)::type;
       MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
-                    scratch.get(), scratch.size(), kStream);
+                    scratch.get(), scratch.size(), launch_stream());
     });
   });
 }

@@ -13,12 +13,15 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace memtrain::cuda {
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream, as every memtrain kernel
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 static_assert(quant::kEncodeLoBits == optim::detail::kEncodeLoBits && quant::kEncodeHiBits == optim::detail::kEncodeHiBits,
               "the device encoder clamps as the CPU's");
@@ -46,6 +49,29 @@ GateFlag& gate_flag(const char* op, int device) {
   return *flags[index];
 }
 
+// The flag one gated call uses, held until the call's kernels are enqueued: on the legacy stream the
+// device's persistent flag under its lock (calls run in enqueue order); on another stream a fresh int
+// from the allocator, so calls on two streams never clear and read one flag at the same time.
+class GateUse {
+ public:
+  GateUse(const char* op, int device) {
+    if (launch_stream() == nullptr) {
+      GateFlag& gate = gate_flag(op, device);
+      lock_ = std::unique_lock(gate.mutex);
+      flag_ = gate.flag;
+    } else {
+      own_.emplace(device, sizeof(int));
+      flag_ = static_cast<int*>(own_->get());
+    }
+  }
+  int* flag() const { return flag_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  std::optional<detail::CallScratch> own_;
+  int* flag_ = nullptr;
+};
+
 // Enqueues launch(skip) with skip = the gate's flag after the gate kernel (skip_nonfinite), or null.
 template <typename Launch>
 void run_step(const char* op, const char* launcher, int device, const float* grad, std::size_t n,
@@ -56,10 +82,9 @@ void run_step(const char* op, const char* launcher, int device, const float* gra
     detail::check_cuda(launch(static_cast<const int*>(nullptr)), op, launcher);
     return;
   }
-  GateFlag& gate = gate_flag(op, device);
-  std::lock_guard lock(gate.mutex);
-  MT_CUDA_CHECK(op, launch_nonfinite_flag, grad, n, gate.flag, kStream);
-  detail::check_cuda(launch(static_cast<const int*>(gate.flag)), op, launcher);
+  GateUse gate(op, device);
+  MT_CUDA_CHECK(op, launch_nonfinite_flag, grad, n, gate.flag(), launch_stream());
+  detail::check_cuda(launch(static_cast<const int*>(gate.flag())), op, launcher);
 }
 
 // The two maps' encoder tables on one device, uploaded on first use and kept for the process.
@@ -144,7 +169,7 @@ void sgd_step(float* param, const float* grad, float* momentum, std::size_t n, c
   const SgdCoeffs c{static_cast<float>(h.lr), static_cast<float>(h.weight_decay), static_cast<float>(h.momentum),
                     use_momentum, h.nesterov, h.step == 1};
   run_step(op, "launch_sgd_step", device, grad, n, h.skip_nonfinite, [&](const int* skip) {
-    return launch_sgd_step(param, grad, use_momentum ? momentum : nullptr, n, c, skip, kStream);
+    return launch_sgd_step(param, grad, use_momentum ? momentum : nullptr, n, c, skip, launch_stream());
   });
 }
 
@@ -165,7 +190,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, std::size_t
                       static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, t))),
                       static_cast<float>(h.eps)};
   run_step(op, "launch_adamw_step", device, grad, n, h.skip_nonfinite,
-           [&](const int* skip) { return launch_adamw_step(param, grad, m, v, n, c, skip, kStream); });
+           [&](const int* skip) { return launch_adamw_step(param, grad, m, v, n, c, skip, launch_stream()); });
 }
 
 void lion_step(float* param, const float* grad, float* m, std::size_t n, const LionHyper& h, int device) {
@@ -175,7 +200,7 @@ void lion_step(float* param, const float* grad, float* m, std::size_t n, const L
   check_pointers(op, n, {param, grad, m});
   const LionCoeffs c = lion_coeffs(h);
   run_step(op, "launch_lion_step", device, grad, n, h.skip_nonfinite,
-           [&](const int* skip) { return launch_lion_step(param, grad, m, n, c, skip, kStream); });
+           [&](const int* skip) { return launch_lion_step(param, grad, m, n, c, skip, launch_stream()); });
 }
 
 void adamw8bit_step(float* param, const float* grad, std::uint8_t* m_codes, float* m_absmax, std::uint8_t* v_codes,
@@ -202,7 +227,7 @@ void adamw8bit_step(float* param, const float* grad, std::uint8_t* m_codes, floa
     const EncodeTableArg m_enc = device_encoder(op, device, optim::QuantMap::signed_dynamic);
     const EncodeTableArg v_enc = device_encoder(op, device, optim::QuantMap::unsigned_dynamic);
     return launch_adamw8bit_step(param, grad, m_codes, m_absmax, m_map, m_enc, v_codes, v_absmax, v_map, v_enc, n,
-                                 static_cast<int>(block_size), c, skip, kStream);
+                                 static_cast<int>(block_size), c, skip, launch_stream());
   });
 }
 
@@ -218,7 +243,7 @@ void lion8bit_step(float* param, const float* grad, std::uint8_t* m_codes, float
   run_step(op, "launch_lion8bit_step", device, grad, n, h.skip_nonfinite, [&](const int* skip) {
     const EncodeTableArg enc = device_encoder(op, device, optim::QuantMap::signed_dynamic);
     return launch_lion8bit_step(param, grad, m_codes, m_absmax, map, enc, n, static_cast<int>(block_size), c, skip,
-                                kStream);
+                                launch_stream());
   });
 }
 
@@ -232,7 +257,8 @@ void quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, st
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
   const EncodeTableArg enc = device_encoder(op, device, map);
-  MT_CUDA_CHECK(op, launch_quantize_blockwise, src, codes, absmax, enc, n, static_cast<int>(block_size), kStream);
+  MT_CUDA_CHECK(op, launch_quantize_blockwise, src, codes, absmax, enc, n, static_cast<int>(block_size),
+                launch_stream());
 }
 
 void dequantize_blockwise(const std::uint8_t* codes, const float* absmax, float* dst, std::size_t n,
@@ -245,7 +271,7 @@ void dequantize_blockwise(const std::uint8_t* codes, const float* absmax, float*
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_dequantize_blockwise, codes, absmax, dst, values, n, static_cast<int>(block_size),
-                kStream);
+                launch_stream());
 }
 
 bool grad_is_finite(const float* x, std::size_t n, int device) {
@@ -254,11 +280,11 @@ bool grad_is_finite(const float* x, std::size_t n, int device) {
   check_pointers(op, n, {x});
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  GateFlag& gate = gate_flag(op, device);
-  std::lock_guard lock(gate.mutex);
-  MT_CUDA_CHECK(op, launch_nonfinite_flag, x, n, gate.flag, kStream);
+  GateUse gate(op, device);
+  MT_CUDA_CHECK(op, launch_nonfinite_flag, x, n, gate.flag(), launch_stream());
   int bad = 0;
-  MT_CUDA_CHECK(op, cudaMemcpy, &bad, gate.flag, sizeof(int), cudaMemcpyDeviceToHost);  // waits for the check
+  // cudaMemcpy runs on the legacy stream, which waits for the check on any (blocking) memtrain stream.
+  MT_CUDA_CHECK(op, cudaMemcpy, &bad, gate.flag(), sizeof(int), cudaMemcpyDeviceToHost);
   return bad == 0;
 }
 

@@ -21,7 +21,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see cuda.h)
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 std::optional<FloatFormat> float_format(DType t) {
   switch (t) {
@@ -81,7 +83,7 @@ void sum_impl(const char* op, const void* src, DType src_dtype, void* out, DType
   const SumPlan plan = plan_sum_dim(outer, reduce, inner);
   Scratch partials(device, reduce == 0 ? 0 : static_cast<std::size_t>(sum_dim_partials(plan, outer, inner)) * sizeof(double));
   MT_CUDA_CHECK(op, launch_sum_dim, src, *float_format(src_dtype), out, *float_format(out_dtype), square, outer,
-                reduce, inner, plan, partials.doubles(), kStream);
+                reduce, inner, plan, partials.doubles(), launch_stream());
 }
 
 }  // namespace
@@ -113,7 +115,7 @@ void max_dim(const void* src, void* values, std::int64_t* indices, DType dtype, 
   MT_CHECK(src != nullptr, op, "null source for layout (outer {}, reduce {}, inner {})", outer, reduce, inner);
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  MT_CUDA_CHECK(op, launch_max_dim, src, *float_format(dtype), values, indices, outer, reduce, inner, kStream);
+  MT_CUDA_CHECK(op, launch_max_dim, src, *float_format(dtype), values, indices, outer, reduce, inner, launch_stream());
 }
 
 }  // namespace memtrain::cuda

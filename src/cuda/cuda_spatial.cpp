@@ -14,7 +14,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 
 template <typename T>
 struct Tag {
@@ -88,7 +90,7 @@ void max_pool2d_forward(void* y, const void* x, DType dtype, const Pool2dShape& 
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_max_pool2d_forward<T>, out<T>(y), in<T>(x), geometry(s), kStream);
+    MT_CUDA_CHECK(op, launch_max_pool2d_forward<T>, out<T>(y), in<T>(x), geometry(s), launch_stream());
   });
 }
 
@@ -101,7 +103,7 @@ void max_pool2d_backward(void* dx, const void* dout, const void* x, DType dtype,
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_max_pool2d_backward<T>, out<T>(dx), in<T>(dout), in<T>(x), geometry(s), kStream);
+    MT_CUDA_CHECK(op, launch_max_pool2d_backward<T>, out<T>(dx), in<T>(dout), in<T>(x), geometry(s), launch_stream());
   });
 }
 
@@ -114,7 +116,7 @@ void avg_pool2d_forward(void* y, const void* x, DType dtype, const Pool2dShape& 
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_avg_pool2d_forward<T>, out<T>(y), in<T>(x), geometry(s), kStream);
+    MT_CUDA_CHECK(op, launch_avg_pool2d_forward<T>, out<T>(y), in<T>(x), geometry(s), launch_stream());
   });
 }
 
@@ -127,7 +129,7 @@ void avg_pool2d_backward(void* dx, const void* dout, DType dtype, const Pool2dSh
   detail::DeviceGuard guard(device, op);
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_avg_pool2d_backward<T>, out<T>(dx), in<T>(dout), geometry(s), kStream);
+    MT_CUDA_CHECK(op, launch_avg_pool2d_backward<T>, out<T>(dx), in<T>(dout), geometry(s), launch_stream());
   });
 }
 
@@ -156,7 +158,7 @@ void batch_norm_forward(void* y, float* save_mean, float* save_invstd, void* run
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_batch_norm_forward<T>, out<T>(y), save_mean, save_invstd, out<T>(running_mean),
                   out<T>(running_var), in<T>(x), in<T>(weight), in<T>(bias), B, C, HW, training, momentum, eps,
-                  kStream);
+                  launch_stream());
   });
 }
 
@@ -174,7 +176,7 @@ void batch_norm_backward(void* dx, void* dweight, void* dbias, const void* dout,
   with_float_type(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_batch_norm_backward<T>, out<T>(dx), out<T>(dweight), out<T>(dbias), in<T>(dout),
-                  in<T>(x), in<T>(weight), save_mean, save_invstd, B, C, HW, training, kStream);
+                  in<T>(x), in<T>(weight), save_mean, save_invstd, B, C, HW, training, launch_stream());
   });
 }
 

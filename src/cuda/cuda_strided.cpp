@@ -22,7 +22,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // the legacy default stream (see cuda.h)
+// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// every entry point calls it under its DeviceGuard, so that is the entry point's device.
+cudaStream_t launch_stream() { return detail::current_stream(); }
 constexpr const char* kOp = "cuda::strided_copy";
 
 struct Dim {
@@ -72,7 +74,7 @@ std::int64_t count_of(const std::vector<Dim>& dims) {
 void enqueue(char* dst, const char* src, const Dim* dims, int ndim, std::size_t elem_size) {
   if (ndim == 0 || (ndim == 1 && dims[0].dst == 1 && dims[0].src == 1)) {
     const std::size_t nbytes = static_cast<std::size_t>(ndim == 0 ? 1 : dims[0].size) * elem_size;
-    MT_CUDA_CHECK(kOp, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyDeviceToDevice, kStream);
+    MT_CUDA_CHECK(kOp, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyDeviceToDevice, launch_stream());
     return;
   }
   if (ndim > kStridedCopyMaxDims) {
@@ -88,7 +90,7 @@ void enqueue(char* dst, const char* src, const Dim* dims, int ndim, std::size_t 
     layout.dst_strides[d] = dims[d].dst;
     layout.src_strides[d] = dims[d].src;
   }
-  MT_CUDA_CHECK(kOp, launch_strided_copy, dst, src, layout, elem_size, kStream);
+  MT_CUDA_CHECK(kOp, launch_strided_copy, dst, src, layout, elem_size, launch_stream());
 }
 
 void enqueue(void* dst, const void* src, const std::vector<Dim>& dims, std::size_t elem_size) {

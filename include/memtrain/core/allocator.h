@@ -8,6 +8,11 @@
 // How freed bytes are cached is the CachePolicy, chosen at construction: the CPU caches whole blocks by
 // size class; devices carve blocks out of 2 MiB-granular segments, split and coalesced on demand (see
 // src/core/segment_pool.h), because each cudaMalloc is slow and device memory must not fragment.
+//
+// Streams: a request is served only from cache of the stream current when it is made (the source's
+// stream_key()), and a block goes back to the cache of the stream it was allocated on, so freed device
+// memory is never lent to another stream's work while its own stream may still use it. A block used on
+// a second stream must be ordered by the caller (include/memtrain/cuda/stream.h).
 #pragma once
 
 #include "memtrain/core/device.h"
@@ -68,6 +73,9 @@ class MemorySource {
   virtual ~MemorySource() = default;
   virtual void* raw_allocate(std::size_t nbytes) = 0;  // 64-byte aligned at least; throws on failure
   virtual void raw_free(void* ptr, std::size_t nbytes) = 0;
+  // The stream whose work a request made now is for (the current CUDA stream); cached blocks are reused
+  // only by requests with the same key. 0 for sources with a single stream (the CPU).
+  virtual std::uintptr_t stream_key() const { return 0; }
 };
 
 struct CategoryStats {
@@ -94,6 +102,7 @@ struct Block {
   std::size_t nbytes = 0;      // bytes asked for (what accounting counts)
   std::size_t class_bytes = 0; // bytes the block occupies (size class, or split block size) >= nbytes
   MemoryCategory category = MemoryCategory::other;
+  std::uintptr_t stream = 0;   // MemorySource::stream_key() when allocated; the block returns to its cache
 };
 
 class Allocator {

@@ -2,9 +2,11 @@
 // kernels/ when CUDA is on; otherwise src/no_cuda/ provides the same functions, which throw
 // "cuda::<name>: memtrain was built without CUDA".
 //
-// Ordering: kernels and gemm are enqueued on the device's default (legacy) stream, so memtrain's work
-// on a device runs in call order and a launch returns before the kernel finishes. copy() to the host
-// and synchronize() wait for everything enqueued before them. A launch error throws at once; an error
+// Ordering: kernels and library calls are enqueued on the calling thread's current stream of the device:
+// the default (legacy) stream unless a cuda::StreamGuard (memtrain/cuda/stream.h) selects another, so
+// memtrain's work on a stream runs in call order and a launch returns before the kernel finishes. memtrain's
+// streams are blocking streams, ordered with the legacy stream: copy() to the host and synchronize() wait
+// for everything enqueued before them on any of them. A launch error throws at once; an error
 // inside a running kernel surfaces at the next call that waits.
 // Errors: every failing CUDA/cuBLAS call becomes a memtrain::Error "cuda::<name>: <function> failed:
 // <CUDA error>". Entry points other than the four queries throw when no usable device exists.
