@@ -16,6 +16,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 #include "cuda/cuda_common.h"
+#include "cuda/type_dispatch.h"
 #include "kernels/conv.cuh"
 
 #include <algorithm>
@@ -42,18 +43,8 @@ namespace {
 cudaStream_t launch_stream() { return detail::current_stream(); }
 constexpr std::int64_t kFallbackBytes = std::int64_t{256} << 20;
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
-template <typename F>
-void with_float_type(DType dtype, F&& f) {
-  if (dtype == DType::f32) {
-    f(Tag<float>{});
-  } else {
-    f(Tag<__nv_bfloat16>{});
-  }
-}
+using detail::Tag;
+using detail::with_float_type;
 
 // A block of workspace on `device`, returned to the allocator's cache on scope exit.
 class Scratch {

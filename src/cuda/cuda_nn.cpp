@@ -12,6 +12,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 #include "cuda/cuda_common.h"
+#include "cuda/type_dispatch.h"
 #include "kernels/nn.cuh"
 
 #include <cmath>
@@ -26,28 +27,10 @@ namespace {
 // every entry point calls it under its DeviceGuard, so that is the entry point's device.
 cudaStream_t launch_stream() { return detail::current_stream(); }
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
 
-// Calls f(Tag<T>{}) with T = float or __nv_bfloat16 for dtype (checked before).
-template <typename F>
-void with_float_type(DType dtype, F&& f) {
-  if (dtype == DType::f32) {
-    f(Tag<float>{});
-  } else {
-    f(Tag<__nv_bfloat16>{});
-  }
-}
-template <typename F>
-void with_index_type(DType index_dtype, F&& f) {
-  if (index_dtype == DType::i32) {
-    f(Tag<std::int32_t>{});
-  } else {
-    f(Tag<std::int64_t>{});
-  }
-}
+using detail::Tag;
+using detail::with_float_type;
+using detail::with_index_type;
 
 template <typename T>
 const T* in(const void* p) {

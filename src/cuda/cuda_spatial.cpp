@@ -4,6 +4,7 @@
 
 #include "memtrain/core/error.h"
 #include "cuda/cuda_common.h"
+#include "cuda/type_dispatch.h"
 #include "kernels/spatial.cuh"
 
 #include <cmath>
@@ -18,18 +19,8 @@ namespace {
 // every entry point calls it under its DeviceGuard, so that is the entry point's device.
 cudaStream_t launch_stream() { return detail::current_stream(); }
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
-template <typename F>
-void with_float_type(DType dtype, F&& f) {
-  if (dtype == DType::f32) {
-    f(Tag<float>{});
-  } else {
-    f(Tag<__nv_bfloat16>{});
-  }
-}
+using detail::Tag;
+using detail::with_float_type;
 template <typename T>
 const T* in(const void* p) {
   return static_cast<const T*>(p);
