@@ -144,6 +144,7 @@ cudaError_t launch_batch_norm_backward(T* dx, T* dweight, T* dbias, const T* dou
                                                      cudaStream_t);
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(__nv_bfloat16)
+MEMTRAIN_INSTANTIATE(__half)
 #undef MEMTRAIN_INSTANTIATE
 
 }  // namespace memtrain::cuda

@@ -204,6 +204,7 @@ cudaError_t launch_conv_narrow(T* dst, const float* src, std::int64_t n, cudaStr
   template cudaError_t launch_conv_narrow<T>(T*, const float*, std::int64_t, cudaStream_t);
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(__nv_bfloat16)
+MEMTRAIN_INSTANTIATE(__half)
 #undef MEMTRAIN_INSTANTIATE
 
 }  // namespace memtrain::cuda

@@ -4,13 +4,14 @@
 // enqueues its kernels (nothing when there is no work) and returns the first error, or
 // cudaGetLastError() after the last launch, so a bad launch is reported at the call that made it.
 //
-// T is float or __nv_bfloat16 (instantiated in the .cu files), I is std::int32_t or std::int64_t.
-// bf16 data is widened to f32 for all arithmetic and rounded once (nearest even) on the way out; row
+// T is float, __half or __nv_bfloat16 (instantiated in the .cu files), I is std::int32_t or std::int64_t.
+// f16 and bf16 data is widened to f32 for all arithmetic and rounded once (nearest even) on the way out; row
 // statistics (mean, rstd, lse) and per-row losses are always f32. Arrays are contiguous, row-major.
 // Sizes are checked by the caller: N, C >= 0, N * C fits in int64.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -105,6 +106,7 @@ constexpr int kMaxRowBlocks = 65535;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
@@ -112,6 +114,9 @@ template <>
 __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// Overflow goes to Inf, as the CPU's f16 rounding (core/float_types.h).
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -291,6 +291,7 @@ cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* 
                                                    std::int64_t, std::int64_t, float*, cudaStream_t);
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(__nv_bfloat16)
+MEMTRAIN_INSTANTIATE(__half)
 #undef MEMTRAIN_INSTANTIATE
 
 }  // namespace memtrain::cuda

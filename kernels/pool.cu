@@ -159,6 +159,7 @@ cudaError_t launch_avg_pool2d_backward(T* dx, const T* dout, const PoolGeometry&
   template cudaError_t launch_avg_pool2d_backward<T>(T*, const T*, const PoolGeometry&, cudaStream_t);
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(__nv_bfloat16)
+MEMTRAIN_INSTANTIATE(__half)
 #undef MEMTRAIN_INSTANTIATE
 
 }  // namespace memtrain::cuda

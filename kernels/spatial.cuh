@@ -1,11 +1,12 @@
 // Launchers for the pooling (pool.cu) and batch-norm (batch_norm.cu) kernels over NCHW arrays, plus the
 // device helpers they and conv.cu share. Plain C++-callable: raw device pointers, sizes and a stream; each
 // launcher enqueues its kernels (nothing when there is no work) and returns cudaGetLastError().
-// T is float or __nv_bfloat16: widened to f32 for arithmetic, rounded once to T on output. Sizes are
+// T is float, __half or __nv_bfloat16: widened to f32 for arithmetic, rounded once to T on output. Sizes are
 // checked by the caller (>= 0, products fit in int64).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -66,12 +67,15 @@ inline unsigned grid_for(std::int64_t n) {
 
 __device__ __forceinline__ float load(float x) { return x; }
 __device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float load(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T store(float x);
 template <>
 __device__ __forceinline__ float store<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half store<__half>(float x) { return __float2half_rn(x); }
 
 __device__ __forceinline__ double warp_sum_f64(double v) {
 #pragma unroll

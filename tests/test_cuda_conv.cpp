@@ -1,18 +1,19 @@
 // CUDA conv2d, pooling and batch norm (memtrain/cuda/conv.h, memtrain/cuda/nn_spatial.h) against the CPU on
-// fresh random inputs of several shapes, f32 and bf16. Outputs are poisoned (0xFF bytes: NaN) before each call,
-// so an unwritten element fails.
+// fresh random inputs of several shapes, f32, bf16 and f16. Outputs are poisoned (0xFF bytes: NaN) before each
+// call, so an unwritten element fails.
 // References: conv2d runs cpu::conv2d_forward/backward<double>; pooling runs cpu::*_pool2d<float> on the same
 // values; batch norm runs nn::BatchNorm2d in f64 on the CPU with autograd for the gradients.
 // Tolerances: |got - want| <= rtol * mag + atol, mag = the same computation on absolute values (for a sum, the
 // sum of |terms|), which bounds the rounding error of any summation order. f32: rtol 1e-5 (f32 sums of up to a
-// few hundred terms); bf16: rtol 1e-2 (inputs are bf16 values, so the error is the final rounding, 2^-9, plus
-// f32 or tensor-core accumulation).
+// few hundred terms); bf16 and f16: rtol 1e-2 (inputs are bf16 / f16 values, so the error is the final rounding,
+// 2^-9 or 2^-12, plus f32 or tensor-core accumulation).
 // Conv runs both implementations on the device: the im2col fallback (ConvImpl::im2col) and, when the build has
 // cuDNN, cuDNN. Device tests skip without a usable device; argument checks run everywhere.
 #include "memtrain/cuda/conv.h"
 #include "memtrain/cuda/nn_spatial.h"
 
 #include "memtrain/core/error.h"
+#include "memtrain/core/float_types.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/nn/batch_norm.h"
@@ -45,9 +46,18 @@ std::uint16_t bf16_bits(float f) {  // round to nearest even
   return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 float bf16_value(std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t(bits) << 16); }
-float round_to(DType dtype, float f) { return dtype == DType::bf16 ? bf16_value(bf16_bits(f)) : f; }
+// The 16 bits of f in a narrow dtype (bf16 or f16), and back.
+std::uint16_t narrow_bits(DType dtype, float f) {
+  return dtype == DType::bf16 ? bf16_bits(f) : Half::from_float(f).bits;
+}
+float narrow_value(DType dtype, std::uint16_t bits) {
+  return dtype == DType::bf16 ? bf16_value(bits) : Half::from_bits(bits).to_float();
+}
+float round_to(DType dtype, float f) { return dtype == DType::f32 ? f : narrow_value(dtype, narrow_bits(dtype, f)); }
+std::string dtype_suffix(DType dtype) { return " " + std::string(dtype_name(dtype)); }
+constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 
-// n elements of dtype (f32 or bf16) on cuda:0, 0xFF bytes (NaN) until set.
+// n elements of dtype (f32, bf16 or f16) on cuda:0, 0xFF bytes (NaN) until set.
 class DeviceArray {
  public:
   DeviceArray(DType dtype, std::size_t n) : dtype_(dtype), n_(n), buf_(n * dtype_size(dtype)) {
@@ -58,7 +68,7 @@ class DeviceArray {
       upload(buf_.get(), v);
     } else {
       std::vector<std::uint16_t> bits(n_);
-      for (std::size_t i = 0; i < n_; ++i) bits[i] = bf16_bits(v[i]);
+      for (std::size_t i = 0; i < n_; ++i) bits[i] = narrow_bits(dtype_, v[i]);
       upload(buf_.get(), bits);
     }
   }
@@ -66,7 +76,7 @@ class DeviceArray {
     if (dtype_ == DType::f32) return download<float>(buf_.get(), n_);
     const auto bits = download<std::uint16_t>(buf_.get(), n_);
     std::vector<float> v(n_);
-    for (std::size_t i = 0; i < n_; ++i) v[i] = bf16_value(bits[i]);
+    for (std::size_t i = 0; i < n_; ++i) v[i] = narrow_value(dtype_, bits[i]);
     return v;
   }
   void* ptr() const { return buf_.get(); }
@@ -166,7 +176,7 @@ void run_conv_case(const ConvCase& c, DType dtype, cuda::ConvImpl impl) {
                            std::to_string(c.H) + "x" + std::to_string(c.W) + " Cout=" + std::to_string(c.Cout) +
                            " k=" + std::to_string(c.KH) + "x" + std::to_string(c.KW) + " s=" +
                            std::to_string(c.stride) + " p=" + std::to_string(c.padding) + " g=" +
-                           std::to_string(c.groups) + (dtype == DType::f32 ? " f32" : " bf16") +
+                           std::to_string(c.groups) + dtype_suffix(dtype) +
                            (impl == cuda::ConvImpl::im2col ? " im2col" : " auto");
   const auto nx = static_cast<std::size_t>(s.B * s.Cin * s.H * s.W);
   const auto nw = static_cast<std::size_t>(s.Cout * (s.Cin / s.groups) * s.KH * s.KW);
@@ -207,14 +217,14 @@ void run_conv_case(const ConvCase& c, DType dtype, cuda::ConvImpl impl) {
 TEST(CudaConv, Im2colFallbackMatchesCpu) {
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
   for (const ConvCase& c : kConvCases)
-    for (DType dtype : {DType::f32, DType::bf16}) run_conv_case(c, dtype, cuda::ConvImpl::im2col);
+    for (DType dtype : kDtypes) run_conv_case(c, dtype, cuda::ConvImpl::im2col);
 }
 
 TEST(CudaConv, DefaultImplementationMatchesCpu) {  // cuDNN when the build has it
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
   if (!cuda::conv_cudnn_built()) GTEST_SKIP() << "built without cuDNN: the default is the im2col fallback, tested above";
   for (const ConvCase& c : kConvCases)
-    for (DType dtype : {DType::f32, DType::bf16}) run_conv_case(c, dtype, cuda::ConvImpl::cudnn);
+    for (DType dtype : kDtypes) run_conv_case(c, dtype, cuda::ConvImpl::cudnn);
 }
 
 // Only some gradients wanted: the others stay untouched (poisoned) and no null operand is read.
@@ -240,7 +250,7 @@ TEST(CudaConv, PartialBackward) {
 
 TEST(CudaConv, RejectsBadArguments) {
   cuda::Conv2dShape s = make_shape({1, 3, 5, 5, 4, 3, 3, 1, 1, 1, false});
-  EXPECT_THROW(cuda::conv2d_forward(nullptr, nullptr, nullptr, nullptr, DType::f16, s, 0), Error);  // dtype
+  EXPECT_THROW(cuda::conv2d_forward(nullptr, nullptr, nullptr, nullptr, DType::f64, s, 0), Error);  // dtype
   cuda::Conv2dShape bad = s;
   bad.OH = 7;  // does not match the input
   EXPECT_THROW(cuda::conv2d_forward(nullptr, nullptr, nullptr, nullptr, DType::f32, bad, 0), Error);
@@ -284,7 +294,7 @@ void run_pool_case(const PoolCase& c, DType dtype, bool ties) {
   for (std::size_t i = 0; i < ny; ++i) abs_dout[i] = std::abs(dout[i]);
   const std::string what = "pool " + std::to_string(c.planes) + "x" + std::to_string(c.H) + "x" + std::to_string(c.W) +
                            " k=" + std::to_string(c.kernel) + " s=" + std::to_string(c.stride) + " p=" +
-                           std::to_string(c.padding) + (dtype == DType::f32 ? " f32" : " bf16");
+                           std::to_string(c.padding) + dtype_suffix(dtype);
   const double rtol = rtol_for(dtype);
   DeviceArray dx_in(dtype, nx), dg(dtype, ny);
   dx_in.set(x);
@@ -328,13 +338,13 @@ void run_pool_case(const PoolCase& c, DType dtype, bool ties) {
 TEST(CudaPool, MaxAndAvgMatchCpu) {
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
   for (const PoolCase& c : kPoolCases)
-    for (DType dtype : {DType::f32, DType::bf16})
+    for (DType dtype : kDtypes)
       for (bool ties : {false, true}) run_pool_case(c, dtype, ties);
 }
 
 TEST(CudaPool, RejectsBadArguments) {
   cuda::Pool2dShape s = pool_shape({2, 5, 5, 2, 2, 0});
-  EXPECT_THROW(cuda::max_pool2d_forward(nullptr, nullptr, DType::f16, s, 0), Error);
+  EXPECT_THROW(cuda::max_pool2d_forward(nullptr, nullptr, DType::f64, s, 0), Error);
   cuda::Pool2dShape bad = s;
   bad.padding = 2;  // > kernel / 2
   EXPECT_THROW(cuda::avg_pool2d_forward(nullptr, nullptr, DType::f32, bad, 0), Error);
@@ -396,7 +406,7 @@ void run_batch_norm_case(std::int64_t B, std::int64_t C, std::int64_t H, std::in
                             HW, training, 0);
 
   const std::string what = "batch_norm B=" + std::to_string(B) + " C=" + std::to_string(C) + " " + std::to_string(H) +
-                           "x" + std::to_string(W) + (dtype == DType::f32 ? " f32" : " bf16") +
+                           "x" + std::to_string(W) + dtype_suffix(dtype) +
                            (training ? " train" : " eval");
   // Outputs are O(1) after normalisation and sums are over n / C terms of O(1): scale the bound by the sum of
   // |terms| for the sums (dw, db) and by a few units for the elementwise outputs (which also carry the
@@ -419,7 +429,7 @@ void run_batch_norm_case(std::int64_t B, std::int64_t C, std::int64_t H, std::in
 
 TEST(CudaBatchNorm, TrainAndEvalMatchCpuModule) {
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
-  for (DType dtype : {DType::f32, DType::bf16})
+  for (DType dtype : kDtypes)
     for (bool training : {true, false}) {
       run_batch_norm_case(4, 3, 5, 7, dtype, training);
       run_batch_norm_case(2, 16, 8, 8, dtype, training);

@@ -683,8 +683,8 @@ TEST(CudaNnArguments, BadArgumentsThrowNamingTheEntryPoint) {
     const std::string want = cuda::built_with_cuda() ? what : "built without CUDA";
     EXPECT_NE(message.find(want), std::string::npos) << message;
   };
-  expect_error([&] { cuda::layer_norm_forward(p, f, f, p, p, p, DType::f16, 2, 2, 1e-5, 0); },
-               "cuda::layer_norm_forward", "dtype f16");
+  expect_error([&] { cuda::layer_norm_forward(p, f, f, p, p, p, DType::f64, 2, 2, 1e-5, 0); },
+               "cuda::layer_norm_forward", "dtype f64");
   expect_error([&] { cuda::layer_norm_forward(p, f, f, p, p, p, DType::f32, -1, 2, 1e-5, 0); },
                "cuda::layer_norm_forward", "negative size");
   expect_error([&] { cuda::layer_norm_forward(p, f, f, p, p, p, DType::f32, 2, 2, NAN, 0); },
@@ -710,7 +710,7 @@ TEST(CudaNnArguments, BadArgumentsThrowNamingTheEntryPoint) {
                "cuda::cross_entropy_backward", "dloss_stride=-1");
   expect_error([&] { cuda::gelu_tanh_forward(nullptr, p, DType::f32, 4, 0); }, "cuda::gelu_tanh_forward",
                "null pointer");
-  expect_error([&] { cuda::gelu_tanh_backward(p, p, p, DType::f16, 4, 0); }, "cuda::gelu_tanh_backward", "dtype f16");
+  expect_error([&] { cuda::gelu_tanh_backward(p, p, p, DType::i8, 4, 0); }, "cuda::gelu_tanh_backward", "dtype i8");
   expect_error([&] { cuda::dropout_forward(p, p, DType::f32, 4, 1.5, RngState{}, 0); }, "cuda::dropout_forward",
                "p=1.5");
   expect_error([&] { cuda::dropout_backward(p, p, DType::f32, 4, NAN, RngState{}, 0); }, "cuda::dropout_backward",

@@ -6,7 +6,7 @@
 //   y (Cout, nb*L) = W_g (Cout_g, Kg) x col_g, per group      one GEMM covers the whole chunk
 //   out chunk = y transposed back per image, + bias
 // Backward: dout chunk -> channel-major dy (Cout, nb*L); dW_g += dy_g x col_g^T (f32, beta = 1 after the
-// first chunk); col_g = W_g^T dy_g, then col2im gathers it into dx. All GEMMs are f32 (bf16 operands are
+// first chunk); col_g = W_g^T dy_g, then col2im gathers it into dx. All GEMMs are f32 (bf16/f16 operands are
 // widened by the kernels that build col / dy / W), so bf16 rounds once at the end, as on the CPU.
 // Chunks keep the column buffers near kFallbackBytes. Scratch is workspace from the device's Allocator,
 // returned to its cache once the kernels are enqueued (see cuda_nn.cpp: same stream, so never overtaken).
@@ -68,7 +68,8 @@ class Scratch {
 bool fits_mul(std::int64_t a, std::int64_t b) { return a == 0 || b <= std::numeric_limits<std::int64_t>::max() / a; }
 
 void check_shape(const char* op, DType dtype, const Conv2dShape& s) {
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, "dtype {} is not supported on CUDA (f32, bf16)",
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
+           "dtype {} is not supported on CUDA (f32, bf16, f16)",
            dtype_name(dtype));
   MT_CHECK(s.B >= 0 && s.Cin >= 1 && s.H >= 1 && s.W >= 1 && s.Cout >= 1 && s.KH >= 1 && s.KW >= 1, op,
            "bad sizes: x [{}, {}, {}, {}], weight [{}, ., {}, {}]", s.B, s.Cin, s.H, s.W, s.Cout, s.KH, s.KW);
@@ -208,7 +209,9 @@ cudnnHandle_t handle_for(int device, const char* op) {
 class ConvDescriptors {
  public:
   ConvDescriptors(const Conv2dShape& s, DType dtype, const char* op) {
-    const cudnnDataType_t t = dtype == DType::f32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
+    const cudnnDataType_t t = dtype == DType::f32   ? CUDNN_DATA_FLOAT
+                              : dtype == DType::f16 ? CUDNN_DATA_HALF
+                                                    : CUDNN_DATA_BFLOAT16;
     auto i = [](std::int64_t v) { return static_cast<int>(v); };
     MT_CUDNN_CHECK(op, cudnnCreateTensorDescriptor, &x);
     MT_CUDNN_CHECK(op, cudnnCreateTensorDescriptor, &y);

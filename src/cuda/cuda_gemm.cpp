@@ -68,7 +68,10 @@ const HandleState& handle_for(int device) {
   return h;
 }
 
-cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+cudaDataType_t cuda_type(DType t) {
+  if (t == DType::f32) return CUDA_R_32F;
+  return t == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+}
 
 }  // namespace
 
@@ -76,7 +79,8 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
           const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c, std::int64_t ldc,
           int device) {
   constexpr const char* op = "cuda::gemm";
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, "dtype {} is not supported (f32, bf16)",
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
+           "dtype {} is not supported (f32, bf16, f16)",
            dtype_name(dtype));
   MT_CHECK(m >= 0 && n >= 0 && k >= 0, op, "negative size m={} n={} k={}", m, n, k);
   // Stored (row-major) shapes: A is [m, k], or [k, m] when trans_a; B is [k, n], or [n, k] when trans_b.

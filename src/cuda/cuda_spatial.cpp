@@ -31,7 +31,8 @@ T* out(void* p) {
 }
 
 void check_dtype(const char* op, DType dtype) {
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, "dtype {} is not supported on CUDA (f32, bf16)",
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
+           "dtype {} is not supported on CUDA (f32, bf16, f16)",
            dtype_name(dtype));
 }
 

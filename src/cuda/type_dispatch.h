@@ -5,6 +5,7 @@
 #include "memtrain/core/dtype.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -15,11 +16,13 @@ struct Tag {
   using type = T;
 };
 
-// T = float for f32, __nv_bfloat16 otherwise (the launchers accept only f32 and bf16).
+// T = float for f32, __half for f16, __nv_bfloat16 otherwise (the launchers accept only f32, f16 and bf16).
 template <typename F>
 void with_float_type(DType dtype, F&& f) {
   if (dtype == DType::f32) {
     f(Tag<float>{});
+  } else if (dtype == DType::f16) {
+    f(Tag<__half>{});
   } else {
     f(Tag<__nv_bfloat16>{});
   }

@@ -54,9 +54,8 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   const Tensor h = hidden(idx);
   const Tensor& head = wte_->weight();
   // Under amp::Autocast h is bf16/f16; the fused head widens it and computes the loss in f32 either way.
-  // The fused head runs on the CPU (x f32, bf16 or f16) and on CUDA (x f32 or bf16).
-  const bool fused_dtype = h.dtype() == DType::f32 || h.dtype() == DType::bf16 ||
-                           (h.dtype() == DType::f16 && h.device().is_cpu());
+  // The fused head takes x in f32, bf16 or f16 on the CPU and on CUDA.
+  const bool fused_dtype = h.dtype() == DType::f32 || h.dtype() == DType::bf16 || h.dtype() == DType::f16;
   if (fused_dtype && head.dtype() == DType::f32) {
     return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
                                            ops::Reduction::mean, -100);

@@ -7,7 +7,7 @@
 // Reductions, ignore_index and the mean's count follow ops::cross_entropy exactly.
 // bf16/f16 rows of x (mixed precision) are widened to f32 a chunk at a time and dx is rounded back to x's
 // dtype, so the saved x stays narrow while the head and the loss are computed in f32.
-// On a CUDA device the same walk runs with cuda::gemm (f32) and the CUDA cross-entropy kernels (x f32 or bf16):
+// On a CUDA device the same walk runs with cuda::gemm (f32) and the CUDA cross-entropy kernels (x f32, bf16 or f16):
 // the per-row losses stay on the device and only the [N] targets (checked and counted on the host, as
 // ops::cross_entropy does) and the [N] losses (summed in double) cross to the host. The bias rides on two
 // rank-1 GEMMs (ones x bias into the logits, ones^T x dlogits into db), so no extra kernel is needed; db is
@@ -207,8 +207,8 @@ const void* target_rows(const Tensor& t, std::int64_t n0) {
 
 void check_cuda_operands(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& targets) {
   const Device dev = x.device();
-  MT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, kOp,
-           "x must be f32 or bf16 on {} (the CUDA kernels' dtypes), got {} {}", dev.str(), dtype_name(x.dtype()),
+  MT_CHECK(detail::is_cuda_kernel_dtype(x.dtype()), kOp,
+           "x must be f32, bf16 or f16 on {} (the CUDA kernels' dtypes), got {} {}", dev.str(), dtype_name(x.dtype()),
            shape_str(x.shape()));
   MT_CHECK(weight.dtype() == DType::f32 && weight.device() == dev, kOp,
            "weight must be an f32 tensor on {} (x's device), got {} {} on {}", dev.str(), dtype_name(weight.dtype()),

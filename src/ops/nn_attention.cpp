@@ -45,11 +45,11 @@ cpu::HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t
 
 cuda::HeadLayout cuda_layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-// What the CUDA kernels read: an f32/bf16 [B, H, T, D] operand with unit stride along D (any other
+// What the CUDA kernels read: an f32/bf16/f16 [B, H, T, D] operand with unit stride along D (any other
 // non-negative strides).
 void check_cuda_head(const char* op, const char* what, const Tensor& t) {
-  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op,
-           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32 or bf16 ({} {})", what,
+  MT_CHECK(detail::is_cuda_kernel_dtype(t.dtype()), op,
+           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32, bf16 or f16 ({} {})", what,
            dtype_name(t.dtype()), t.device().str(), what, shape_str(t.shape()));
   MT_CHECK(t.stride(3) == 1 || t.size(3) == 1, op,
            "{} {} with strides {} on {} is not supported yet: the CUDA kernels need unit stride along D", what,

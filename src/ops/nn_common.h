@@ -48,10 +48,13 @@ inline void check_same_device(const char* op, const char* what_a, const Tensor& 
            a.device().str(), what_b, shape_str(b.shape()), b.device().str());
 }
 
-// A data operand of a CUDA nn kernel: f32 or bf16, contiguous.
+// The dtypes the CUDA nn kernels take (each widens to f32 and rounds once on output).
+inline bool is_cuda_kernel_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// A data operand of a CUDA nn kernel: f32, bf16 or f16, contiguous.
 inline void check_cuda_data(const char* op, const char* what, const Tensor& t) {
-  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op,
-           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32 or bf16 ({} {})", what,
+  MT_CHECK(is_cuda_kernel_dtype(t.dtype()), op,
+           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32, bf16 or f16 ({} {})", what,
            dtype_name(t.dtype()), t.device().str(), what, shape_str(t.shape()));
   MT_CHECK(t.is_contiguous(), op, "a non-contiguous {} on {} is not supported yet: {} {} has strides {}", what,
            t.device().str(), what, shape_str(t.shape()), shape_str(t.strides()));

@@ -1,7 +1,7 @@
 // conv2d (NCHW, stride, padding, groups) by im2col + GEMM (see cpu/conv.h). The forward saves x only when
 // the weight needs a gradient and the weight only when x does (dW needs x, dx needs W). Column buffers are
 // workspace, freed on return. On a CUDA device memtrain/cuda/conv.h runs instead (cuDNN or its im2col
-// fallback; f32 or bf16, one dtype for x, weight, bias and the gradients).
+// fallback; f32, bf16 or f16, one dtype for x, weight, bias and the gradients).
 #include "amp/autocast_state.h"
 #include "cpu/conv.h"
 #include "memtrain/ckpt/checkpoint.h"
@@ -27,7 +27,7 @@ cuda::Conv2dShape cuda_shape(const cpu::Conv2dShape& s) {
   return {s.B, s.Cin, s.H, s.W, s.Cout, s.KH, s.KW, s.stride, s.padding, s.groups, s.OH, s.OW};
 }
 
-// An operand of the CUDA kernels: the dtype of `ref` (f32 or bf16), packed contiguous when it is not.
+// An operand of the CUDA kernels: the dtype of `ref` (f32, bf16 or f16), packed contiguous when it is not.
 Tensor cuda_operand(const char* op, const char* what, const Tensor& t, const Tensor& ref) {
   detail::check_same_device(op, "input", ref, what, t);
   detail::check_cuda_same_dtype(op, what, t, "input", ref);
@@ -83,8 +83,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
   detail::check_floating(op, x);
   detail::check_same(op, x, weight);
   if (x.device().is_cuda()) {
-    MT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op,
-             "input of dtype {} on {} is not supported yet: the CUDA kernels take f32 or bf16", dtype_name(x.dtype()),
+    MT_CHECK(detail::is_cuda_kernel_dtype(x.dtype()), op,
+             "input of dtype {} on {} is not supported yet: the CUDA kernels take f32, bf16 or f16", dtype_name(x.dtype()),
              x.device().str());
   } else {
     detail::check_cpu(op, x);

@@ -1,6 +1,6 @@
 // embedding: gathers rows of weight [V, C] by integer indices. Saves only the indices; the backward op
 // scatters the output gradient into a zero [V, C] gradient. On a CUDA device the kernels of
-// memtrain/cuda/nn.h gather and scatter (f32 or bf16 weight, contiguous); the indices, on the same device,
+// memtrain/cuda/nn.h gather and scatter (f32, bf16 or f16 weight, contiguous); the indices, on the same device,
 // are copied to the host once to be range-checked like the CPU path's.
 #include "amp/autocast_state.h"
 #include "cpu/embedding.h"

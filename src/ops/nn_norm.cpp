@@ -1,7 +1,7 @@
 // layer_norm and rms_norm over the last dim. The forward saves x, the affine weight and the per-row
 // statistics (layer_norm: mean, rstd; rms_norm: rstd), not the normalised output; the backward ops
 // recompute x_hat from them. Statistics are kept in the compute dtype (f32 for bf16/f16 inputs).
-// On a CUDA device the kernels of memtrain/cuda/nn.h run instead (f32 or bf16, one dtype for x, weight
+// On a CUDA device the kernels of memtrain/cuda/nn.h run instead (f32, bf16 or f16, one dtype for x, weight
 // and bias, contiguous; statistics always f32), forward and backward.
 // batch_norm (NCHW, per channel; the rule of nn::BatchNorm2d): on CUDA the kernels of memtrain/cuda/nn_spatial.h
 // with their own backward; on the CPU the composition of differentiable ops the module has always used.
@@ -295,7 +295,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     }
     return y;
   }
-  // CUDA: one dtype (f32 or bf16) for every operand, contiguous.
+  // CUDA: one dtype (f32, bf16 or f16) for every operand, contiguous.
   auto operand = [&](const char* what, const Tensor& t) {
     if (!t.defined()) return Tensor();
     detail::check_cuda_same_dtype(op, what, t, "input", x);

@@ -43,7 +43,7 @@ cuda::Pool2dShape cuda_shape(const cpu::Pool2dShape& s) {
   return {s.planes, s.H, s.W, s.kernel, s.stride, s.padding, s.OH, s.OW};
 }
 
-// An operand of the CUDA kernels: dtype `dtype` (f32 or bf16), packed contiguous when it is not.
+// An operand of the CUDA kernels: dtype `dtype` (f32, bf16 or f16), packed contiguous when it is not.
 Tensor cuda_operand(const char* op, const char* what, const Tensor& t, DType dtype) {
   MT_CHECK(t.dtype() == dtype, op, "{} {} {} does not have the input's dtype {}", what, dtype_name(t.dtype()),
            shape_str(t.shape()), dtype_name(dtype));

@@ -1,6 +1,6 @@
 // softmax and log_softmax along any dim. The input is viewed as (outer, C, inner) around `dim`; the
 // forward saves only its output, which is all either backward needs. On a CUDA device the kernels of
-// memtrain/cuda/nn.h run (last dim only, i.e. inner == 1; f32 or bf16; contiguous), forward and backward.
+// memtrain/cuda/nn.h run (last dim only, i.e. inner == 1; f32, bf16 or f16; contiguous), forward and backward.
 #include "amp/autocast_state.h"
 #include "cpu/softmax.h"
 #include "memtrain/autograd/node.h"

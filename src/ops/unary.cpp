@@ -124,10 +124,10 @@ Tensor clamp_backward(const Tensor& g, const Tensor& x, double lo, double hi) {
 
 // gelu (tanh) and its backward on the fused array kernels of cpu/gelu.h: inputs in the compute dtype and
 // contiguous (a copy only for views), the result back in the input's dtype; contiguous bf16/f16 in blocks
-// (narrow_blocks). On a CUDA device, the fused kernels of memtrain/cuda/nn.h for contiguous f32 or bf16,
+// (narrow_blocks). On a CUDA device, the fused kernels of memtrain/cuda/nn.h for contiguous f32, bf16 or f16,
 // the elementwise kernels of memtrain/cuda/elementwise.h (same formula) for anything else.
 bool cuda_gelu_fused(const Tensor& t) {
-  return (t.dtype() == DType::f32 || t.dtype() == DType::bf16) && t.is_contiguous();
+  return detail::is_cuda_kernel_dtype(t.dtype()) && t.is_contiguous();
 }
 
 Tensor gelu_tanh_kernel(const Tensor& a) {

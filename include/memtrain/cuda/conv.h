@@ -9,8 +9,8 @@
 //  - im2col: column buffer kernels + cuda::gemm (cuBLAS) in f32, col2im by gather for dx; every CUDA build
 //    has it.
 // ConvImpl::automatic takes cuDNN when built, unless the environment sets MEMTRAIN_CONV_IM2COL=1.
-// dtype is the dtype of every data array (x, weight, bias, out, dout, dx, dweight, dbias): f32 or bf16
-// (widened to f32 for arithmetic). Scratch (column buffers, cuDNN workspace) comes from
+// dtype is the dtype of every data array (x, weight, bias, out, dout, dx, dweight, dbias): f32, bf16 or
+// f16 (widened to f32 for arithmetic). Scratch (column buffers, cuDNN workspace) comes from
 // Allocator::get(Device::cuda(device)) under MemoryCategory::workspace. Results are deterministic.
 #pragma once
 

@@ -41,7 +41,7 @@ void fill(void* dst, DType dtype, std::size_t n, double value, int device);
 void add(const void* a, const void* b, void* out, DType dtype, std::size_t n, int device);
 void mul(const void* a, const void* b, void* out, DType dtype, std::size_t n, int device);
 
-// Row-major C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C through cuBLAS (f32 or bf16 inputs with
+// Row-major C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C through cuBLAS (f32, bf16 or f16 inputs with
 // f32 accumulation; C has the dtype of A and B). lda/ldb/ldc are row strides in elements of the
 // matrices as stored (A is [k,m] when trans_a). beta == 0: C is not read (it may hold NaN).
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

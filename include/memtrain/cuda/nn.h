@@ -6,8 +6,8 @@
 // errors throw memtrain::Error("cuda::<name>: ..."); argument errors throw before the device is touched.
 //
 // dtype is the dtype of every data array (x, out, weight, bias, dout, dx, dweight, dbias, logits,
-// dlogits): f32, or bf16 (widened to f32 for all arithmetic, rounded once to nearest even on output).
-// Dropout takes f32 or bf16 too. Row statistics (mean, rstd, lse), per-row losses and dloss are always
+// dlogits): f32, or bf16 / f16 (widened to f32 for all arithmetic, rounded once to nearest even on output;
+// f16 overflows to Inf, as on the CPU). Dropout takes the same three. Row statistics (mean, rstd, lse), per-row losses and dloss are always
 // f32. Index arrays (targets, indices) are i32 or i64 (index_dtype). Norm backwards and the embedding
 // backward take their scratch from Allocator::get(Device::cuda(device)) (category workspace).
 // Results are deterministic: no float atomics; a rerun on the same device gives the same bits.
