@@ -1,6 +1,8 @@
-// amp::fp8_linear (amp/fp8_linear.h): the FP8 linear layer, emulated on the CPU. x is quantized before the
-// product, outside compute_or_replay, so its codes are saved whether the product is computed or handed back by a
-// checkpoint re-run. Every GEMM runs in f32 on dequantized copies that live only as workspace while it runs.
+// amp::fp8_linear (amp/fp8_linear.h): the FP8 linear layer, emulated on the CPU or on a CUDA device. x is
+// quantized before the product, outside compute_or_replay, so its codes are saved whether the product is computed
+// or handed back by a checkpoint re-run. Every GEMM runs in f32 on dequantized copies that live only as workspace
+// while it runs: cpu::gemm_f32, or cuda::gemm in full f32 (no TF32), so both devices compute the same products and
+// differ only in summation order. Delayed scales stay on the host (Fp8TensorMeta) and reach the kernels by value.
 #include "memtrain/amp/fp8_linear.h"
 
 #include "cpu/gemm.h"
@@ -11,6 +13,8 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
+#include "memtrain/cuda/cuda.h"
+#include "memtrain/cuda/reduce.h"
 
 #include <cstdint>
 #include <optional>
@@ -51,51 +55,63 @@ namespace {
 
 constexpr const char* kOp = "fp8_linear";
 
-// FP8 codes and the inverse scales that turn them back into values: one f32 (delayed) or a tile grid.
+// FP8 codes and the inverse scales that turn them back into values: one f32 on the host (delayed) or a tile grid on
+// the codes' device (blockwise).
 struct Quantized {
   Tensor codes;
   Tensor inv_scales;
 };
 
+// A host f32 even when the codes are on a device: the kernels take a delayed scale by value, and the host already
+// has it, so neither side waits for the other.
 Tensor scalar_f32(float value) {
   Tensor t = Tensor::empty({1}, DType::f32);
   t.data<float>()[0] = value;
   return t;
 }
 
-// x (contiguous, CPU f32/bf16) in format f: with meta's scale, recording x's amax (delayed), or in 1x128 tiles
-// along the last dim (blockwise). Allocates in the current category.
+// x (contiguous, f32/bf16, CPU or CUDA) in format f: with meta's scale, recording x's amax (delayed), or in 1x128
+// tiles along the last dim (blockwise). Allocates in the current category.
 Quantized quantize_rows(const Tensor& x, Fp8Format f, Fp8ScalingKind kind, Fp8TensorMeta* meta) {
   if (kind == Fp8ScalingKind::blockwise) {
     BlockwiseFp8 q = quantize_fp8_blockwise(x, f, Fp8Tiling::row_1x128);
     return {q.codes, q.inv_scales};
   }
-  Tensor codes = quantize_fp8(x, f, meta->scale());
-  meta->record_amax(amax(x));
+  Fp8WithAmax q = quantize_fp8_with_amax(x, f, meta->scale());
+  meta->record_amax(q.amax);
   // The inverse scale is saved as it was now: update_scales() may run before the backward reads it.
-  return {codes, scalar_f32(meta->inv_scale())};
+  return {q.codes, scalar_f32(meta->inv_scale())};
 }
 
-// f32 values of codes; tiling only matters for blockwise.
+// f32 values of codes, on the codes' device; tiling only matters for blockwise. item() reads the delayed scale
+// wherever it is (quantize_rows and quantize_weight keep it on the host).
 Tensor dequantize(const Tensor& codes, const Tensor& inv_scales, Fp8ScalingKind kind, Fp8Tiling tiling) {
-  if (kind == Fp8ScalingKind::delayed) return dequantize_fp8(codes, inv_scales.data<float>()[0]);
+  if (kind == Fp8ScalingKind::delayed) return dequantize_fp8(codes, static_cast<float>(inv_scales.item()));
   return dequantize_fp8_blockwise({codes, inv_scales, tiling});
 }
 
-// An f32 result that becomes a tensor of final_dtype: allocated in the current category when it is the final
-// tensor itself, else as workspace (the conversion allocates the final one).
-Tensor f32_result(const Shape& shape, DType final_dtype) {
+// An f32 result on `device` that becomes a tensor of final_dtype: allocated in the current category when it is the
+// final tensor itself, else as workspace (the conversion allocates the final one).
+Tensor f32_result(const Shape& shape, DType final_dtype, Device device) {
   std::optional<CategoryGuard> workspace;
   if (final_dtype != DType::f32) workspace.emplace(MemoryCategory::workspace);
-  return Tensor::empty(shape, DType::f32);
+  return Tensor::empty(shape, DType::f32, device);
 }
 
-// c [m, n] = op(a) op(b) (+ c when accumulate); all contiguous f32 matrices, op = transpose when flagged.
+// c [m, n] = op(a) op(b) (+ c when accumulate); all contiguous f32 matrices on one device, op = transpose when
+// flagged. cuda::gemm in f32 computes with CUBLAS_COMPUTE_32F (full f32 FMAs, never TF32), so the device's
+// result differs from the CPU's only in summation order.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, bool accumulate) {
   const std::int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0) return;
-  cpu::gemm_f32(trans_a, trans_b, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(), b.size(1),
-                accumulate ? 1.0f : 0.0f, c.data<float>(), n);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (c.device().is_cuda()) {
+    cuda::gemm(DType::f32, trans_a, trans_b, m, n, k, 1.0f, a.data_ptr(), a.size(1), b.data_ptr(), b.size(1), beta,
+               c.data_ptr(), n, c.device().index);
+    return;
+  }
+  cpu::gemm_f32(trans_a, trans_b, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(), b.size(1), beta,
+                c.data<float>(), n);
 }
 
 float load(const float* p, std::int64_t i) { return p[i]; }
@@ -108,8 +124,22 @@ void add_rows(const T* g, std::int64_t rows, std::int64_t cols, double* sums) {
   }
 }
 
+// db on a CUDA device: cuda::sum_dim over the rows of an f32 copy (exact), accumulated in f64 in a fixed order and
+// rounded once to f32: the CPU's f64 sums in another order. A bf16 bias then rounds a second time, from f32, which
+// can land one bf16 ulp away from the CPU's single rounding.
+Tensor column_sums_cuda(const Tensor& g, DType dtype) {
+  const Tensor g32 = [&] {
+    CategoryGuard workspace(MemoryCategory::workspace);
+    return g.to(DType::f32);
+  }();
+  Tensor sums = f32_result({g.size(1)}, dtype, g.device());
+  cuda::sum_dim(g32.data_ptr(), sums.data_ptr(), DType::f32, 1, g.size(0), g.size(1), g.device().index);
+  return sums.to(dtype);
+}
+
 // db: column sums of g [rows, cols] (contiguous f32/bf16), accumulated in f64, in `dtype`.
 Tensor column_sums(const Tensor& g, DType dtype) {
+  if (g.device().is_cuda()) return column_sums_cuda(g, dtype);
   Tensor sums;
   {
     CategoryGuard workspace(MemoryCategory::workspace);
@@ -122,25 +152,33 @@ Tensor column_sums(const Tensor& g, DType dtype) {
 
 void check_operand(const Tensor& t, const char* op, const char* what) {
   MT_CHECK(t.defined(), op, "{} is undefined", what);
-  MT_CHECK(t.device().is_cpu(), op, "{} is on {}; this is the CPU path", what, t.device().str());
   MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, "{} dtype {} is not supported (f32, bf16)", what,
            dtype_name(t.dtype()));
+}
+
+// The kernels and GEMMs take raw pointers of one device: every operand must be where x is.
+void check_device(const Tensor& t, Device device, const char* what) {
+  MT_CHECK(t.device() == device, kOp, "{} is on {}, the input on {}: all operands must be on one device", what,
+           t.device().str(), device.str());
 }
 
 void check_inputs(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
                   const Fp8Recipe& recipe, const Fp8LinearMeta* meta) {
   check_operand(x, kOp, "input");
   check_operand(weight, kOp, "weight");
+  check_device(weight, x.device(), "weight");
   MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), kOp,
            "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
   if (bias.defined()) {
     check_operand(bias, kOp, "bias");
+    check_device(bias, x.device(), "bias");
     MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), kOp, "bias {} does not match weight {} ([out])",
              shape_str(bias.shape()), shape_str(weight.shape()));
   }
   MT_CHECK(wq.codes.defined() && wq.inv_scales.defined(), kOp, "the FP8 weight is empty; make it with quantize_weight");
-  MT_CHECK(wq.codes.device().is_cpu() && wq.inv_scales.device().is_cpu(), kOp,
-           "the FP8 weight is on {}; this is the CPU path", wq.codes.device().str());
+  check_device(wq.codes, x.device(), "the FP8 weight");
+  // A delayed inverse scale is one f32 read by value, so it may be anywhere; a blockwise grid is read by the kernel.
+  if (recipe.kind == Fp8ScalingKind::blockwise) check_device(wq.inv_scales, x.device(), "the FP8 weight's scale grid");
   MT_CHECK(wq.codes.dtype() == DType::f8_e4m3, kOp, "FP8 weight codes are {}, want f8_e4m3",
            dtype_name(wq.codes.dtype()));
   MT_CHECK(wq.codes.shape() == weight.shape(), kOp, "FP8 weight codes {} do not match weight {}",
@@ -184,7 +222,7 @@ std::vector<Tensor> fp8_linear_backward(const BackwardState& s, const Tensor& dy
       gd = dequantize(gq.codes, gq.inv_scales, s.kind, Fp8Tiling::row_1x128);
     }
     if (s.want_dx) {
-      Tensor dx32 = f32_result({s.rows, s.in}, s.x_dtype);
+      Tensor dx32 = f32_result({s.rows, s.in}, s.x_dtype, g.device());
       {
         CategoryGuard workspace(MemoryCategory::workspace);
         const Tensor wd = dequantize(s.w_codes.unpack(), s.w_inv_scales.unpack(), s.kind, Fp8Tiling::block_128x128);
@@ -193,7 +231,7 @@ std::vector<Tensor> fp8_linear_backward(const BackwardState& s, const Tensor& dy
       dx = dx32.to(s.x_dtype).reshape(s.x_shape);
     }
     if (s.want_dw) {
-      Tensor dw32 = f32_result({s.out, s.in}, s.w_dtype);
+      Tensor dw32 = f32_result({s.out, s.in}, s.w_dtype, g.device());
       {
         CategoryGuard workspace(MemoryCategory::workspace);
         const Tensor xd = dequantize(s.x_codes.unpack(), s.x_inv_scales.unpack(), s.kind, Fp8Tiling::row_1x128);
@@ -220,9 +258,9 @@ Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8Line
     return {q.codes, q.inv_scales, Fp8ScalingKind::blockwise};
   }
   MT_CHECK(meta != nullptr, op, "delayed scaling needs an Fp8LinearMeta (got null)");
-  Tensor codes = quantize_fp8(w, Fp8Format::e4m3, meta->weight.scale());
-  meta->weight.record_amax(amax(w));
-  return {codes, scalar_f32(meta->weight.inv_scale()), Fp8ScalingKind::delayed};
+  Fp8WithAmax q = quantize_fp8_with_amax(w, Fp8Format::e4m3, meta->weight.scale());
+  meta->weight.record_amax(q.amax);
+  return {q.codes, scalar_f32(meta->weight.inv_scale()), Fp8ScalingKind::delayed};
 }
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
@@ -262,8 +300,12 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
                   bias.defined()};
   const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
   const Tensor y = ckpt::detail::compute_or_replay("linear", flops, [&] {
-                     Tensor y32 = f32_result({rows, out}, x.dtype());  // (rows, out)
-                     if (bias.defined()) y32.copy_(bias.detach().reshape({1, out}).expand({rows, out}));
+                     Tensor y32 = f32_result({rows, out}, x.dtype(), x.device());  // (rows, out)
+                     if (bias.defined()) {
+                       // A bias of another dtype is converted through a temporary: workspace, not the output's.
+                       CategoryGuard workspace(MemoryCategory::workspace);
+                       y32.copy_(bias.detach().reshape({1, out}).expand({rows, out}));
+                     }
                      {
                        CategoryGuard workspace(MemoryCategory::workspace);
                        const Tensor xd = dequantize(xq.codes, xq.inv_scales, recipe.kind, Fp8Tiling::row_1x128);

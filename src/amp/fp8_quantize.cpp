@@ -1,9 +1,12 @@
-// FP8 quantization on the CPU (amp/fp8.h): per-tensor and blockwise quantize / dequantize and amax.
-// Element rules are the CUDA path's (kernels/convert.cuh: quantize_one, block_scale), written on the CPU
-// conversions of core/float_types.h, which the CUDA rules copy bit for bit. Loops run over contiguous
-// data, in parallel (OpenMP) over elements or tiles once the input is large enough to pay for threads.
+// FP8 quantization (amp/fp8.h): per-tensor and blockwise quantize / dequantize and amax, on the CPU or on a
+// CUDA device. The CPU loops are the reference: element rules of the CUDA path (kernels/convert.cuh:
+// quantize_one, block_scale), written on the CPU conversions of core/float_types.h, which the CUDA rules copy
+// bit for bit; they run over contiguous data, in parallel (OpenMP) over elements or tiles once the input is
+// large enough to pay for threads. A CUDA tensor goes to the cuda:: entry point of the same name
+// (cuda/convert.h) on a contiguous copy, with its outputs allocated on the same device.
 #include "memtrain/amp/fp8.h"
 
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
 
@@ -24,15 +27,19 @@ bool is_fp8(DType t) { return t == DType::f8_e4m3 || t == DType::f8_e5m2; }
 
 void check_source(const char* op, const Tensor& x) {
   MT_CHECK(x.defined(), op, "undefined input");
-  MT_CHECK(x.device().is_cpu(), op, "input is on {}; this is the CPU path", x.device().str());
   MT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, op, "input dtype {} is not supported (f32, bf16)",
            dtype_name(x.dtype()));
   MT_CHECK(x.dim() >= 1, op, "input must have at least 1 dim, got a 0-dim tensor");
 }
 
+// The CUDA kernels count nothing, and a host copy just to count would hide a device round trip in the step.
+void check_stats(const char* op, const Tensor& x, const QuantStats* stats) {
+  MT_CHECK(stats == nullptr || x.device().is_cpu(), op,
+           "QuantStats are counted on the CPU only; pass null for an input on {}", x.device().str());
+}
+
 void check_codes(const char* op, const Tensor& q, DType out) {
   MT_CHECK(q.defined(), op, "undefined codes");
-  MT_CHECK(q.device().is_cpu(), op, "codes are on {}; this is the CPU path", q.device().str());
   MT_CHECK(is_fp8(q.dtype()), op, "codes dtype {} is not an FP8 dtype (f8_e4m3, f8_e5m2)", dtype_name(q.dtype()));
   MT_CHECK(q.dim() >= 1, op, "codes must have at least 1 dim, got a 0-dim tensor");
   MT_CHECK(out == DType::f32 || out == DType::bf16, op, "output dtype {} is not supported (f32, bf16)",
@@ -192,11 +199,20 @@ std::int64_t matrix_rows(const Tensor& x) {
   return rows;
 }
 
-}  // namespace
+std::size_t count(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
-float amax(const Tensor& x) {
-  check_source("amp::amax", x);
-  const Tensor xc = x.contiguous();
+// One device f32 that a kernel writes an amax into (0 when n == 0): a transient, so workspace.
+Tensor device_float(Device device) {
+  CategoryGuard workspace(MemoryCategory::workspace);
+  return Tensor::empty({1}, DType::f32, device);
+}
+
+// The host copy of a device float; the copy waits for the kernel that writes it.
+float read_back(const Tensor& f) { return static_cast<float>(f.item()); }
+
+// ---- the CPU path ----
+
+float amax_cpu(const Tensor& xc) {
   float out = 0.0f;
   dispatch(xc.dtype(), true, [&](auto* src_tag, auto) {
     using Src = std::remove_pointer_t<decltype(src_tag)>;
@@ -205,20 +221,109 @@ float amax(const Tensor& x) {
   return out;
 }
 
-Tensor quantize_fp8(const Tensor& x, Fp8Format f, float scale, QuantStats* stats) {
-  constexpr const char* op = "amp::quantize_fp8";
-  check_source(op, x);
-  MT_CHECK(std::isfinite(scale) && scale > 0.0f, op, "scale must be finite and > 0, got {}", scale);
-  const Tensor xc = x.contiguous();
-  Tensor q = Tensor::empty(x.shape(), fp8_dtype(f));
+QuantStats quantize_cpu(const Tensor& xc, Fp8Format f, float scale, Tensor& q) {
   QuantStats st;
   dispatch(xc.dtype(), f == Fp8Format::e4m3, [&](auto* src_tag, auto e4m3) {
     using Src = std::remove_pointer_t<decltype(src_tag)>;
-    st = quantize_typed<Src, decltype(e4m3)::value>(static_cast<const Src*>(xc.data_ptr()),
-                                                    q.data<std::uint8_t>(), xc.numel(), scale);
+    st = quantize_typed<Src, decltype(e4m3)::value>(static_cast<const Src*>(xc.data_ptr()), q.data<std::uint8_t>(),
+                                                    xc.numel(), scale);
   });
-  add_to(stats, st);
+  return st;
+}
+
+void dequantize_cpu(const Tensor& qc, float inv_scale, Tensor& y) {
+  dispatch(y.dtype(), qc.dtype() == DType::f8_e4m3, [&](auto* dst_tag, auto e4m3) {
+    using Dst = std::remove_pointer_t<decltype(dst_tag)>;
+    dequantize_typed<Dst, decltype(e4m3)::value>(qc.data<const std::uint8_t>(), static_cast<Dst*>(y.data_ptr()),
+                                                 qc.numel(), inv_scale);
+  });
+}
+
+QuantStats quantize_blockwise_cpu(const Tensor& xc, Fp8Format f, BlockwiseFp8& r) {
+  QuantStats st;
+  dispatch(xc.dtype(), f == Fp8Format::e4m3, [&](auto* src_tag, auto e4m3) {
+    using Src = std::remove_pointer_t<decltype(src_tag)>;
+    st = quantize_blockwise_typed<Src, decltype(e4m3)::value>(static_cast<const Src*>(xc.data_ptr()),
+                                                              r.codes.data<std::uint8_t>(), r.inv_scales.data<float>(),
+                                                              matrix_rows(xc), xc.size(-1),
+                                                              cuda::fp8_tile_rows(r.tiling));
+  });
+  return st;
+}
+
+void dequantize_blockwise_cpu(const Tensor& qc, const Tensor& sc, Fp8Tiling tiling, Tensor& y) {
+  dispatch(y.dtype(), qc.dtype() == DType::f8_e4m3, [&](auto* dst_tag, auto e4m3) {
+    using Dst = std::remove_pointer_t<decltype(dst_tag)>;
+    dequantize_blockwise_typed<Dst, decltype(e4m3)::value>(qc.data<const std::uint8_t>(), sc.data<const float>(),
+                                                           static_cast<Dst*>(y.data_ptr()), matrix_rows(qc),
+                                                           qc.size(-1), cuda::fp8_tile_rows(tiling));
+  });
+}
+
+// ---- the CUDA path: the same rules in cuda/convert.h, on contiguous buffers of one device ----
+
+float amax_cuda(const Tensor& xc) {
+  const Tensor out = device_float(xc.device());
+  cuda::amax(xc.data_ptr(), xc.dtype(), count(xc), out.data<float>(), xc.device().index);
+  return read_back(out);
+}
+
+// amax: null, or a device float that receives max |x| from the same pass.
+void quantize_cuda(const Tensor& xc, float scale, Tensor& q, float* amax) {
+  cuda::quantize_fp8(xc.data_ptr(), xc.dtype(), scale, q.data_ptr(), q.dtype(), count(xc), amax, xc.device().index);
+}
+
+void dequantize_cuda(const Tensor& qc, float inv_scale, Tensor& y) {
+  cuda::dequantize_fp8(qc.data_ptr(), qc.dtype(), inv_scale, y.data_ptr(), y.dtype(), count(qc), qc.device().index);
+}
+
+void quantize_blockwise_cuda(const Tensor& xc, BlockwiseFp8& r) {
+  cuda::quantize_fp8_blockwise(xc.data_ptr(), xc.dtype(), r.codes.data_ptr(), r.codes.dtype(),
+                               r.inv_scales.data<float>(), matrix_rows(xc), xc.size(-1), r.tiling, xc.device().index);
+}
+
+void dequantize_blockwise_cuda(const Tensor& qc, const Tensor& sc, Fp8Tiling tiling, Tensor& y) {
+  cuda::dequantize_fp8_blockwise(qc.data_ptr(), qc.dtype(), sc.data<const float>(), y.data_ptr(), y.dtype(),
+                                 matrix_rows(qc), qc.size(-1), tiling, qc.device().index);
+}
+
+// The checks of quantize_fp8, shared with quantize_fp8_with_amax.
+void check_quantize(const char* op, const Tensor& x, float scale, const QuantStats* stats) {
+  check_source(op, x);
+  check_stats(op, x, stats);
+  MT_CHECK(std::isfinite(scale) && scale > 0.0f, op, "scale must be finite and > 0, got {}", scale);
+}
+
+}  // namespace
+
+float amax(const Tensor& x) {
+  check_source("amp::amax", x);
+  const Tensor xc = x.contiguous();
+  return xc.device().is_cuda() ? amax_cuda(xc) : amax_cpu(xc);
+}
+
+Tensor quantize_fp8(const Tensor& x, Fp8Format f, float scale, QuantStats* stats) {
+  check_quantize("amp::quantize_fp8", x, scale, stats);
+  const Tensor xc = x.contiguous();
+  Tensor q = Tensor::empty(x.shape(), fp8_dtype(f), x.device());
+  if (xc.device().is_cuda()) quantize_cuda(xc, scale, q, nullptr);
+  else add_to(stats, quantize_cpu(xc, f, scale, q));
   return q;
+}
+
+Fp8WithAmax quantize_fp8_with_amax(const Tensor& x, Fp8Format f, float scale) {
+  check_quantize("amp::quantize_fp8_with_amax", x, scale, nullptr);
+  const Tensor xc = x.contiguous();
+  Fp8WithAmax r{Tensor::empty(x.shape(), fp8_dtype(f), x.device()), 0.0f};
+  if (xc.device().is_cuda()) {
+    const Tensor amax_out = device_float(xc.device());
+    quantize_cuda(xc, scale, r.codes, amax_out.data<float>());
+    r.amax = read_back(amax_out);
+  } else {
+    quantize_cpu(xc, f, scale, r.codes);
+    r.amax = amax_cpu(xc);
+  }
+  return r;
 }
 
 Tensor dequantize_fp8(const Tensor& q, float inv_scale, DType out) {
@@ -226,30 +331,22 @@ Tensor dequantize_fp8(const Tensor& q, float inv_scale, DType out) {
   check_codes(op, q, out);
   MT_CHECK(std::isfinite(inv_scale) && inv_scale > 0.0f, op, "inv_scale must be finite and > 0, got {}", inv_scale);
   const Tensor qc = q.contiguous();
-  Tensor y = Tensor::empty(q.shape(), out);
-  dispatch(out, q.dtype() == DType::f8_e4m3, [&](auto* dst_tag, auto e4m3) {
-    using Dst = std::remove_pointer_t<decltype(dst_tag)>;
-    dequantize_typed<Dst, decltype(e4m3)::value>(qc.data<const std::uint8_t>(), static_cast<Dst*>(y.data_ptr()),
-                                                 qc.numel(), inv_scale);
-  });
+  Tensor y = Tensor::empty(q.shape(), out, q.device());
+  if (qc.device().is_cuda()) dequantize_cuda(qc, inv_scale, y);
+  else dequantize_cpu(qc, inv_scale, y);
   return y;
 }
 
 BlockwiseFp8 quantize_fp8_blockwise(const Tensor& x, Fp8Format f, Fp8Tiling t, QuantStats* stats) {
-  check_source("amp::quantize_fp8_blockwise", x);
+  constexpr const char* op = "amp::quantize_fp8_blockwise";
+  check_source(op, x);
+  check_stats(op, x, stats);
   const Tensor xc = x.contiguous();
   const std::int64_t cols = x.size(-1), rows = matrix_rows(x);
-  BlockwiseFp8 r{Tensor::empty(x.shape(), fp8_dtype(f)),
-                 Tensor::empty({cuda::fp8_scale_rows(rows, t), cuda::fp8_scale_cols(cols)}, DType::f32), t};
-  QuantStats st;
-  dispatch(xc.dtype(), f == Fp8Format::e4m3, [&](auto* src_tag, auto e4m3) {
-    using Src = std::remove_pointer_t<decltype(src_tag)>;
-    st = quantize_blockwise_typed<Src, decltype(e4m3)::value>(static_cast<const Src*>(xc.data_ptr()),
-                                                              r.codes.data<std::uint8_t>(),
-                                                              r.inv_scales.data<float>(), rows, cols,
-                                                              cuda::fp8_tile_rows(t));
-  });
-  add_to(stats, st);
+  BlockwiseFp8 r{Tensor::empty(x.shape(), fp8_dtype(f), x.device()),
+                 Tensor::empty({cuda::fp8_scale_rows(rows, t), cuda::fp8_scale_cols(cols)}, DType::f32, x.device()), t};
+  if (xc.device().is_cuda()) quantize_blockwise_cuda(xc, r);
+  else add_to(stats, quantize_blockwise_cpu(xc, f, r));
   return r;
 }
 
@@ -258,20 +355,17 @@ Tensor dequantize_fp8_blockwise(const BlockwiseFp8& q, DType out) {
   check_codes(op, q.codes, out);
   const std::int64_t cols = q.codes.size(-1), rows = matrix_rows(q.codes);
   const Shape grid{cuda::fp8_scale_rows(rows, q.tiling), cuda::fp8_scale_cols(cols)};
-  MT_CHECK(q.inv_scales.defined() && q.inv_scales.device().is_cpu() && q.inv_scales.dtype() == DType::f32, op,
-           "inv_scales must be a CPU f32 tensor");
+  MT_CHECK(q.inv_scales.defined() && q.inv_scales.dtype() == DType::f32, op, "inv_scales must be an f32 tensor");
+  MT_CHECK(q.inv_scales.device() == q.codes.device(), op, "inv_scales are on {}, the codes on {}: want one device",
+           q.inv_scales.device().str(), q.codes.device().str());
   MT_CHECK(q.inv_scales.shape() == grid, op, "inv_scales shape {} does not match codes {} tiled {}: want {}",
            shape_str(q.inv_scales.shape()), shape_str(q.codes.shape()),
            q.tiling == Fp8Tiling::row_1x128 ? "1x128" : "128x128", shape_str(grid));
   const Tensor qc = q.codes.contiguous();
   const Tensor sc = q.inv_scales.contiguous();
-  Tensor y = Tensor::empty(q.codes.shape(), out);
-  dispatch(out, q.codes.dtype() == DType::f8_e4m3, [&](auto* dst_tag, auto e4m3) {
-    using Dst = std::remove_pointer_t<decltype(dst_tag)>;
-    dequantize_blockwise_typed<Dst, decltype(e4m3)::value>(qc.data<const std::uint8_t>(), sc.data<const float>(),
-                                                           static_cast<Dst*>(y.data_ptr()), rows, cols,
-                                                           cuda::fp8_tile_rows(q.tiling));
-  });
+  Tensor y = Tensor::empty(q.codes.shape(), out, q.codes.device());
+  if (qc.device().is_cuda()) dequantize_blockwise_cuda(qc, sc, q.tiling, y);
+  else dequantize_blockwise_cpu(qc, sc, q.tiling, y);
   return y;
 }
 

@@ -1,9 +1,10 @@
-// FP8 scaling on the CPU: per-tensor delayed scaling from an amax history (Transformer Engine's
-// DelayedScaling recipe) and current per-block scaling in 1x128 / 128x128 tiles (DeepSeek-V3).
-// Matmul inputs use E4M3 in the forward pass (activations, weights) and E5M2 for gradients.
+// FP8 scaling: per-tensor delayed scaling from an amax history (Transformer Engine's DelayedScaling recipe)
+// and current per-block scaling in 1x128 / 128x128 tiles (DeepSeek-V3). Matmul inputs use E4M3 in the
+// forward pass (activations, weights) and E5M2 for gradients.
 //
-// The CPU emulates FP8 exactly: quantize, dequantize, and compute in f32. Every rule below is the CUDA
-// path's (cuda/convert.h), bit for bit:
+// The CPU emulates FP8 exactly: quantize, dequantize, and compute in f32. The quantization functions below
+// also take CUDA tensors: they run the kernels of cuda/convert.h on the tensor's device and allocate their
+// outputs there, with the same results bit for bit. Every rule below is the CUDA path's:
 //   per tensor  q = fp8(f32(x * scale)), rounded as a cast (nearest even; finite values past the range
 //               saturate to +-fp8_max; NaN stays NaN; Inf -> NaN in e4m3, Inf in e5m2), and the
 //               dequantized value is f32(fp8_value(q) * inv_scale), then rounded to the output dtype.
@@ -114,13 +115,24 @@ struct QuantStats {
   std::int64_t nonfinite = 0;
 };
 
-// max |x| over a CPU f32 or bf16 tensor (0 when empty, NaN when any element is NaN): the amax to record.
+// Device: every tensor argument of one call is on one device (CPU or CUDA), and so are the results. A strided
+// input is copied to a contiguous one first. stats (counts of the CPU loops) must be null for a CUDA input.
+
+// max |x| over an f32 or bf16 tensor (0 when empty, NaN when any element is NaN): the amax to record. For a
+// CUDA x the device result is copied back, so this waits for the device.
 float amax(const Tensor& x);
 
-// x: CPU f32 or bf16, any shape with >= 1 dim. Returns the FP8 codes (same shape, dtype fp8_dtype(f)).
+// x: f32 or bf16, any shape with >= 1 dim. Returns the FP8 codes (same shape, dtype fp8_dtype(f)).
 // scale: finite and > 0.
 Tensor quantize_fp8(const Tensor& x, Fp8Format f, float scale, QuantStats* stats = nullptr);
-// q: CPU f8_e4m3 / f8_e5m2. Returns fp8_value(q) * inv_scale in `out` (f32 or bf16); inv_scale finite, > 0.
+// quantize_fp8(x, f, scale) and amax(x) at once: the delayed-scaling step (quantize with the scale from before
+// the step, record this step's amax). On CUDA one pass over x.
+struct Fp8WithAmax {
+  Tensor codes;
+  float amax = 0.0f;
+};
+Fp8WithAmax quantize_fp8_with_amax(const Tensor& x, Fp8Format f, float scale);
+// q: f8_e4m3 / f8_e5m2. Returns fp8_value(q) * inv_scale in `out` (f32 or bf16); inv_scale finite, > 0.
 Tensor dequantize_fp8(const Tensor& q, float inv_scale, DType out = DType::f32);
 
 // The CUDA path's tiling, so a tensor quantized on either device carries the same scale grid.
@@ -129,11 +141,11 @@ using Fp8Tiling = cuda::Fp8Tiling;
 // Blockwise FP8 of x viewed as a (rows, cols) matrix, rows = numel / cols, cols = the last dim.
 struct BlockwiseFp8 {
   Tensor codes;       // x's shape, f8_e4m3 / f8_e5m2
-  Tensor inv_scales;  // (fp8_scale_rows(rows, tiling), fp8_scale_cols(cols)) f32, row-major
+  Tensor inv_scales;  // (fp8_scale_rows(rows, tiling), fp8_scale_cols(cols)) f32, row-major, on codes' device
   Fp8Tiling tiling = Fp8Tiling::row_1x128;
 };
 
-// x: CPU f32 or bf16 with >= 1 dim. 1x128 suits activations (one scale per row per 128 columns),
+// x: f32 or bf16 with >= 1 dim. 1x128 suits activations (one scale per row per 128 columns),
 // 128x128 suits weights. Edge tiles are partial.
 BlockwiseFp8 quantize_fp8_blockwise(const Tensor& x, Fp8Format f, Fp8Tiling t, QuantStats* stats = nullptr);
 // The inverse: codes * the tile's inverse scale, in `out` (f32 or bf16), shape of q.codes.

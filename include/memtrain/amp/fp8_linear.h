@@ -3,6 +3,12 @@
 // dequantized values (FP8 values times f32 scales are exact in f32), so a GPU FP8 GEMM gives the same result up
 // to summation order.
 //
+// Devices: all operands on the CPU, or all on one CUDA device. On CUDA, the same emulation runs on the device
+// (the quantizers of cuda/convert.h, dequantized f32 workspace, cuda::gemm in full f32 without TF32, column sums
+// by cuda::sum_dim), so it equals the CPU result up to summation order; FP8 tensor-core GEMMs are a later step.
+// Delayed scales stay on the host: each call reads this step's amaxes back from the device (one wait per
+// quantized tensor).
+//
 // Memory, the point of FP8 here: backward keeps x as FP8 codes plus scales (1 byte per element instead of 2 for
 // bf16) and the weight as its FP8 copy (the compute copy of the weights is FP8, not bf16); neither x nor a
 // dequantized copy is saved. The established FP8 stacks keep high-precision copies as well, so their peak
@@ -39,8 +45,9 @@ struct Fp8LinearMeta {
   void load(const std::map<std::string, Tensor>& in, const std::string& key);
 };
 
-// The FP8 compute copy of one weight [out, in]: E4M3 codes and their inverse scales (one f32 for delayed; the
-// (ceil(out/128), ceil(in/128)) grid for blockwise).
+// The FP8 compute copy of one weight [out, in]: E4M3 codes (on the weight's device) and their inverse scales
+// (delayed: one f32 on the host, passed to the kernels by value; blockwise: the (ceil(out/128), ceil(in/128))
+// grid, on the weight's device).
 struct Fp8Weight {
   Tensor codes;
   Tensor inv_scales;
@@ -48,11 +55,12 @@ struct Fp8Weight {
   std::size_t bytes() const;  // codes + scales
 };
 
-// Quantizes weight (CPU f32 or bf16, [out, in]) for the forwards of one step. delayed: with meta->weight's scale,
-// recording its amax (meta required); blockwise: meta is not used (may be null). Not recorded by autograd.
+// Quantizes weight (f32 or bf16, [out, in], CPU or CUDA) for the forwards of one step. delayed: with
+// meta->weight's scale, recording its amax (meta required); blockwise: meta is not used (may be null). Not
+// recorded by autograd.
 Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8LinearMeta* meta);
 
-// x [..., in] (CPU f32 or bf16), weight [out, in] (the parameter gradients flow to), wq = quantize_weight(weight,
+// x [..., in] (f32 or bf16), weight [out, in] (the parameter gradients flow to), wq = quantize_weight(weight,
 // ...) of the same values, bias [out] or undefined. Returns [..., out] in x's dtype. Gradients: dx in x's dtype,
 // dweight in weight's dtype, dbias in bias's dtype (computed from the unquantized output gradient, as TE does).
 // delayed needs meta (input and grad scales; amaxes recorded; the backward uses it, so it must outlive the
