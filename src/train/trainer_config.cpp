@@ -434,9 +434,6 @@ void TrainerConfig::validate() const {
   } catch (const Error& e) {
     MT_CHECK(false, kWhere, "precision: {}", e.what());
   }
-  // The CUDA kernels take f32 and bf16 data, and amp::fp8_linear runs on the CPU only so far.
-  MT_CHECK(!(dev.is_cuda() && (p == amp::Precision::fp16 || p == amp::Precision::fp8)), kWhere,
-           "precision '{}' on device '{}' is not supported yet: on CUDA use fp32 or bf16", precision, device);
   if (p == amp::Precision::fp8) {
     try {
       (void)amp::fp8_scaling_from_name(fp8_scaling);
