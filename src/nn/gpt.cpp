@@ -40,11 +40,8 @@ Tensor GPT::hidden(const Tensor& idx) const {
 }
 
 Tensor GPT::forward(const Tensor& idx) const {
-  const Tensor h = hidden(idx);  // (B,T,C)
-  if (h.device().is_cpu()) return ops::matmul(h, wte_->weight().t());  // (B,T,V), tied head
-  // The CUDA matmul takes 2-D operands: the head runs over the B*T rows at once.
-  const std::int64_t B = h.size(0), T = h.size(1);
-  return ops::matmul(h.reshape({B * T, config_.n_embd}), wte_->weight().t()).reshape({B, T, config_.vocab_size});
+  const Tensor h = hidden(idx);                  // (B,T,C)
+  return ops::matmul(h, wte_->weight().t());  // (B,T,V), tied head
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
@@ -60,8 +57,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
     return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
                                            ops::Reduction::mean, -100);
   }
-  // 2-D on CUDA (its matmul takes 2-D operands); the CPU keeps the batched product it always ran.
-  const Tensor logits = ops::matmul(h.device().is_cpu() ? h : h.reshape({N, config_.n_embd}), head.t());
+  const Tensor logits = ops::matmul(h, head.t());
   return ops::cross_entropy(logits.reshape({N, config_.vocab_size}), targets.reshape({N}), ops::Reduction::mean,
                             -100);
 }

@@ -13,6 +13,7 @@
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/cuda/cuda.h"
+#include "memtrain/cuda/gemm_lt.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "ops/op_utils.h"
@@ -134,6 +135,46 @@ void narrow_gemm_rows(const Tensor& a, const Tensor& b, const Tensor& bias, Tens
   }
 }
 
+// The CUDA product (f32, bf16 or f16, accumulated in f32; f32 never on TF32). A 2-D B shared by a batch of A's
+// runs as one cuBLAS GEMM over A's matrices stacked row after row (a contiguous copy of A only when its matrices
+// do not stack); batched A and B run as one strided-batched cuBLASLt GEMM that reads transposed views through
+// their strides, as the CPU path does.
+Tensor matmul_cuda(const Tensor& a, const Tensor& b, const Shape& out_shape, std::int64_t batch) {
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  if (out.numel() == 0) return out;
+  if (k == 0) {  // an empty sum; cuBLASLt refuses k = 0
+    out.fill_(0.0);
+    return out;
+  }
+  const int device = a.device().index;
+  if (b.dim() == 2) {
+    MatrixOperand A = as_operand(a);
+    if (batch > 1 && (A.trans || A.batch_stride != m * A.ld)) A = as_operand(a.detach().contiguous());
+    const MatrixOperand B = as_operand(b);
+    cuda::gemm(a.dtype(), A.trans, B.trans, batch * m, n, k, 1.0f, A.tensor.data_ptr(), A.ld, B.tensor.data_ptr(),
+               B.ld, 0.0f, out.data_ptr(), n, device);
+    return out;
+  }
+  const MatrixOperand A = as_operand(a), B = as_operand(b);
+  cuda::GemmLtArgs g;
+  g.a_type = g.b_type = g.c_type = a.dtype();
+  g.trans_a = A.trans;
+  g.trans_b = B.trans;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = A.ld;
+  g.ldb = B.ld;
+  g.ldc = n;
+  g.batch = batch;
+  g.stride_a = A.batch_stride;
+  g.stride_b = B.batch_stride;
+  g.stride_c = m * n;
+  cuda::gemm_lt(g, A.tensor.data_ptr(), B.tensor.data_ptr(), out.data_ptr(), device);
+  return out;
+}
+
 Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   detail::check_same("matmul", a, b);
   detail::check_floating("matmul", a);
@@ -149,15 +190,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   out_shape.push_back(b.size(-1));
   const std::int64_t batch = shape_numel(batch_a);
 
-  if (a.device().is_cuda()) {
-    MT_CHECK(a.dim() == 2 && b.dim() == 2, "matmul", "CUDA matmul takes 2-D operands so far, got {} x {}",
-             shape_str(a.shape()), shape_str(b.shape()));
-    const MatrixOperand A = as_operand(a), B = as_operand(b);
-    Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
-    cuda::gemm(a.dtype(), A.trans, B.trans, a.size(0), b.size(1), a.size(1), 1.0f, A.tensor.data_ptr(), A.ld,
-               B.tensor.data_ptr(), B.ld, 0.0f, out.data_ptr(), b.size(1), a.device().index);
-    return out;
-  }
+  if (a.device().is_cuda()) return matmul_cuda(a, b, out_shape, batch);
   detail::check_cpu("matmul", a);
   if (is_narrow(a.dtype()) && b.dim() == 2 && (a.dim() == 2 || a.is_contiguous())) {
     Tensor out = Tensor::empty(out_shape, a.dtype());

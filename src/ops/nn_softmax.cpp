@@ -1,6 +1,7 @@
 // softmax and log_softmax along any dim. The input is viewed as (outer, C, inner) around `dim`; the
 // forward saves only its output, which is all either backward needs. On a CUDA device the kernels of
-// memtrain/cuda/nn.h run (last dim only, i.e. inner == 1; f32, bf16 or f16; contiguous), forward and backward.
+// memtrain/cuda/nn.h run (f32, bf16 or f16), forward and backward. They reduce over the last dim of a contiguous
+// array, so another dim (or a strided input) is first moved there by a transposed copy and moved back after.
 #include "amp/autocast_state.h"
 #include "cpu/softmax.h"
 #include "memtrain/autograd/node.h"
@@ -29,15 +30,6 @@ Layout layout_of(const Shape& shape, std::int64_t dim) {
   return l;
 }
 
-// The CUDA kernels reduce over the last dim of a contiguous (N, C) array: (outer, C, inner) with inner 1.
-void check_cuda_layout(const char* op, const Tensor& x, std::int64_t dim, const Layout& l) {
-  MT_CHECK(l.inner == 1, op,
-           "dim {} of {} on {} is not supported yet: the CUDA kernel reduces over the last dim only (or a dim "
-           "followed by size-1 dims)",
-           dim, shape_str(x.shape()), x.device().str());
-  detail::check_cuda_data(op, "input", x);
-}
-
 // The backward op: dx from the output gradient and the forward output (its own kernel, not differentiable).
 Tensor softmax_backward(const Tensor& dout, const Tensor& out, std::int64_t dim, bool log) {
   if (out.device().is_cuda()) {
@@ -45,13 +37,15 @@ Tensor softmax_backward(const Tensor& dout, const Tensor& out, std::int64_t dim,
     const Layout l = layout_of(out.shape(), dim);
     detail::check_same_device(op, "output", out, "output gradient", dout);
     detail::check_cuda_same_dtype(op, "output gradient", dout, "output", out);
-    detail::check_cuda_data(op, "output gradient", dout);
+    // The gradient of a moved-back output arrives as a transposed view: the kernel reads it packed.
+    const Tensor g = dout.contiguous();
+    detail::check_cuda_data(op, "output gradient", g);
     Tensor dx = Tensor::empty(out.shape(), out.dtype(), out.device());
     if (log) {
-      cuda::log_softmax_backward(dx.data_ptr(), dout.data_ptr(), out.data_ptr(), out.dtype(), l.outer, l.C,
+      cuda::log_softmax_backward(dx.data_ptr(), g.data_ptr(), out.data_ptr(), out.dtype(), l.outer, l.C,
                                  out.device().index);
     } else {
-      cuda::softmax_backward(dx.data_ptr(), dout.data_ptr(), out.data_ptr(), out.dtype(), l.outer, l.C,
+      cuda::softmax_backward(dx.data_ptr(), g.data_ptr(), out.data_ptr(), out.dtype(), l.outer, l.C,
                              out.device().index);
     }
     return dx;
@@ -75,8 +69,13 @@ Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim_arg, bool 
   const std::int64_t dim = x.dim() == 0 ? 0 : detail::wrap_dim(op, dim_arg, x.dim());
   const Layout l = layout_of(x.shape(), dim);
   Tensor out;
+  if (x.device().is_cuda() && (l.inner != 1 || !x.is_contiguous())) {
+    // One transposed copy puts `dim` last; autograd runs back through the copies and transposes.
+    const std::int64_t last = x.dim() - 1;
+    return softmax_impl(op, x.transpose(dim, last).contiguous(), last, log).transpose(dim, last).contiguous();
+  }
   if (x.device().is_cuda()) {
-    check_cuda_layout(op, x, dim, l);
+    detail::check_cuda_data(op, "input", x);
     out = Tensor::empty(x.shape(), x.dtype(), x.device());
     if (log) {
       cuda::log_softmax_forward(out.data_ptr(), x.data_ptr(), x.dtype(), l.outer, l.C, x.device().index);
