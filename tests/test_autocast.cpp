@@ -7,6 +7,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/nn/gpt.h"
+#include "memtrain/nn/llama.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/ops/nn.h"
@@ -192,6 +193,41 @@ TEST(Autocast, GptUnderBf16AndF16TracksF32AndStoresHalfTheActivations) {
                 dtype_name(dt).data(), low.loss.item(), f32.loss.item(), worst, ratio);
     EXPECT_GT(ratio, 0.45);
     EXPECT_LT(ratio, 0.56) << "activations kept for backward: " << low.activations_kept << " vs " << f32.activations_kept;
+  }
+}
+
+// LLaMA's rotary tables are f32 while q and k arrive in the compute dtype: the rows in use are cast to it.
+TEST(Autocast, LlamaUnderBf16AndF16TracksF32) {
+  nn::LlamaConfig config;
+  config.vocab_size = 97;
+  config.block_size = 16;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 32;
+  config.intermediate_size = 48;
+  const Tensor idx = random_tokens({2, 16}, 97, 3), targets = random_tokens({2, 16}, 97, 4);
+  const auto step = [&](DType dt, std::vector<Tensor>& grads) {
+    manual_seed(13);
+    nn::Llama model(config);
+    Tensor loss;
+    {
+      Autocast guard(dt);
+      loss = model.loss(idx, targets);
+    }
+    loss.backward();
+    for (const Tensor& p : model.parameters()) grads.push_back(p.grad().clone());
+    return loss.item();
+  };
+  std::vector<Tensor> f32_grads;
+  const double f32_loss = step(DType::f32, f32_grads);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<Tensor> grads;
+    EXPECT_NEAR(step(dt, grads), f32_loss, 0.01 * f32_loss);
+    ASSERT_EQ(grads.size(), f32_grads.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < grads.size(); ++i) worst = std::max(worst, relative_error(grads[i], f32_grads[i]));
+    EXPECT_LT(worst, dt == DType::bf16 ? 0.08 : 0.02) << "worst per-tensor gradient relative error";
   }
 }
 

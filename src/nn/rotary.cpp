@@ -50,6 +50,12 @@ Tensor RotaryEmbedding::apply(const Tensor& x) const {
     c = c.to(x.device());
     s = s.to(x.device());
   }
+  if (x.dtype() != c.dtype()) {
+    // Under autocast q and k arrive in the compute dtype: the rows in use are rounded to it, as HF casts
+    // cos/sin to the activations' dtype (elementwise ops take one dtype).
+    c = c.to(x.dtype());
+    s = s.to(x.dtype());
+  }
   return x * c + rotate_half(x) * s;
 }
 
