@@ -10,7 +10,9 @@
 #include "memtrain/core/error.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/cuda/cuda.h"
+#include "memtrain/amp/autocast.h"
 #include "memtrain/nn/gpt.h"
+#include "memtrain/nn/llama.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/reduce.h"
@@ -380,6 +382,51 @@ TEST(CudaTrainer, GptTrainsLikeTheCpuWithEveryTechnique) {
     std::printf("%-28s loss cpu %.6f cuda %.6f after %lld steps, parameters differ by %.2e (relative)\n",
                 v.name.c_str(), cpu.back(), dev.back(), static_cast<long long>(kSteps), d);
     EXPECT_LT(d, 10 * v.tolerance);
+  }
+}
+
+// A LLaMA (RMSNorm, rotary embeddings, SwiGLU, untied head) on the device against the CPU: the loss and every
+// parameter's gradient of one forward and backward, in f32 and under bf16 / f16 autocast. Head dim 32, one the
+// CUDA attention kernels take. Tolerances as in the Trainer comparison above (f32: summation order; narrow: one
+// rounding of each activation on either side).
+TEST(CudaTrainer, LlamaLossAndGradientsMatchTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  mt::nn::LlamaConfig config;
+  config.vocab_size = 64;
+  config.block_size = 16;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 64;
+  config.intermediate_size = 96;
+  auto ds = std::make_shared<TokenDataset>(8, 16, 64);
+  const mt::data::Batch batch = ds->collate({0, 1, 2});
+  const auto grads = [](const mt::nn::Module& m) {
+    std::vector<std::vector<float>> out;
+    for (const auto& [name, p] : m.named_parameters()) {
+      const Tensor c = p.grad().detach().to(Device::cpu()).to(mt::DType::f32).contiguous();
+      out.emplace_back(c.data<float>(), c.data<float>() + c.numel());
+    }
+    return out;
+  };
+  for (const mt::DType compute : {mt::DType::f32, mt::DType::bf16, mt::DType::f16}) {
+    SCOPED_TRACE(mt::dtype_name(compute));
+    const auto run = [&](Device device) {
+      mt::manual_seed(21);
+      auto model = std::make_shared<mt::nn::Llama>(config);
+      model->to(device);
+      Tensor loss;
+      {
+        mt::amp::Autocast autocast(compute);
+        loss = model->loss(batch.inputs.to(device), batch.targets.to(device));
+      }
+      loss.backward();
+      return std::make_pair(loss.to(Device::cpu()).item(), grads(*model));
+    };
+    const auto [loss_cpu, grads_cpu] = run(Device::cpu());
+    const auto [loss_dev, grads_dev] = run(Device::cuda(0));
+    const double tol = compute == mt::DType::f32 ? 1e-5 : 2e-2;
+    EXPECT_NEAR(loss_dev, loss_cpu, tol * std::abs(loss_cpu));
+    EXPECT_LT(rel_diff(grads_dev, grads_cpu), 10 * tol);
   }
 }
 
