@@ -68,9 +68,7 @@ class Scratch {
 bool fits_mul(std::int64_t a, std::int64_t b) { return a == 0 || b <= std::numeric_limits<std::int64_t>::max() / a; }
 
 void check_shape(const char* op, DType dtype, const Conv2dShape& s) {
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
-           "dtype {} is not supported on CUDA (f32, bf16, f16)",
-           dtype_name(dtype));
+  detail::check_float_dtype(op, dtype);
   MT_CHECK(s.B >= 0 && s.Cin >= 1 && s.H >= 1 && s.W >= 1 && s.Cout >= 1 && s.KH >= 1 && s.KW >= 1, op,
            "bad sizes: x [{}, {}, {}, {}], weight [{}, ., {}, {}]", s.B, s.Cin, s.H, s.W, s.Cout, s.KH, s.KW);
   MT_CHECK(s.stride >= 1 && s.padding >= 0 && s.groups >= 1, op,

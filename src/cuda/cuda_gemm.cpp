@@ -9,6 +9,7 @@
 
 #include "memtrain/core/allocator.h"
 #include "cuda/cuda_common.h"
+#include "cuda/type_dispatch.h"
 
 #include <cublas_v2.h>
 
@@ -79,9 +80,7 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
           const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c, std::int64_t ldc,
           int device) {
   constexpr const char* op = "cuda::gemm";
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
-           "dtype {} is not supported (f32, bf16, f16)",
-           dtype_name(dtype));
+  detail::check_float_dtype(op, dtype);
   MT_CHECK(m >= 0 && n >= 0 && k >= 0, op, "negative size m={} n={} k={}", m, n, k);
   // Stored (row-major) shapes: A is [m, k], or [k, m] when trans_a; B is [k, n], or [n, k] when trans_b.
   const std::int64_t a_cols = trans_a ? m : k;

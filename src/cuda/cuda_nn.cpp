@@ -41,11 +41,7 @@ T* out(void* p) {
   return static_cast<T*>(p);
 }
 
-void check_dtype(const char* op, DType dtype) {
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
-           "dtype {} is not supported on CUDA (f32, bf16, f16)",
-           dtype_name(dtype));
-}
+using detail::check_float_dtype;
 void check_index_dtype(const char* op, DType index_dtype) {
   MT_CHECK(index_dtype == DType::i32 || index_dtype == DType::i64, op, "index dtype {} is not supported (i32, i64)",
            dtype_name(index_dtype));
@@ -81,7 +77,7 @@ class Scratch {
 
 void softmax_forward_impl(const char* op, bool is_log, void* y, const void* x, DType dtype, std::int64_t N,
                           std::int64_t C, int device) {
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_shape(op, "N", N, "C", C);
   if (N == 0 || C == 0) return;
   MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
@@ -95,7 +91,7 @@ void softmax_forward_impl(const char* op, bool is_log, void* y, const void* x, D
 
 void softmax_backward_impl(const char* op, bool is_log, void* dx, const void* dout, const void* y, DType dtype,
                            std::int64_t N, std::int64_t C, int device) {
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_shape(op, "N", N, "C", C);
   if (N == 0 || C == 0) return;
   MT_CHECK(dx != nullptr && dout != nullptr && y != nullptr, op, "null pointer for ({}, {}) elements", N, C);
@@ -109,7 +105,7 @@ void softmax_backward_impl(const char* op, bool is_log, void* dx, const void* do
 
 void dropout_impl(const char* op, void* y, const void* x, DType dtype, std::size_t n, double p, RngState state,
                   int device) {
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   MT_CHECK(p >= 0.0 && p <= 1.0, op, "p={} is outside [0, 1]", p);
   MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) - 3, op, "n={} is too large", n);
   if (n == 0) return;
@@ -133,7 +129,7 @@ void dropout_impl(const char* op, void* y, const void* x, DType dtype, std::size
 void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const void* weight, const void* bias,
                         DType dtype, std::int64_t N, std::int64_t C, double eps, int device) {
   constexpr const char* op = "cuda::layer_norm_forward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_shape(op, "N", N, "C", C);
   check_eps(op, eps);
   if (N == 0) return;
@@ -152,7 +148,7 @@ void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout,
                          const float* mean, const float* rstd, DType dtype, std::int64_t N, std::int64_t C,
                          int device) {
   constexpr const char* op = "cuda::layer_norm_backward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_shape(op, "N", N, "C", C);
   if (N == 0 || C == 0) {
     // No rows: the sums over rows are 0.
@@ -178,7 +174,7 @@ void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout,
 void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, DType dtype, std::int64_t N,
                       std::int64_t C, double eps, int device) {
   constexpr const char* op = "cuda::rms_norm_forward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_shape(op, "N", N, "C", C);
   check_eps(op, eps);
   if (N == 0) return;
@@ -196,7 +192,7 @@ void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, D
 void rms_norm_backward(void* dx, void* dweight, const void* dout, const void* x, const void* weight,
                        const float* rstd, DType dtype, std::int64_t N, std::int64_t C, int device) {
   constexpr const char* op = "cuda::rms_norm_backward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_shape(op, "N", N, "C", C);
   if (N == 0 || C == 0) {
     if (C > 0 && dweight != nullptr) fill(dweight, dtype, static_cast<std::size_t>(C), 0.0, device);
@@ -236,7 +232,7 @@ void log_softmax_backward(void* dx, const void* dout, const void* y, DType dtype
 void cross_entropy_forward(float* losses, float* lse, const void* logits, DType dtype, const void* targets,
                            DType index_dtype, std::int64_t N, std::int64_t V, std::int64_t ignore_index, int device) {
   constexpr const char* op = "cuda::cross_entropy_forward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_index_dtype(op, index_dtype);
   check_shape(op, "N", N, "V", V);
   if (N == 0) return;
@@ -259,7 +255,7 @@ void cross_entropy_backward(void* dlogits, const float* dloss, std::int64_t dlos
                             const float* lse, DType dtype, const void* targets, DType index_dtype, std::int64_t N,
                             std::int64_t V, std::int64_t ignore_index, int device) {
   constexpr const char* op = "cuda::cross_entropy_backward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_index_dtype(op, index_dtype);
   check_shape(op, "N", N, "V", V);
   MT_CHECK(dloss_stride >= 0, op, "dloss_stride={} is negative", dloss_stride);
@@ -284,7 +280,7 @@ void cross_entropy_backward(void* dlogits, const float* dloss, std::int64_t dlos
 
 void gelu_tanh_forward(void* y, const void* x, DType dtype, std::size_t n, int device) {
   constexpr const char* op = "cuda::gelu_tanh_forward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), op, "n={} is too large", n);
   if (n == 0) return;
   MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for {} elements", n);
@@ -298,7 +294,7 @@ void gelu_tanh_forward(void* y, const void* x, DType dtype, std::size_t n, int d
 
 void gelu_tanh_backward(void* dx, const void* dy, const void* x, DType dtype, std::size_t n, int device) {
   constexpr const char* op = "cuda::gelu_tanh_backward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), op, "n={} is too large", n);
   if (n == 0) return;
   MT_CHECK(dx != nullptr && dy != nullptr && x != nullptr, op, "null pointer for {} elements", n);
@@ -324,7 +320,7 @@ void dropout_backward(void* dx, const void* dout, DType dtype, std::size_t n, do
 void embedding_forward(void* y, const void* weight, const void* indices, DType dtype, DType index_dtype,
                        std::int64_t N, std::int64_t V, std::int64_t C, int device) {
   constexpr const char* op = "cuda::embedding_forward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_index_dtype(op, index_dtype);
   check_shape(op, "N", N, "C", C);
   check_shape(op, "V", V, "C", C);
@@ -346,7 +342,7 @@ void embedding_forward(void* y, const void* weight, const void* indices, DType d
 void embedding_backward(void* dweight, const void* dout, const void* indices, DType dtype, DType index_dtype,
                         std::int64_t N, std::int64_t V, std::int64_t C, int device) {
   constexpr const char* op = "cuda::embedding_backward";
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   check_index_dtype(op, index_dtype);
   check_shape(op, "N", N, "C", C);
   check_shape(op, "V", V, "C", C);

@@ -30,11 +30,7 @@ T* out(void* p) {
   return static_cast<T*>(p);
 }
 
-void check_dtype(const char* op, DType dtype) {
-  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
-           "dtype {} is not supported on CUDA (f32, bf16, f16)",
-           dtype_name(dtype));
-}
+using detail::check_float_dtype;
 
 // a * b * c fits in int64 (all >= 0).
 bool product_fits(std::int64_t a, std::int64_t b, std::int64_t c) {
@@ -44,7 +40,7 @@ bool product_fits(std::int64_t a, std::int64_t b, std::int64_t c) {
 }
 
 void check_pool(const char* op, DType dtype, const Pool2dShape& s) {
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   MT_CHECK(s.planes >= 0 && s.H >= 1 && s.W >= 1, op, "bad input planes={} H={} W={}", s.planes, s.H, s.W);
   MT_CHECK(s.kernel >= 1 && s.stride >= 1 && s.padding >= 0 && 2 * s.padding <= s.kernel, op,
            "needs kernel >= 1, stride >= 1, 0 <= padding <= kernel/2, got kernel {}, stride {}, padding {}",
@@ -64,7 +60,7 @@ PoolGeometry geometry(const Pool2dShape& s) {
 }
 
 void check_bn(const char* op, DType dtype, std::int64_t B, std::int64_t C, std::int64_t HW) {
-  check_dtype(op, dtype);
+  check_float_dtype(op, dtype);
   MT_CHECK(B >= 0 && C >= 0 && HW >= 0, op, "negative size B={} C={} HW={}", B, C, HW);
   MT_CHECK(product_fits(B, C, HW), op, "B={} x C={} x HW={} elements overflow int64", B, C, HW);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "memtrain/core/dtype.h"
+#include "memtrain/core/error.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,7 +17,13 @@ struct Tag {
   using type = T;
 };
 
-// T = float for f32, __half for f16, __nv_bfloat16 otherwise (the launchers accept only f32, f16 and bf16).
+// The floating dtypes the launchers take: f32, and f16 / bf16 widened to f32 and rounded once on output.
+inline void check_float_dtype(const char* op, DType dtype) {
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
+           "dtype {} is not supported on CUDA (f32, bf16, f16)", dtype_name(dtype));
+}
+
+// T = float for f32, __half for f16, __nv_bfloat16 otherwise (after check_float_dtype).
 template <typename F>
 void with_float_type(DType dtype, F&& f) {
   if (dtype == DType::f32) {
