@@ -16,6 +16,7 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/ops/reduce.h"
+#include "optim/quantized_kernels.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -169,7 +170,8 @@ TEST(Optim8bitQuant, FastEncoderMatchesReferenceBitForBit) {
   EXPECT_THROW(detail::quantize_block(x, 8, other.data(), codes), Error);
 }
 
-// The table encoder (AVX2 where built, and the portable loop) against the binary search on values chosen
+// The fast encoder (the search tree with AVX-512, else the table with AVX2), the portable table loop and the
+// search tree's portable form against the binary search on values chosen
 // to break it, with scale 1 so the codes are the encoder's own choice: every map entry and the floats next
 // to it, every midpoint between neighbours and the floats around it, the first and last float of every
 // bucket the table could use (every 7-bit mantissa prefix of every binade from 2^-30 to 2), denormals,
@@ -212,9 +214,12 @@ TEST(Optim8bitQuant, EncoderIsExactOnAdversarialValues) {
     std::vector<std::uint8_t> fast(xs.size(), 0xAB), scalar(xs.size(), 0xAB);
     detail::encode_block(xs.data(), n, 1.0f, map, fast.data());
     detail::encode_block_scalar(xs.data(), n, 1.0f, map, scalar.data());
+    const detail::EncodeTable& table = detail::encode_table(m);
     for (std::size_t i = 0; i < xs.size(); ++i) {
       ASSERT_EQ(fast[i], want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
       ASSERT_EQ(scalar[i], want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
+      // The search tree the AVX-512 kernels vectorize, checked on every machine.
+      ASSERT_EQ(detail::tree_encode_one(xs[i], table), want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
     }
     for (std::int64_t len = 1; len <= 40; ++len)
       for (std::int64_t off = 3; off + len <= n; off += 997) {

@@ -80,7 +80,57 @@ struct Moments8 {
   const detail::EncodeTable& table;
 };
 
-#if !defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+struct AdamRegs16 {
+  __m512 beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps;
+  explicit AdamRegs16(const AdamCoeffs& c)
+      : beta1(_mm512_set1_ps(c.beta1)), beta2(_mm512_set1_ps(c.beta2)),
+        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)), one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+        decay(_mm512_set1_ps(c.decay)), step_size(_mm512_set1_ps(c.step_size)),
+        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bc2)), eps(_mm512_set1_ps(c.eps)) {}
+};
+
+// Three passes over L1: decode both moments into the scratch (byte-plane lookups), update 16 lanes at a
+// time (p in place, the new moments back into the scratch, their max and min), encode the scratch (search
+// tree). A last group of fewer than 16 lanes runs under a mask: p and g are read and p written only where
+// the mask is set, and the scratch lanes beyond len (stale but finite) do not enter max and min.
+[[gnu::always_inline]] inline void adamw8bit_block_avx512(float* p, const float* g, const Moments8& m,
+                                                          const Moments8& v, std::int64_t len, const AdamRegs16& c,
+                                                          float* ms, float* vs) {
+  detail::decode_span_avx512(m.table, m.codes, len, *m.absmax, ms);
+  detail::decode_span_avx512(v.table, v.codes, len, *v.absmax, vs);
+  __m512 m_hi = _mm512_setzero_ps(), m_lo = m_hi, v_hi = m_hi, v_lo = m_hi;
+  for (std::int64_t i = 0; i < len; i += 16) {
+    const auto k = static_cast<__mmask16>(len - i >= 16 ? 0xffffu : (1u << (len - i)) - 1);
+    _mm_prefetch(reinterpret_cast<const char*>(g + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    if ((i & 63) == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(m.codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v.codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    }
+    const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
+    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(c.beta1, _mm512_loadu_ps(ms + i)), _mm512_mul_ps(c.one_minus_beta1, gi));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(c.beta2, _mm512_loadu_ps(vs + i)),
+                                    _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, gi), gi));
+    const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vi), c.inv_sqrt_bc2), c.eps);
+    const __m512 pi = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + i), c.decay),
+                                    _mm512_div_ps(_mm512_mul_ps(c.step_size, mi), denom));
+    _mm512_mask_storeu_ps(p + i, k, pi);
+    _mm512_storeu_ps(ms + i, mi);
+    _mm512_storeu_ps(vs + i, vi);
+    m_hi = _mm512_mask_max_ps(m_hi, k, m_hi, mi);
+    m_lo = _mm512_mask_min_ps(m_lo, k, m_lo, mi);
+    v_hi = _mm512_mask_max_ps(v_hi, k, v_hi, vi);
+    v_lo = _mm512_mask_min_ps(v_lo, k, v_lo, vi);
+  }
+  const float m_new = detail::block_scale(_mm512_reduce_max_ps(m_hi), _mm512_reduce_min_ps(m_lo));
+  const float v_new = detail::block_scale(_mm512_reduce_max_ps(v_hi), _mm512_reduce_min_ps(v_lo));
+  detail::encode_span_avx512(ms, len, m_new, m.table, m.codes);
+  detail::encode_span_avx512(vs, len, v_new, v.table, v.codes);
+  *m.absmax = detail::stored_scale(m_new);
+  *v.absmax = detail::stored_scale(v_new);
+}
+#elif !defined(MEMTRAIN_OPTIM_AVX2)
 void adamw8bit_block_portable(float* p, const float* g, const Moments8& m, const Moments8& v, std::int64_t len,
                               const AdamCoeffs& c, float* ms, float* vs) {
   detail::dequantize_block(m.codes, len, *m.absmax, m.table.map, ms);
@@ -227,7 +277,9 @@ void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& grou
 #pragma omp parallel if (n >= detail::kParallelMinElements)
   {
     detail::BlockScratch scratch(bs, 2);  // one block per moment
-#if defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+    const AdamRegs16 regs(c);
+#elif defined(MEMTRAIN_OPTIM_AVX2)
     const AdamRegs regs(c);
 #endif
     float* ms = scratch.array(0);
@@ -236,7 +288,9 @@ void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& grou
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::int64_t off = b * bs, len = std::min(bs, n - off);
       const Moments8 m{m_codes + off, m_absmax + b, m_table}, v{v_codes + off, v_absmax + b, v_table};
-#if defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+      adamw8bit_block_avx512(p + off, g + off, m, v, len, regs, ms, vs);
+#elif defined(MEMTRAIN_OPTIM_AVX2)
       adamw8bit_block_avx2(p + off, g + off, m, v, len, regs, ms, vs);
 #else
       adamw8bit_block_portable(p + off, g + off, m, v, len, c, ms, vs);

@@ -50,7 +50,45 @@ inline void lion_span(float* __restrict p, const float* __restrict g, float* __r
   m_lo = lo;
 }
 
-#if !defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+struct LionRegs16 {
+  __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, decay, lr;
+  explicit LionRegs16(const LionCoeffs& c)
+      : beta1(_mm512_set1_ps(c.beta1)), one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
+        beta2(_mm512_set1_ps(c.beta2)), one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+        decay(_mm512_set1_ps(c.decay)), lr(_mm512_set1_ps(c.lr)) {}
+};
+
+// As adamw8bit_block_avx512: decode into the scratch, update 16 lanes at a time (the last group under a
+// mask, so p and g beyond len are not touched and stale scratch lanes stay out of max and min), encode.
+[[gnu::always_inline]] inline void lion8bit_block_avx512(float* p, const float* g, std::uint8_t* codes, float* absmax,
+                                                         std::int64_t len, const LionRegs16& c,
+                                                         const detail::EncodeTable& table, float* ms) {
+  detail::decode_span_avx512(table, codes, len, *absmax, ms);
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  __m512 hi = zero, lo = zero;
+  for (std::int64_t i = 0; i < len; i += 16) {
+    const auto k = static_cast<__mmask16>(len - i >= 16 ? 0xffffu : (1u << (len - i)) - 1);
+    _mm_prefetch(reinterpret_cast<const char*>(g + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    const __m512 m = _mm512_loadu_ps(ms + i);
+    const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
+    const __m512 u = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.one_minus_beta1, gi));
+    const __m512 s = _mm512_sub_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, zero, _CMP_GT_OQ), one),
+                                   _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, zero, _CMP_LT_OQ), one));
+    _mm512_mask_storeu_ps(p + i, k, _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + i), c.decay),
+                                                  _mm512_mul_ps(c.lr, s)));
+    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(c.beta2, m), _mm512_mul_ps(c.one_minus_beta2, gi));
+    _mm512_storeu_ps(ms + i, mi);
+    hi = _mm512_mask_max_ps(hi, k, hi, mi);
+    lo = _mm512_mask_min_ps(lo, k, lo, mi);
+  }
+  const float new_scale = detail::block_scale(_mm512_reduce_max_ps(hi), _mm512_reduce_min_ps(lo));
+  detail::encode_span_avx512(ms, len, new_scale, table, codes);
+  *absmax = detail::stored_scale(new_scale);
+}
+#elif !defined(MEMTRAIN_OPTIM_AVX2)
 void lion8bit_block_portable(float* p, const float* g, std::uint8_t* codes, float* absmax, std::int64_t len,
                              const LionCoeffs& c, const detail::EncodeTable& table, float* ms) {
   detail::dequantize_block(codes, len, *absmax, table.map, ms);
@@ -167,13 +205,17 @@ void Lion8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group
   {
     detail::BlockScratch scratch(bs, 1);
     float* ms = scratch.array(0);
-#if defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+    const LionRegs16 regs(c);
+#elif defined(MEMTRAIN_OPTIM_AVX2)
     const LionRegs regs(c);
 #endif
 #pragma omp for schedule(static)
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::int64_t off = b * bs, len = std::min(bs, n - off);
-#if defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+      lion8bit_block_avx512(p + off, g + off, m_codes + off, m_absmax + b, len, regs, table, ms);
+#elif defined(MEMTRAIN_OPTIM_AVX2)
       lion8bit_block_avx2(p + off, g + off, m_codes + off, m_absmax + b, len, regs, table, ms);
 #else
       lion8bit_block_portable(p + off, g + off, m_codes + off, m_absmax + b, len, c, table, ms);

@@ -1,6 +1,11 @@
 // Internal building blocks of block-wise 8-bit state, shared by quantized_state.cpp and the fused 8-bit
 // optimizer steps (adamw8bit.cpp, lion8bit.cpp). Not installed; the public API is quantized_state.h.
 //
+// With AVX-512 (F, BW, DQ, VBMI, VBMI2) neither direction loads from memory per value. Encoding is a binary
+// search over the map's exact decision thresholds held in registers (tree_encode_one below, 16 lanes a
+// time): no gather. Decoding looks up each of the four bytes of map[code] in a 256-byte plane with byte
+// permutes, 64 codes a time. Without AVX-512 the table encoder and scalar-load decoder below are used.
+//
 // Encoding (the nearest code of x / scale, ties to the lower code) uses the bucket table built in
 // quantized_state.cpp: the float's sign, exponent and top mantissa bits pick a bucket that holds at most
 // one decision midpoint; its 32-bit entry is the bucket's lower code (bits 0..7) and a threshold on the
@@ -21,6 +26,15 @@
 #include <immintrin.h>
 #define MEMTRAIN_OPTIM_AVX2 1
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VBMI__) && \
+    defined(__AVX512VBMI2__)
+#define MEMTRAIN_OPTIM_AVX512 1
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 reports the deliberately undefined registers inside its own AVX-512 intrinsics (_mm512_undefined_*
+// behind set1, maskz loads and the reductions) as "may be used uninitialized" wherever they are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#endif
 
 namespace memtrain::optim::detail {
 
@@ -37,6 +51,12 @@ struct EncodeTable {
   int low_bits = 0;                        // mantissa bits below the bucket index
   std::uint32_t buckets = 0;
   std::uint8_t zero_code = 0;              // nearest code of 0
+  // The search tree of tree_encode_one: thresholds on tree_key(), breadth-first (node k's children are 2k
+  // and 2k + 1; node 0 unused), tree_levels deep; tree_top is the signed map's last threshold (see there).
+  const std::int32_t* tree = nullptr;
+  int tree_levels = 0;  // 7: signed map, 8: unsigned map
+  std::int32_t tree_top = 0;
+  const std::uint8_t* planes = nullptr;  // 4 x 256 bytes: byte b of map[j] at planes[256 * b + j]
 };
 const EncodeTable& encode_table(QuantMap kind);
 const EncodeTable& encode_table_for(const float* map);  // throws unless map is one of the two dynamic maps
@@ -53,6 +73,34 @@ inline std::uint8_t encode_one(float x, const std::uint32_t* table, int low_bits
   const std::uint32_t low_mask = (1u << low_bits) - 1;
   const auto low = static_cast<std::int32_t>((mag & low_mask) ^ (low_mask & (0u - neg)));
   return static_cast<std::uint8_t>(entry + (low > (static_cast<std::int32_t>(entry) >> 8) ? 1u : 0u));
+}
+
+// What the search tree compares. Signed map: 2|x| + (x < 0), |x| clamped to 1.5 (beyond 1 every code is
+// decided): the lowest bit lets one threshold per decision break ties toward the lower code on both sides,
+// the higher code for x > 0 and the more negative one for x < 0. Unsigned map: the bits of x as a signed
+// integer clamped to [0, bits(1.5)] (negative x: the zero code). Both are below 2^31, so threshold - key
+// never overflows and its sign bit is (key > threshold).
+inline std::int32_t tree_key(float x, bool is_signed) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  constexpr std::uint32_t kOneAndHalf = 0x3fc00000u;
+  if (is_signed) return static_cast<std::int32_t>((std::min(u & 0x7fffffffu, kOneAndHalf) << 1) | (u >> 31));
+  return std::clamp(static_cast<std::int32_t>(u), 0, static_cast<std::int32_t>(kOneAndHalf));
+}
+
+// Nearest code of x by the search tree; the same code as encode_one and quantize_nearest (checked when the
+// tree is built). Each level doubles the node and adds (key > threshold), so after L levels the node is
+// 2^L + the number of thresholds below the key. Unsigned map: that count is the code. Signed map: the
+// tree holds the 127 decisions between codes 127 (zero) and 254, mirrored for x < 0 by the key's low bit;
+// x > 0 moves up from code 127 by the count, plus one past tree_top (254 -> 255, the code of 1.0, which
+// has no negative twin); x < 0 moves down by the count.
+inline std::uint8_t tree_encode_one(float x, const EncodeTable& t) {
+  const bool is_signed = t.tree_levels == 7;
+  const std::int32_t key = tree_key(x, is_signed);
+  std::uint32_t node = 1;
+  for (int level = 0; level < t.tree_levels; ++level) node = 2 * node + (key > t.tree[node] ? 1u : 0u);
+  if (!is_signed) return static_cast<std::uint8_t>(node - 256);
+  if (key & 1) return static_cast<std::uint8_t>(255 - node);
+  return static_cast<std::uint8_t>(node - 1 + (key > t.tree_top ? 1u : 0u));
 }
 
 // Codes of src[i] * (1 / scale), i < len; all the zero code when scale is 0. Portable loop.
@@ -164,9 +212,145 @@ inline float hmin8(__m256 v) {
 }
 #endif
 
-// The encoder of the build: AVX2 where compiled for it, else the portable loop. Same codes either way.
+#if defined(MEMTRAIN_OPTIM_AVX512)
+// tree_encode_one on 16 lanes, the tree in registers: levels 0-3 (nodes 1-15) in one, level 4 in one,
+// level 5 in two, level 6 in four, level 7 (unsigned map only) in eight.
+template <int Levels>
+struct TreeRegs {
+  static constexpr int kRegs = Levels == 7 ? 8 : 16;
+  __m512i node[kRegs];
+  __m512i top_plus_one;
+  explicit TreeRegs(const EncodeTable& t) : top_plus_one(_mm512_set1_epi32(t.tree_top + 1)) {
+    for (int q = 0; q < kRegs; ++q) node[q] = _mm512_loadu_si512(t.tree + 16 * q);
+  }
+};
+
+// node = 2 node + (key > threshold): the sign bit of threshold - key shifted in from below.
+inline __m512i tree_step(__m512i node, __m512i threshold, __m512i key) {
+  return _mm512_shldi_epi32(node, _mm512_sub_epi32(threshold, key), 1);
+}
+
+// Four registers of 16 thresholds, indexed by the node's low 6 bits: bit 5 picks the pair, vpermi2d the rest.
+inline __m512i tree_lookup64(const __m512i* r, __m512i node) {
+  const __mmask16 upper = _mm512_test_epi32_mask(node, _mm512_set1_epi32(32));
+  return _mm512_mask_mov_epi32(_mm512_permutex2var_epi32(r[0], node, r[1]), upper,
+                               _mm512_permutex2var_epi32(r[2], node, r[3]));
+}
+
+template <int Levels>
+inline __m512i tree_search16(const TreeRegs<Levels>& r, __m512i key) {
+  __m512i node = _mm512_set1_epi32(1);
+  for (int level = 0; level < 4; ++level) node = tree_step(node, _mm512_permutexvar_epi32(node, r.node[0]), key);
+  node = tree_step(node, _mm512_permutexvar_epi32(node, r.node[1]), key);
+  node = tree_step(node, _mm512_permutex2var_epi32(r.node[2], node, r.node[3]), key);
+  node = tree_step(node, tree_lookup64(r.node + 4, node), key);
+  if constexpr (Levels == 8) {
+    const __mmask16 upper = _mm512_test_epi32_mask(node, _mm512_set1_epi32(64));
+    node = tree_step(node, _mm512_mask_mov_epi32(tree_lookup64(r.node + 8, node), upper, tree_lookup64(r.node + 12, node)),
+                     key);
+  }
+  return node;
+}
+
+// The 16 codes of x (already divided by the scale), one per 32-bit lane; only the low byte is the code.
+inline __m512i encode16_signed(const TreeRegs<7>& r, __m512 x) {
+  // vrangeps 0x2: the smaller magnitude of x and 1.5, with the sign of x. The rotate makes 2|x| + sign.
+  const __m512i key = _mm512_rol_epi32(_mm512_castps_si512(_mm512_range_ps(x, _mm512_set1_ps(1.5f), 0x2)), 1);
+  const __m512i node = tree_search16(r, key);
+  const __m512i up = _mm512_sub_epi32(node, _mm512_srli_epi32(_mm512_sub_epi32(key, r.top_plus_one), 31));
+  const __mmask16 negative = _mm512_test_epi32_mask(key, _mm512_set1_epi32(1));
+  return _mm512_mask_xor_epi32(up, negative, node, _mm512_set1_epi32(0xff));  // 255 - node
+}
+inline __m512i encode16_unsigned(const TreeRegs<8>& r, __m512 x) {
+  const __m512i key = _mm512_min_epi32(_mm512_max_epi32(_mm512_castps_si512(x), _mm512_setzero_si512()),
+                                       _mm512_set1_epi32(0x3fc00000));
+  return tree_search16(r, key);  // node - 256: the low byte
+}
+
+template <int Levels>
+inline void encode_span_tree(const float* src, std::int64_t len, float scale, const EncodeTable& t,
+                             std::uint8_t* codes) {
+  const TreeRegs<Levels> r(t);
+  const __m512 inv = _mm512_set1_ps(1.0f / scale);
+  auto encode = [&](__m512 x) {
+    if constexpr (Levels == 7) return _mm512_cvtepi32_epi8(encode16_signed(r, _mm512_mul_ps(x, inv)));
+    else return _mm512_cvtepi32_epi8(encode16_unsigned(r, _mm512_mul_ps(x, inv)));
+  };
+  std::int64_t i = 0;
+  for (; i + 16 <= len; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), encode(_mm512_loadu_ps(src + i)));
+  if (i < len) {
+    const auto rest = static_cast<__mmask16>((1u << (len - i)) - 1);
+    _mm_mask_storeu_epi8(codes + i, rest, encode(_mm512_maskz_loadu_ps(rest, src + i)));
+  }
+}
+
+// How far ahead (elements) the fused AVX-512 steps prefetch p, g and the codes. Their passes over a block
+// in L1 are compute-bound and leave the memory idle meanwhile; without the prefetch a 16M-parameter AdamW8bit
+// step took 1.86 ns per parameter instead of 1.16 on the Zen 5 of docs/results/optim_cpu.md.
+inline constexpr std::int64_t kPrefetchAhead = 512;
+
+// encode_span_scalar's codes, by the search tree.
+[[gnu::always_inline]] inline void encode_span_avx512(const float* src, std::int64_t len, float scale,
+                                                      const EncodeTable& t, std::uint8_t* codes) {
+  if (scale == 0.0f) {
+    std::memset(codes, t.zero_code, static_cast<std::size_t>(len));
+    return;
+  }
+  if (t.tree_levels == 7) encode_span_tree<7>(src, len, scale, t, codes);
+  else encode_span_tree<8>(src, len, scale, t, codes);
+}
+
+// The four byte planes of a map, 4 registers each.
+struct DecodeRegs {
+  __m512i plane[4][4];
+  explicit DecodeRegs(const EncodeTable& t) {
+    for (int b = 0; b < 4; ++b)
+      for (int q = 0; q < 4; ++q) plane[b][q] = _mm512_loadu_si512(t.planes + 256 * b + 64 * q);
+  }
+};
+
+// map[codes[i]] * scale for the 64 codes in `codes`, to out[0..63]. Each byte plane is two vpermi2b over
+// 128 entries and a blend on the code's top bit; unpacking bytes to words to dwords then yields, per
+// 128-bit lane L, floats 16L + 4q .. 16L + 4q + 3 in register q, so the codes' dwords are transposed (4 x 4)
+// first to make register q hold floats 16q .. 16q + 15.
+inline void decode64(const DecodeRegs& d, __m512i codes, __m512 scale, float* out) {
+  const __m512i c =
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), codes);
+  const __mmask64 upper = _mm512_movepi8_mask(c);
+  __m512i byte[4];
+  for (int b = 0; b < 4; ++b)
+    byte[b] = _mm512_mask_mov_epi8(_mm512_permutex2var_epi8(d.plane[b][0], c, d.plane[b][1]), upper,
+                                   _mm512_permutex2var_epi8(d.plane[b][2], c, d.plane[b][3]));
+  const __m512i w01lo = _mm512_unpacklo_epi8(byte[0], byte[1]), w01hi = _mm512_unpackhi_epi8(byte[0], byte[1]);
+  const __m512i w23lo = _mm512_unpacklo_epi8(byte[2], byte[3]), w23hi = _mm512_unpackhi_epi8(byte[2], byte[3]);
+  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(w01lo, w23lo)), scale));
+  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(w01lo, w23lo)), scale));
+  _mm512_storeu_ps(out + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(w01hi, w23hi)), scale));
+  _mm512_storeu_ps(out + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(w01hi, w23hi)), scale));
+}
+
+// dst[i] = map[codes[i]] * scale for i < len; a last group of fewer than 64 goes through a local buffer.
+[[gnu::always_inline]] inline void decode_span_avx512(const EncodeTable& t, const std::uint8_t* codes, std::int64_t len,
+                                                      float scale, float* dst) {
+  const DecodeRegs d(t);
+  const __m512 s = _mm512_set1_ps(scale);
+  std::int64_t i = 0;
+  for (; i + 64 <= len; i += 64) decode64(d, _mm512_loadu_si512(codes + i), s, dst + i);
+  if (i < len) {
+    alignas(64) float rest[64];
+    const auto count = static_cast<std::size_t>(len - i);
+    decode64(d, _mm512_maskz_loadu_epi8((~std::uint64_t{0}) >> (64 - count), codes + i), s, rest);
+    std::memcpy(dst + i, rest, count * sizeof(float));
+  }
+}
+#endif
+
+// The encoder of the build: the search tree with AVX-512, else the table with AVX2, else the portable loop.
+// Same codes in every case.
 inline void encode_span(const float* src, std::int64_t len, float scale, const EncodeTable& t, std::uint8_t* codes) {
-#if defined(MEMTRAIN_OPTIM_AVX2)
+#if defined(MEMTRAIN_OPTIM_AVX512)
+  encode_span_avx512(src, len, scale, t, codes);
+#elif defined(MEMTRAIN_OPTIM_AVX2)
   encode_span_avx2(src, len, scale, t, codes);
 #else
   encode_span_scalar(src, len, scale, t, codes);

@@ -6,7 +6,9 @@
 // midpoint's remaining low mantissa bits, so one load and one integer comparison finish the nearest-code
 // search; midpoints are exact float thresholds, so the result equals a brute-force search. The lookup and
 // the AVX2 versions (one gather per 8 codes; decoding by scalar loads) are in quantized_kernels.h, shared
-// with the fused optimizer steps. Tests check every path against the binary search.
+// with the fused optimizer steps. With AVX-512 the kernels use a binary search tree over the same exact
+// thresholds (in registers, no gather) and byte planes of the map instead; both are built here too.
+// Tests check every path against the binary search.
 #include "memtrain/optim/quantized_state.h"
 
 #include "memtrain/core/allocator.h"
@@ -58,6 +60,9 @@ struct Encoder {
   std::uint32_t buckets = 0;      // per sign
   std::vector<std::uint32_t> table;  // positive buckets, then negative ones
   std::uint8_t zero_code = 0;
+  std::array<std::int32_t, 256> tree{};    // detail::tree_encode_one's thresholds, breadth first
+  std::int32_t tree_top = 0;
+  std::array<std::uint8_t, 1024> planes{};  // the map's bytes, plane by plane (the AVX-512 decoder)
   detail::EncodeTable view;          // what the kernels use
 
   explicit Encoder(bool is_signed) : map(build_map(is_signed)) {
@@ -79,7 +84,55 @@ struct Encoder {
     bool built = false;
     for (int mant_bits = 5; mant_bits <= 12 && !built; ++mant_bits) built = build(23 - mant_bits);
     MT_CHECK(built, "dynamic_map", "no bucket width separates the decision midpoints");
-    view = detail::EncodeTable{map.data(), table.data(), low_bits, buckets, zero_code};
+    build_tree(is_signed);
+    for (int j = 0; j < 256; ++j)
+      for (int b = 0; b < 4; ++b) planes[256 * b + j] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(map[j]) >> (8 * b));
+    view = detail::EncodeTable{map.data(), table.data(), low_bits,         buckets,
+                               zero_code,  tree.data(),  is_signed ? 7 : 8, tree_top, planes.data()};
+    check_tree();
+  }
+
+  // The sorted thresholds on detail::tree_key, laid out as a complete binary search tree. Unsigned map:
+  // code i -> i + 1 past mid_up[i] (255 thresholds). Signed map: the 127 decisions between codes 127 + j
+  // and 128 + j (x > 0: up past P = mid_up[127 + j]) and, mirrored, between 127 - j and 126 - j (x < 0:
+  // down from |x| >= N = -mid_up[126 - j]). N is P when P is an exact tie (which goes to the lower code on
+  // both sides), else the float after P; with keys 2|x| (x > 0) and 2|x| + 1 (x < 0) the threshold 2 bits(P)
+  // resp. 2 bits(P) + 1 decides both sides. The last decision (254 -> 255, code 1.0) is positive only.
+  void build_tree(bool is_signed) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    std::vector<std::int32_t> sorted;
+    if (is_signed) {
+      for (int j = 0; j < 127; ++j) {
+        const float up = mid_up[127 + j], down = -mid_up[126 - j];
+        MT_CHECK(down == up || down == std::nextafter(up, inf), "dynamic_map",
+                 "the signed map is not symmetric at decision {}: {} vs {}", j, up, down);
+        sorted.push_back(2 * std::bit_cast<std::int32_t>(up) + (down == up ? 0 : 1));
+      }
+      tree_top = 2 * std::bit_cast<std::int32_t>(mid_up[254]);
+    } else {
+      for (int j = 0; j < 255; ++j) sorted.push_back(std::bit_cast<std::int32_t>(mid_up[j]));
+    }
+    std::size_t next = 0;
+    auto fill = [&](auto& self, std::size_t node) -> void {  // in-order over the tree = ascending
+      if (node > sorted.size()) return;
+      self(self, 2 * node);
+      tree[node] = sorted[next++];
+      self(self, 2 * node + 1);
+    };
+    fill(fill, 1);
+  }
+
+  // The tree agrees with the binary search on both sides of every map value and decision (and on the
+  // floats around them), so with monotonic codes it agrees everywhere.
+  void check_tree() const {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < 256; ++i)
+      for (float a : {map[i], mid_up[i] == inf ? 1.5f : mid_up[i]})
+        for (float x : {a, std::nextafter(a, inf), std::nextafter(a, -inf)})
+          for (float y : {x, -x})
+            MT_CHECK(detail::tree_encode_one(y, view) == detail::quantize_nearest(y, map.data()), "dynamic_map",
+                     "the search tree encodes {} as {}, the nearest code is {}", y, detail::tree_encode_one(y, view),
+                     detail::quantize_nearest(y, map.data()));
   }
 
   // Fills the table for buckets of 2^low_bits floats; false when some bucket holds two decision midpoints.
@@ -205,6 +258,10 @@ float quantize_block_reference(const float* src, std::int64_t len, const float* 
 }
 
 void dequantize_block(const std::uint8_t* codes, std::int64_t len, float absmax, const float* map, float* dst) {
+#if defined(MEMTRAIN_OPTIM_AVX512)
+  for (QuantMap kind : {QuantMap::signed_dynamic, QuantMap::unsigned_dynamic})
+    if (map == encode_table(kind).map) return decode_span_avx512(encode_table(kind), codes, len, absmax, dst);
+#endif
   std::int64_t i = 0;
 #if defined(MEMTRAIN_OPTIM_AVX2)
   const __m256 va = _mm256_set1_ps(absmax);
