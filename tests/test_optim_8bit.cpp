@@ -219,7 +219,8 @@ TEST(Optim8bitQuant, EncoderIsExactOnAdversarialValues) {
       ASSERT_EQ(fast[i], want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
       ASSERT_EQ(scalar[i], want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
       // The search tree the AVX-512 kernels vectorize, checked on every machine.
-      ASSERT_EQ(detail::tree_encode_one(xs[i], table), want[i]) << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
+      ASSERT_EQ(detail::tree_encode_one(xs[i], table), want[i])
+          << "x=" << xs[i] << " (" << std::hexfloat << xs[i] << ")";
     }
     for (std::int64_t len = 1; len <= 40; ++len)
       for (std::int64_t off = 3; off + len <= n; off += 997) {

@@ -3,11 +3,13 @@
 // block decodes both moments (scalar map loads), updates 8 lanes at a time, keeps the new moments in a
 // one-block scratch (L1) and tracks their max and min; a second pass over the scratch encodes them (the
 // table encoder of quantized_kernels.h). Bytes streamed per parameter: p read and written, g read, two
-// codes read and written = 16 (fp32 AdamW: 28). The portable path does the same in three loops.
+// codes read and written = 16 (fp32 AdamW: 28). With AVX-512 the block is decoded into the scratch first
+// (byte planes), updated 16 lanes at a time and encoded by the register search tree, and the next block's
+// p, g and codes are prefetched. The portable path does the same in three loops.
 //
 // Rounding: every product and sum is rounded on its own, in the order written (fp-contract off below),
 // on both paths and in the fp32-state path for small tensors, as the CUDA kernel (kernels/optim.cu) does.
-// With IEEE sqrt and division the AVX2 and portable paths give the same bits (tested).
+// With IEEE sqrt and division the AVX-512, AVX2 and portable paths give the same bits (tested).
 #include "memtrain/optim/adamw8bit.h"
 
 #include "memtrain/core/allocator.h"
@@ -109,7 +111,8 @@ struct AdamRegs16 {
       _mm_prefetch(reinterpret_cast<const char*>(v.codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
     }
     const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
-    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(c.beta1, _mm512_loadu_ps(ms + i)), _mm512_mul_ps(c.one_minus_beta1, gi));
+    const __m512 mi =
+        _mm512_add_ps(_mm512_mul_ps(c.beta1, _mm512_loadu_ps(ms + i)), _mm512_mul_ps(c.one_minus_beta1, gi));
     const __m512 vi = _mm512_add_ps(_mm512_mul_ps(c.beta2, _mm512_loadu_ps(vs + i)),
                                     _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, gi), gi));
     const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vi), c.inv_sqrt_bc2), c.eps);

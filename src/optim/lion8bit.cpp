@@ -2,10 +2,11 @@
 // per block decodes the moment (scalar map loads), takes the sign update, writes the new moment to the
 // scratch and tracks its max and min; a second pass encodes the scratch (quantized_kernels.h). Bytes
 // streamed per parameter: p read and written, g read, one code read and written = 14 (fp32 Lion: 20).
+// With AVX-512: decode first, then 16 lanes at a time, as in adamw8bit.cpp.
 //
 // Rounding: every product and sum is rounded on its own, in the order written (fp-contract off below), on
-// both paths and in the fp32-state path, as the CUDA kernel (kernels/optim.cu) does; the AVX2 and portable
-// paths give the same bits (tested).
+// every path and in the fp32-state path, as the CUDA kernel (kernels/optim.cu) does; the AVX-512, AVX2 and
+// portable paths give the same bits (tested).
 #include "memtrain/optim/lion8bit.h"
 
 #include "memtrain/core/allocator.h"

@@ -246,8 +246,9 @@ inline __m512i tree_search16(const TreeRegs<Levels>& r, __m512i key) {
   node = tree_step(node, tree_lookup64(r.node + 4, node), key);
   if constexpr (Levels == 8) {
     const __mmask16 upper = _mm512_test_epi32_mask(node, _mm512_set1_epi32(64));
-    node = tree_step(node, _mm512_mask_mov_epi32(tree_lookup64(r.node + 8, node), upper, tree_lookup64(r.node + 12, node)),
-                     key);
+    const __m512i threshold =
+        _mm512_mask_mov_epi32(tree_lookup64(r.node + 8, node), upper, tree_lookup64(r.node + 12, node));
+    node = tree_step(node, threshold, key);
   }
   return node;
 }
@@ -277,7 +278,8 @@ inline void encode_span_tree(const float* src, std::int64_t len, float scale, co
     else return _mm512_cvtepi32_epi8(encode16_unsigned(r, _mm512_mul_ps(x, inv)));
   };
   std::int64_t i = 0;
-  for (; i + 16 <= len; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), encode(_mm512_loadu_ps(src + i)));
+  for (; i + 16 <= len; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), encode(_mm512_loadu_ps(src + i)));
   if (i < len) {
     const auto rest = static_cast<__mmask16>((1u << (len - i)) - 1);
     _mm_mask_storeu_epi8(codes + i, rest, encode(_mm512_maskz_loadu_ps(rest, src + i)));

@@ -86,7 +86,8 @@ struct Encoder {
     MT_CHECK(built, "dynamic_map", "no bucket width separates the decision midpoints");
     build_tree(is_signed);
     for (int j = 0; j < 256; ++j)
-      for (int b = 0; b < 4; ++b) planes[256 * b + j] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(map[j]) >> (8 * b));
+      for (int b = 0; b < 4; ++b)
+        planes[256 * b + j] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(map[j]) >> (8 * b));
     view = detail::EncodeTable{map.data(), table.data(), low_bits,         buckets,
                                zero_code,  tree.data(),  is_signed ? 7 : 8, tree_top, planes.data()};
     check_tree();
