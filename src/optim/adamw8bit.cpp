@@ -82,22 +82,28 @@ struct Moments8 {
   const detail::EncodeTable& table;
 };
 
-#if defined(MEMTRAIN_OPTIM_AVX512)
-struct AdamRegs16 {
-  __m512 beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps;
-  explicit AdamRegs16(const AdamCoeffs& c)
-      : beta1(_mm512_set1_ps(c.beta1)), beta2(_mm512_set1_ps(c.beta2)),
-        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)), one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
-        decay(_mm512_set1_ps(c.decay)), step_size(_mm512_set1_ps(c.step_size)),
-        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bc2)), eps(_mm512_set1_ps(c.eps)) {}
+#if defined(MEMTRAIN_OPTIM_AVX2)
+// The coefficients in registers of the vector path's width.
+template <int Lanes>
+struct AdamRegs {
+  using V = detail::FloatVec<Lanes>;
+  typename V::type beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps;
+  explicit AdamRegs(const AdamCoeffs& c)
+      : beta1(V::splat(c.beta1)), beta2(V::splat(c.beta2)),
+        one_minus_beta1(V::splat(c.one_minus_beta1)), one_minus_beta2(V::splat(c.one_minus_beta2)),
+        decay(V::splat(c.decay)), step_size(V::splat(c.step_size)),
+        inv_sqrt_bc2(V::splat(c.inv_sqrt_bc2)), eps(V::splat(c.eps)) {}
 };
+#endif
 
+#if defined(MEMTRAIN_OPTIM_AVX512)
 // Three passes over L1: decode both moments into the scratch (byte-plane lookups), update 16 lanes at a
 // time (p in place, the new moments back into the scratch, their max and min), encode the scratch (search
 // tree). A last group of fewer than 16 lanes runs under a mask: p and g are read and p written only where
 // the mask is set, and the scratch lanes beyond len (stale but finite) do not enter max and min.
 [[gnu::always_inline]] inline void adamw8bit_block_avx512(float* p, const float* g, const Moments8& m,
-                                                          const Moments8& v, std::int64_t len, const AdamRegs16& c,
+                                                          const Moments8& v, std::int64_t len,
+                                                          const AdamRegs<16>& c,
                                                           float* ms, float* vs) {
   detail::decode_span_avx512(m.table, m.codes, len, *m.absmax, ms);
   detail::decode_span_avx512(v.table, v.codes, len, *v.absmax, vs);
@@ -146,23 +152,14 @@ void adamw8bit_block_portable(float* p, const float* g, const Moments8& m, const
   *v.absmax = detail::stored_scale(v_scale);
 }
 #else
-struct AdamRegs {
-  __m256 beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps;
-  explicit AdamRegs(const AdamCoeffs& c)
-      : beta1(_mm256_set1_ps(c.beta1)), beta2(_mm256_set1_ps(c.beta2)),
-        one_minus_beta1(_mm256_set1_ps(c.one_minus_beta1)), one_minus_beta2(_mm256_set1_ps(c.one_minus_beta2)),
-        decay(_mm256_set1_ps(c.decay)), step_size(_mm256_set1_ps(c.step_size)),
-        inv_sqrt_bc2(_mm256_set1_ps(c.inv_sqrt_bc2)), eps(_mm256_set1_ps(c.eps)) {}
-};
-
 // adamw_span's expressions on 8 lanes: decode, update p in place, new m and v to the scratch.
 struct Range8 {
   __m256 m_hi = _mm256_setzero_ps(), m_lo = _mm256_setzero_ps(), v_hi = _mm256_setzero_ps(),
          v_lo = _mm256_setzero_ps();
 };
 inline void adamw8(float* p, const float* g, const std::uint8_t* mc, const std::uint8_t* vc, const float* m_map,
-                   const float* v_map, __m256 m_scale, __m256 v_scale, const AdamRegs& c, float* ms, float* vs,
-                   Range8& r) {
+                   const float* v_map, __m256 m_scale, __m256 v_scale, const AdamRegs<8>& c, float* ms,
+                   float* vs, Range8& r) {
   const __m256 m = _mm256_mul_ps(detail::decode8(m_map, mc), m_scale);
   const __m256 v = _mm256_mul_ps(detail::decode8(v_map, vc), v_scale);
   const __m256 gi = _mm256_loadu_ps(g);
@@ -185,7 +182,8 @@ inline void adamw8(float* p, const float* g, const std::uint8_t* mc, const std::
 // they are. Inlined into the thread's loop, and everything the loop reads copied to locals first: vector
 // stores may alias any memory, so values behind pointers or references would be reloaded every iteration.
 [[gnu::always_inline]] inline void adamw8bit_block_avx2(float* p, const float* g, const Moments8& m,
-                                                        const Moments8& v, std::int64_t len, const AdamRegs& c,
+                                                        const Moments8& v, std::int64_t len,
+                                                        const AdamRegs<8>& c,
                                                         float* ms, float* vs) {
   const float* m_map = m.table.map;
   const float* v_map = v.table.map;
@@ -281,9 +279,9 @@ void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& grou
   {
     detail::BlockScratch scratch(bs, 2);  // one block per moment
 #if defined(MEMTRAIN_OPTIM_AVX512)
-    const AdamRegs16 regs(c);
+    const AdamRegs<16> regs(c);
 #elif defined(MEMTRAIN_OPTIM_AVX2)
-    const AdamRegs regs(c);
+    const AdamRegs<8> regs(c);
 #endif
     float* ms = scratch.array(0);
     float* vs = scratch.array(1);

@@ -51,19 +51,24 @@ inline void lion_span(float* __restrict p, const float* __restrict g, float* __r
   m_lo = lo;
 }
 
-#if defined(MEMTRAIN_OPTIM_AVX512)
-struct LionRegs16 {
-  __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, decay, lr;
-  explicit LionRegs16(const LionCoeffs& c)
-      : beta1(_mm512_set1_ps(c.beta1)), one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
-        beta2(_mm512_set1_ps(c.beta2)), one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
-        decay(_mm512_set1_ps(c.decay)), lr(_mm512_set1_ps(c.lr)) {}
+#if defined(MEMTRAIN_OPTIM_AVX2)
+// The coefficients in registers of the vector path's width.
+template <int Lanes>
+struct LionRegs {
+  using V = detail::FloatVec<Lanes>;
+  typename V::type beta1, one_minus_beta1, beta2, one_minus_beta2, decay, lr;
+  explicit LionRegs(const LionCoeffs& c)
+      : beta1(V::splat(c.beta1)), one_minus_beta1(V::splat(c.one_minus_beta1)),
+        beta2(V::splat(c.beta2)), one_minus_beta2(V::splat(c.one_minus_beta2)),
+        decay(V::splat(c.decay)), lr(V::splat(c.lr)) {}
 };
+#endif
 
+#if defined(MEMTRAIN_OPTIM_AVX512)
 // As adamw8bit_block_avx512: decode into the scratch, update 16 lanes at a time (the last group under a
 // mask, so p and g beyond len are not touched and stale scratch lanes stay out of max and min), encode.
 [[gnu::always_inline]] inline void lion8bit_block_avx512(float* p, const float* g, std::uint8_t* codes, float* absmax,
-                                                         std::int64_t len, const LionRegs16& c,
+                                                         std::int64_t len, const LionRegs<16>& c,
                                                          const detail::EncodeTable& table, float* ms) {
   detail::decode_span_avx512(table, codes, len, *absmax, ms);
   const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
@@ -100,17 +105,9 @@ void lion8bit_block_portable(float* p, const float* g, std::uint8_t* codes, floa
   *absmax = detail::stored_scale(scale);
 }
 #else
-struct LionRegs {
-  __m256 beta1, one_minus_beta1, beta2, one_minus_beta2, decay, lr;
-  explicit LionRegs(const LionCoeffs& c)
-      : beta1(_mm256_set1_ps(c.beta1)), one_minus_beta1(_mm256_set1_ps(c.one_minus_beta1)),
-        beta2(_mm256_set1_ps(c.beta2)), one_minus_beta2(_mm256_set1_ps(c.one_minus_beta2)),
-        decay(_mm256_set1_ps(c.decay)), lr(_mm256_set1_ps(c.lr)) {}
-};
-
 // lion_span's expressions on 8 lanes: decode, update p in place, new moment to the scratch.
 inline void lion8(float* p, const float* g, const std::uint8_t* mc, const float* map, __m256 scale,
-                  const LionRegs& c, float* ms, __m256& hi, __m256& lo) {
+                  const LionRegs<8>& c, float* ms, __m256& hi, __m256& lo) {
   const __m256 m = _mm256_mul_ps(detail::decode8(map, mc), scale);
   const __m256 gi = _mm256_loadu_ps(g);
   const __m256 u = _mm256_add_ps(_mm256_mul_ps(c.beta1, m), _mm256_mul_ps(c.one_minus_beta1, gi));
@@ -129,7 +126,7 @@ inline void lion8(float* p, const float* g, const std::uint8_t* mc, const float*
 // Inlined into the thread's loop, so the coefficients stay in registers across blocks (vector stores may
 // alias anything, so values behind a reference would be reloaded every iteration).
 [[gnu::always_inline]] inline void lion8bit_block_avx2(float* p, const float* g, std::uint8_t* codes, float* absmax, std::int64_t len,
-                         const LionRegs& c, const detail::EncodeTable& table, float* ms) {
+                         const LionRegs<8>& c, const detail::EncodeTable& table, float* ms) {
   const __m256 scale = _mm256_set1_ps(*absmax);
   __m256 hi = _mm256_setzero_ps(), lo = _mm256_setzero_ps();
   std::int64_t i = 0;
@@ -207,9 +204,9 @@ void Lion8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group
     detail::BlockScratch scratch(bs, 1);
     float* ms = scratch.array(0);
 #if defined(MEMTRAIN_OPTIM_AVX512)
-    const LionRegs16 regs(c);
+    const LionRegs<16> regs(c);
 #elif defined(MEMTRAIN_OPTIM_AVX2)
-    const LionRegs regs(c);
+    const LionRegs<8> regs(c);
 #endif
 #pragma omp for schedule(static)
     for (std::int64_t b = 0; b < nb; ++b) {

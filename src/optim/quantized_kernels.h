@@ -119,6 +119,23 @@ inline void encode_span_scalar(const float* src, std::int64_t len, float scale, 
 }
 
 #if defined(MEMTRAIN_OPTIM_AVX2)
+// The float vector of a path's width (8 lanes: AVX2, 16: AVX-512) and x in every lane of one: the optimizers'
+// coefficient registers. A traits struct, because a vector type as a template argument loses its attributes.
+template <int Lanes>
+struct FloatVec;
+template <>
+struct FloatVec<8> {
+  using type = __m256;
+  static type splat(float x) { return _mm256_set1_ps(x); }
+};
+#if defined(MEMTRAIN_OPTIM_AVX512)
+template <>
+struct FloatVec<16> {
+  using type = __m512;
+  static type splat(float x) { return _mm512_set1_ps(x); }
+};
+#endif
+
 // encode_one on 8 lanes, the table's constants held in registers across a block.
 struct EncodeRegs {
   const int* table;
