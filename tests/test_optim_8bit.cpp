@@ -170,7 +170,7 @@ TEST(Optim8bitQuant, FastEncoderMatchesReferenceBitForBit) {
   EXPECT_THROW(detail::quantize_block(x, 8, other.data(), codes), Error);
 }
 
-// The fast encoder (the search tree with AVX-512, else the table with AVX2), the portable table loop and the
+// The fast encoder (arithmetic and the search tree with AVX-512, else the table with AVX2), the portable table loop and the
 // search tree's portable form against the binary search on values chosen
 // to break it, with scale 1 so the codes are the encoder's own choice: every map entry and the floats next
 // to it, every midpoint between neighbours and the floats around it, the first and last float of every
@@ -230,6 +230,75 @@ TEST(Optim8bitQuant, EncoderIsExactOnAdversarialValues) {
         for (std::size_t i = static_cast<std::size_t>(len); i < codes.size(); ++i) ASSERT_EQ(codes[i], 0xAB) << "wrote past len";
       }
   }
+}
+
+// The arithmetic encoder's portable form, on every machine: wherever it does not call itself uncertain it
+// gives the binary search's code, on log-uniform values of both signs and on the map values, midpoints and
+// the floats around them; and it is uncertain rarely (the AVX-512 encoder then runs the search tree).
+TEST(Optim8bitQuant, ArithmeticEncoderIsExactWhereItIsSure) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (QuantMap m : {QuantMap::signed_dynamic, QuantMap::unsigned_dynamic}) {
+    const float* map = map_of(m);
+    const detail::EncodeTable& table = detail::encode_table(m);
+    std::vector<float> adversarial{0.0f, std::numeric_limits<float>::denorm_min(), 1e-30f, 2.0f, 1e30f, inf};
+    for (int i = 0; i < 256; ++i) {
+      const float mid = i < 255 ? static_cast<float>((double(map[i]) + map[i + 1]) / 2.0) : map[i];
+      for (float x : {map[i], mid}) {
+        float lo = x, hi = x;
+        for (int k = 0; k < 3; ++k) {
+          adversarial.push_back(lo);
+          adversarial.push_back(hi);
+          lo = std::nextafter(lo, -inf);
+          hi = std::nextafter(hi, inf);
+        }
+      }
+    }
+    std::mt19937 gen(11);
+    std::uniform_real_distribution<double> e(-10.0, 0.0);
+    std::vector<float> random;
+    for (int i = 0; i < 200000; ++i) random.push_back(static_cast<float>(std::pow(10.0, e(gen))));
+    std::int64_t uncertain_random = 0;
+    for (const auto* values : {&adversarial, &random})
+      for (float v : *values)
+        for (float x : {v, -v}) {
+          bool uncertain = false;
+          const std::uint8_t code = detail::arith_encode_one(x, table, uncertain);
+          if (uncertain) {
+            if (values == &random) ++uncertain_random;
+            continue;
+          }
+          ASSERT_EQ(code, detail::quantize_nearest(x, map)) << "x=" << x << " (" << std::hexfloat << x << ")";
+        }
+    // Margin 2^-12 on each side of a decision: about 1 in 2000 values in the map's range.
+    EXPECT_LT(uncertain_random, 2 * 200000 / 500) << "uncertain on " << uncertain_random << " random values";
+  }
+}
+
+// The AVX-512 encoder (arithmetic, the search tree where that is unsure) against the table encoder on every
+// float of magnitude 2^-26 .. 1.5 of both signs. The two share no code; smaller magnitudes are all the zero
+// code's to both and larger ones are clamped to 1.5 by both, so this covers every input.
+TEST(Optim8bitQuant, VectorEncoderMatchesTableOnEveryFloat) {
+#if !defined(MEMTRAIN_OPTIM_AVX512)
+  GTEST_SKIP() << "built without AVX-512: encode_block is the table encoder itself";
+#else
+  constexpr std::uint32_t kFirst = 0x32800000u, kLast = 0x3fc00000u;  // 2^-26, 1.5
+  constexpr std::size_t kChunk = 1 << 20;
+  std::vector<float> x(kChunk);
+  std::vector<std::uint8_t> fast(kChunk), table(kChunk);
+  for (QuantMap m : {QuantMap::signed_dynamic, QuantMap::unsigned_dynamic}) {
+    const float* map = map_of(m);
+    for (std::uint32_t sign : {0u, 0x80000000u})
+      for (std::uint64_t start = kFirst; start <= kLast; start += kChunk) {
+        const auto len = static_cast<std::int64_t>(std::min<std::uint64_t>(kChunk, kLast + 1 - start));
+        for (std::int64_t i = 0; i < len; ++i) x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(start + i) | sign);
+        detail::encode_block(x.data(), len, 1.0f, map, fast.data());
+        detail::encode_block_scalar(x.data(), len, 1.0f, map, table.data());
+        if (std::memcmp(fast.data(), table.data(), static_cast<std::size_t>(len)) == 0) continue;
+        for (std::int64_t i = 0; i < len; ++i)
+          ASSERT_EQ(fast[i], table[i]) << "x=" << x[i] << " (" << std::hexfloat << x[i] << ")";
+      }
+  }
+#endif
 }
 
 TEST(Optim8bitQuant, DequantizeIsMapTimesAbsmax) {

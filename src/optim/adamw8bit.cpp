@@ -4,7 +4,7 @@
 // one-block scratch (L1) and tracks their max and min; a second pass over the scratch encodes them (the
 // table encoder of quantized_kernels.h). Bytes streamed per parameter: p read and written, g read, two
 // codes read and written = 16 (fp32 AdamW: 28). With AVX-512 the block is decoded into the scratch first
-// (byte planes), updated 16 lanes at a time and encoded by the register search tree, and the next block's
+// (byte planes), updated 16 lanes at a time and encoded by the arithmetic encoder, and the next block's
 // p, g and codes are prefetched. The portable path does the same in three loops.
 //
 // Rounding: every product and sum is rounded on its own, in the order written (fp-contract off below),

@@ -1,10 +1,12 @@
 // Internal building blocks of block-wise 8-bit state, shared by quantized_state.cpp and the fused 8-bit
 // optimizer steps (adamw8bit.cpp, lion8bit.cpp). Not installed; the public API is quantized_state.h.
 //
-// With AVX-512 (F, BW, DQ, VBMI, VBMI2) neither direction loads from memory per value. Encoding is a binary
-// search over the map's exact decision thresholds held in registers (tree_encode_one below, 16 lanes a
-// time): no gather. Decoding looks up each of the four bytes of map[code] in a 256-byte plane with byte
-// permutes, 64 codes a time. Without AVX-512 the table encoder and scalar-load decoder below are used.
+// With AVX-512 (F, BW, DQ, VBMI, VBMI2) neither direction loads from memory per value. Encoding is
+// arithmetic (arith_encode_one below, 16 lanes a time): within a decade the dynamic map is a linear grid,
+// so one fused multiply-add gives the code, and the few lanes that land too near a decision go to a
+// binary search over the map's exact decision thresholds held in registers (tree_encode_one). Decoding
+// looks up each of the four bytes of map[code] in a 256-byte plane with byte permutes, 64 codes a time.
+// Without AVX-512 the table encoder and scalar-load decoder below are used.
 //
 // Encoding (the nearest code of x / scale, ties to the lower code) uses the bucket table built in
 // quantized_state.cpp: the float's sign, exponent and top mantissa bits pick a bucket that holds at most
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -31,8 +34,10 @@
 #define MEMTRAIN_OPTIM_AVX512 1
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 reports the deliberately undefined registers inside its own AVX-512 intrinsics (_mm512_undefined_*
-// behind set1, maskz loads and the reductions) as "may be used uninitialized" wherever they are inlined.
+// behind set1, max, shifts, permutes, maskz loads and the reductions) as "(may be) used uninitialized"
+// wherever they are inlined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #endif
 
@@ -43,6 +48,18 @@ namespace memtrain::optim::detail {
 // bucket already gives the nearest code.
 inline constexpr std::uint32_t kEncodeLoBits = 103u << 23;  // 2^-24
 inline constexpr std::uint32_t kEncodeHiBits = 0x3f7fffffu;
+
+// The arithmetic encoder's tables, built and checked in quantized_state.cpp (see arith_encode_one).
+// Regions: 0 is the zero code's, 1..7 the decades 10^-6 .. 10^0, 8 the code of 1.0 (x > 0); for x < 0 the
+// signed map uses regions 16..24, mirrored.
+struct ArithTable {
+  static constexpr float kFloor = 0x1p-25f;  // magnitudes are raised to this (still the zero code)
+  std::int32_t region_below[32];   // by binary exponent mod 32: the region of the binade's lowest value
+  std::int32_t boundary_key[32];   // tree_key of the region boundary inside the binade (INT32_MAX: none)
+  float clamp[32];                 // by region: the map value of its top code (larger magnitudes get it)
+  float slope[32], offset[32];     // by region: code + fraction = fma(magnitude, slope, offset)
+  float margin;                    // nearer than this to a whole number, the lane goes to the search tree
+};
 
 // The encoder of one of the two dynamic maps; lives as long as the program.
 struct EncodeTable {
@@ -57,6 +74,7 @@ struct EncodeTable {
   int tree_levels = 0;  // 7: signed map, 8: unsigned map
   std::int32_t tree_top = 0;
   const std::uint8_t* planes = nullptr;  // 4 x 256 bytes: byte b of map[j] at planes[256 * b + j]
+  const ArithTable* arith = nullptr;
 };
 const EncodeTable& encode_table(QuantMap kind);
 const EncodeTable& encode_table_for(const float* map);  // throws unless map is one of the two dynamic maps
@@ -101,6 +119,30 @@ inline std::uint8_t tree_encode_one(float x, const EncodeTable& t) {
   if (!is_signed) return static_cast<std::uint8_t>(node - 256);
   if (key & 1) return static_cast<std::uint8_t>(255 - node);
   return static_cast<std::uint8_t>(node - 1 + (key > t.tree_top ? 1u : 0u));
+}
+
+// Nearest code of x by arithmetic, or `uncertain`. Decade k of the map (values 10^-k (0.1 + 0.9 (j + 1/2) / N),
+// j < N) decides between its codes at the grid points 10^-k (0.1 + 0.9 j / N), so there
+// code + fraction = fma(|x|, slope, offset) and the code is the whole part. The region (decade) comes from the
+// binade, which holds at most one region boundary, and one comparison with that boundary's exact key; beyond
+// a region's top code the magnitude is clamped to that code's value. Rounding moves the fma's result by far
+// less than `margin` (checked for every decision when the table is built), so a result farther than that
+// from a whole number has the nearest code; nearer ones are reported uncertain and the caller asks
+// tree_encode_one. For x < 0 the signed map's regions count down from 254 (fma(|x|, -slope, 255 - offset)).
+// Magnitudes are clamped to [ArithTable::kFloor, 1.5] and NaN counts as 1.5 with its sign, as in tree_key.
+inline std::uint8_t arith_encode_one(float x, const EncodeTable& t, bool& uncertain) {
+  const ArithTable& a = *t.arith;
+  const bool is_signed = t.tree_levels == 7;
+  const bool negative = std::bit_cast<std::uint32_t>(x) >> 31;
+  const float mag = std::isnan(x) ? 1.5f : std::min(std::fabs(x), 1.5f);
+  const float m = !is_signed && negative ? ArithTable::kFloor : std::max(mag, ArithTable::kFloor);
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(m);
+  const auto key = static_cast<std::int32_t>(is_signed ? 2 * bits + (negative ? 1u : 0u) : bits);
+  const auto binade = static_cast<int>(bits >> 23) & 31;
+  const int region = a.region_below[binade] + (key > a.boundary_key[binade] ? 1 : 0) + (is_signed && negative ? 16 : 0);
+  const float f = std::fma(std::min(m, a.clamp[region]), a.slope[region], a.offset[region]);
+  uncertain = !(std::fabs(f - std::nearbyint(f)) > a.margin);
+  return static_cast<std::uint8_t>(static_cast<int>(f));
 }
 
 // Codes of src[i] * (1 / scale), i < len; all the zero code when scale is 0. Portable loop.
@@ -285,14 +327,71 @@ inline __m512i encode16_unsigned(const TreeRegs<8>& r, __m512 x) {
   return tree_search16(r, key);  // node - 256: the low byte
 }
 
-template <int Levels>
-inline void encode_span_tree(const float* src, std::int64_t len, float scale, const EncodeTable& t,
-                             std::uint8_t* codes) {
-  const TreeRegs<Levels> r(t);
+// arith_encode_one's tables in registers: two per table (32 regions) for the signed map, one for the
+// unsigned map (regions 0..8).
+template <bool Signed>
+struct ArithRegs {
+  static constexpr int kRegs = Signed ? 2 : 1;
+  __m512i region_below[2], boundary_key[2];
+  __m512 clamp[kRegs], slope[kRegs], offset[kRegs];
+  __m512 margin;
+  explicit ArithRegs(const ArithTable& a) : margin(_mm512_set1_ps(a.margin)) {
+    for (int q = 0; q < 2; ++q) {
+      region_below[q] = _mm512_loadu_si512(a.region_below + 16 * q);
+      boundary_key[q] = _mm512_loadu_si512(a.boundary_key + 16 * q);
+    }
+    for (int q = 0; q < kRegs; ++q) {
+      clamp[q] = _mm512_loadu_ps(a.clamp + 16 * q);
+      slope[q] = _mm512_loadu_ps(a.slope + 16 * q);
+      offset[q] = _mm512_loadu_ps(a.offset + 16 * q);
+    }
+  }
+  __m512 lookup(const __m512* table, __m512i region) const {
+    if constexpr (Signed) return _mm512_permutex2var_ps(table[0], region, table[1]);
+    else return _mm512_permutexvar_ps(region, table[0]);
+  }
+};
+
+// arith_encode_one on 16 lanes of x (already divided by the scale): the codes, one per 32-bit lane (only
+// the low byte is the code), and the uncertain lanes.
+template <bool Signed>
+inline __m512i arith_encode16(const ArithRegs<Signed>& r, __m512 x, __mmask16& uncertain) {
+  // vrangeps: the smaller magnitude of x and 1.5 (NaN: 1.5), with the sign cleared (0xa) or kept (0x2).
+  const __m512 m = _mm512_max_ps(_mm512_set1_ps(ArithTable::kFloor),
+                                 _mm512_range_ps(x, _mm512_set1_ps(1.5f), Signed ? 0xa : 0x2));
+  const __m512i bits = _mm512_castps_si512(m);
+  const __m512i key = Signed ? _mm512_shldi_epi32(bits, _mm512_castps_si512(x), 1) : bits;  // 2 bits + sign
+  const __m512i binade = _mm512_srli_epi32(bits, 23);
+  const __m512i below = _mm512_permutex2var_epi32(r.region_below[0], binade, r.region_below[1]);
+  const __mmask16 above =
+      _mm512_cmpgt_epi32_mask(key, _mm512_permutex2var_epi32(r.boundary_key[0], binade, r.boundary_key[1]));
+  __m512i region = _mm512_mask_sub_epi32(below, above, below, _mm512_set1_epi32(-1));
+  if constexpr (Signed)  // region | (sign bit >> 27 & 16)
+    region = _mm512_ternarylogic_epi32(region, _mm512_srli_epi32(_mm512_castps_si512(x), 27), _mm512_set1_epi32(16),
+                                       0xf8);
+  const __m512 f = _mm512_fmadd_ps(_mm512_min_ps(m, r.lookup(r.clamp, region)), r.lookup(r.slope, region),
+                                   r.lookup(r.offset, region));
+  // vreduceps 0: f minus f rounded to the nearest whole number.
+  uncertain = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_reduce_ps(f, 0)), r.margin, _CMP_LE_OQ);
+  return _mm512_cvttps_epi32(f);
+}
+
+// encode_span_scalar's codes: arith_encode16, and the search tree for the 16 lanes where any is uncertain
+// (a few in a thousand groups on typical data; the tree's registers are loaded only then).
+template <bool Signed>
+inline void encode_span_arith(const float* src, std::int64_t len, float scale, const EncodeTable& t,
+                              std::uint8_t* codes) {
+  const ArithRegs<Signed> r(*t.arith);
   const __m512 inv = _mm512_set1_ps(1.0f / scale);
   auto encode = [&](__m512 x) {
-    if constexpr (Levels == 7) return _mm512_cvtepi32_epi8(encode16_signed(r, _mm512_mul_ps(x, inv)));
-    else return _mm512_cvtepi32_epi8(encode16_unsigned(r, _mm512_mul_ps(x, inv)));
+    x = _mm512_mul_ps(x, inv);
+    __mmask16 uncertain;
+    __m512i c = arith_encode16<Signed>(r, x, uncertain);
+    if (uncertain != 0) [[unlikely]] {
+      if constexpr (Signed) c = encode16_signed(TreeRegs<7>(t), x);
+      else c = encode16_unsigned(TreeRegs<8>(t), x);
+    }
+    return _mm512_cvtepi32_epi8(c);
   };
   std::int64_t i = 0;
   for (; i + 16 <= len; i += 16)
@@ -308,15 +407,15 @@ inline void encode_span_tree(const float* src, std::int64_t len, float scale, co
 // step took 1.86 ns per parameter instead of 1.16 on the Zen 5 of docs/results/optim_cpu.md.
 inline constexpr std::int64_t kPrefetchAhead = 512;
 
-// encode_span_scalar's codes, by the search tree.
+// encode_span_scalar's codes, by arithmetic and the search tree.
 [[gnu::always_inline]] inline void encode_span_avx512(const float* src, std::int64_t len, float scale,
                                                       const EncodeTable& t, std::uint8_t* codes) {
   if (scale == 0.0f) {
     std::memset(codes, t.zero_code, static_cast<std::size_t>(len));
     return;
   }
-  if (t.tree_levels == 7) encode_span_tree<7>(src, len, scale, t, codes);
-  else encode_span_tree<8>(src, len, scale, t, codes);
+  if (t.tree_levels == 7) encode_span_arith<true>(src, len, scale, t, codes);
+  else encode_span_arith<false>(src, len, scale, t, codes);
 }
 
 // The four byte planes of a map, 4 registers each.

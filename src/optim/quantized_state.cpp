@@ -7,8 +7,9 @@
 // search; midpoints are exact float thresholds, so the result equals a brute-force search. The lookup and
 // the AVX2 versions (one gather per 8 codes; decoding by scalar loads) are in quantized_kernels.h, shared
 // with the fused optimizer steps. With AVX-512 the kernels use a binary search tree over the same exact
-// thresholds (in registers, no gather) and byte planes of the map instead; both are built here too.
-// Tests check every path against the binary search.
+// thresholds (in registers, no gather) and byte planes of the map instead, and in front of the tree an
+// arithmetic encoder (a multiply-add per decade, the tree only where that lands near a decision); all are
+// built and checked here. Tests check every path against the binary search.
 #include "memtrain/optim/quantized_state.h"
 
 #include "memtrain/core/allocator.h"
@@ -63,6 +64,8 @@ struct Encoder {
   std::array<std::int32_t, 256> tree{};    // detail::tree_encode_one's thresholds, breadth first
   std::int32_t tree_top = 0;
   std::array<std::uint8_t, 1024> planes{};  // the map's bytes, plane by plane (the AVX-512 decoder)
+  std::vector<std::int32_t> thresholds;     // the tree's, ascending
+  detail::ArithTable arith{};
   detail::EncodeTable view;          // what the kernels use
 
   explicit Encoder(bool is_signed) : map(build_map(is_signed)) {
@@ -88,9 +91,11 @@ struct Encoder {
     for (int j = 0; j < 256; ++j)
       for (int b = 0; b < 4; ++b)
         planes[256 * b + j] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(map[j]) >> (8 * b));
-    view = detail::EncodeTable{map.data(), table.data(), low_bits,         buckets,
-                               zero_code,  tree.data(),  is_signed ? 7 : 8, tree_top, planes.data()};
+    build_arith(is_signed);
+    view = detail::EncodeTable{map.data(), table.data(), low_bits,         buckets,      zero_code,
+                               tree.data(), is_signed ? 7 : 8, tree_top, planes.data(), &arith};
     check_tree();
+    check_arith();
   }
 
   // The sorted thresholds on detail::tree_key, laid out as a complete binary search tree. Unsigned map:
@@ -101,7 +106,7 @@ struct Encoder {
   // resp. 2 bits(P) + 1 decides both sides. The last decision (254 -> 255, code 1.0) is positive only.
   void build_tree(bool is_signed) {
     constexpr float inf = std::numeric_limits<float>::infinity();
-    std::vector<std::int32_t> sorted;
+    std::vector<std::int32_t>& sorted = thresholds;
     if (is_signed) {
       for (int j = 0; j < 127; ++j) {
         const float up = mid_up[127 + j], down = -mid_up[126 - j];
@@ -134,6 +139,78 @@ struct Encoder {
             MT_CHECK(detail::tree_encode_one(y, view) == detail::quantize_nearest(y, map.data()), "dynamic_map",
                      "the search tree encodes {} as {}, the nearest code is {}", y, detail::tree_encode_one(y, view),
                      detail::quantize_nearest(y, map.data()));
+  }
+
+  // detail::arith_encode_one's tables. Region 1..7 is decade 10^-(7 - region): its codes run from `first`
+  // (just past the decision boundary[region] below it) to first + items - 1, decided at whole values of
+  // code + fraction = first + (|x| / 10^-k - 0.1) items / 0.9. Region 0 is the zero code, region 8 the code of
+  // 1.0 past the last decision; for x < 0 (signed map) region + 16 gives 254 - that code (255 - the fma),
+  // and past the last negative value's decisions the clamp keeps it at code 0 (region 24 too).
+  void build_arith(bool is_signed) {
+    detail::ArithTable& a = arith;
+    const int zero = zero_code;
+    for (int r = 0; r < 32; ++r) {
+      a.clamp[r] = 1.5f;
+      a.slope[r] = 0.0f;
+      a.offset[r] = 0.5f;  // code 0
+    }
+    a.offset[0] = a.offset[is_signed ? 16 : 0] = static_cast<float>(zero) + 0.5f;
+    std::array<float, 9> boundary{};
+    std::array<std::int32_t, 9> boundary_key{};
+    int first = zero + 1;
+    for (int region = 1; region <= 7; ++region) {
+      const int k = 7 - region, items = 1 << ((is_signed ? 6 : 7) - k);
+      const double slope = items / (0.9 * std::pow(10.0, -k)), offset = first - 0.1 * items / 0.9;
+      a.slope[region] = static_cast<float>(slope);
+      a.offset[region] = static_cast<float>(offset);
+      a.clamp[region] = map[first + items - 1];
+      if (is_signed) {
+        a.slope[16 + region] = static_cast<float>(-slope);
+        a.offset[16 + region] = static_cast<float>(255.0 - offset);
+        a.clamp[16 + region] = a.clamp[region];
+      }
+      boundary[region] = mid_up[first - 1];
+      boundary_key[region] = thresholds[first - 1 - zero];
+      first += items;
+    }
+    MT_CHECK(first == 255, "dynamic_map", "the decades hold codes up to {}, not 254", first - 1);
+    boundary[8] = mid_up[254];
+    boundary_key[8] = is_signed ? tree_top : thresholds[254];
+    a.offset[8] = 255.5f;
+    // Binade b holds [2^(b - 31), 2^(b - 30)) (exponents mod 32: magnitudes are in [2^-25, 1.5]). A boundary
+    // exactly at a power of two would sit in two binades, and two boundaries in one would need two compares.
+    for (int b = 0; b < 32; ++b) {
+      const float lo = std::ldexp(1.0f, b - 31), hi = 2.0f * lo;
+      int below = 0;
+      while (below < 8 && boundary[below + 1] < lo) ++below;
+      a.region_below[b] = below;
+      a.boundary_key[b] = std::numeric_limits<std::int32_t>::max();
+      if (below < 8 && boundary[below + 1] < hi) {
+        MT_CHECK(boundary[below + 1] != lo && (below + 1 == 8 || boundary[below + 2] >= hi), "dynamic_map",
+                 "the binade from {} holds more than the inside of one region boundary", lo);
+        a.boundary_key[b] = boundary_key[below + 1];
+      }
+    }
+    a.margin = 0x1p-12f;
+  }
+
+  // The arithmetic code is monotonic in |x| on each side of 0 (each region's fma is, and the regions follow
+  // |x|), so if at both floats around every decision (and at every map value) it is either the binary
+  // search's code or uncertain, then every float it does not call uncertain gets the binary search's code:
+  // such an x lies farther than the margin from every whole number, hence on the same side of each decision
+  // as the checked float on that side. This is where rounding in the fma is bounded.
+  void check_arith() const {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < 256; ++i)
+      for (float a : {map[i], mid_up[i] == inf ? 1.5f : mid_up[i]})
+        for (float x : {a, std::nextafter(a, inf), std::nextafter(a, -inf)})
+          for (float y : {x, -x}) {
+            bool uncertain = false;
+            const std::uint8_t code = detail::arith_encode_one(y, view, uncertain);
+            MT_CHECK(uncertain || code == detail::quantize_nearest(y, map.data()), "dynamic_map",
+                     "the arithmetic encoder gives {} code {}, the nearest code is {}", y, code,
+                     detail::quantize_nearest(y, map.data()));
+          }
   }
 
   // Fills the table for buckets of 2^low_bits floats; false when some bucket holds two decision midpoints.

@@ -36,7 +36,8 @@ void dequantize_block(const std::uint8_t* codes, std::int64_t len, float absmax,
 inline float block_scale(float hi, float lo) { return -lo > hi ? lo : hi; }
 float block_scale(const float* src, std::int64_t len);
 // Codes of src[i] / scale for i < len (all the zero code when scale is 0), by the fastest encoder built:
-// the register search tree with AVX-512, else the table encoder with AVX2, else encode_block_scalar.
+// arithmetic with AVX-512 (the register search tree where that is unsure), else the table encoder with AVX2,
+// else encode_block_scalar.
 void encode_block(const float* src, std::int64_t len, float scale, const float* map, std::uint8_t* codes);
 void encode_block_scalar(const float* src, std::int64_t len, float scale, const float* map, std::uint8_t* codes);
 // quantize_block by a plain max/min loop and a binary search per element (quantize_nearest).
