@@ -154,7 +154,8 @@ struct Encoder {
       a.slope[r] = 0.0f;
       a.offset[r] = 0.5f;  // code 0
     }
-    a.offset[0] = a.offset[is_signed ? 16 : 0] = static_cast<float>(zero) + 0.5f;
+    a.offset[0] = static_cast<float>(zero) + 0.5f;
+    if (is_signed) a.offset[16] = a.offset[0];
     std::array<float, 9> boundary{};
     std::array<std::int32_t, 9> boundary_key{};
     int first = zero + 1;
