@@ -43,6 +43,7 @@ struct Blocks {
 
 enum Encoder { kBuilt, kTree, kTable, kBinarySearch };
 
+#if defined(MEMTRAIN_OPTIM_AVX512)
 // The share of 16-lane groups in which detail::arith_encode_one is unsure of some lane.
 double tree_group_share(QuantMap kind) {
   constexpr int kCount = 4096;
@@ -61,6 +62,7 @@ double tree_group_share(QuantMap kind) {
   }
   return static_cast<double>(unsure) / (kCount * kBlock / 16);
 }
+#endif
 
 #if defined(MEMTRAIN_OPTIM_AVX512)
 template <int Levels>
@@ -86,7 +88,7 @@ void BM_Encode(benchmark::State& state, QuantMap kind, Encoder encoder) {
 #endif
   Blocks blocks(kind);
   const float* map = dynamic_map(kind).data();
-  const detail::EncodeTable& table = detail::encode_table(kind);
+  [[maybe_unused]] const detail::EncodeTable& table = detail::encode_table(kind);
   for (auto _ : state) {
     for (int b = 0; b < kBlocks; ++b) {
       const float* src = blocks.values.data() + b * kBlock;

@@ -98,9 +98,10 @@ struct AdamRegs {
 
 #if defined(MEMTRAIN_OPTIM_AVX512)
 // Three passes over L1: decode both moments into the scratch (byte-plane lookups), update 16 lanes at a
-// time (p in place, the new moments back into the scratch, their max and min), encode the scratch (search
-// tree). A last group of fewer than 16 lanes runs under a mask: p and g are read and p written only where
-// the mask is set, and the scratch lanes beyond len (stale but finite) do not enter max and min.
+// time (p in place, the new moments back into the scratch, their max and min), encode the scratch
+// (arithmetic encoder). A last group of fewer than 16 lanes runs under a mask: p and g are read and p
+// written only where the mask is set, and the scratch lanes beyond len (stale but finite) do not enter max
+// and min.
 [[gnu::always_inline]] inline void adamw8bit_block_avx512(float* p, const float* g, const Moments8& m,
                                                           const Moments8& v, std::int64_t len,
                                                           const AdamRegs<16>& c,
@@ -109,13 +110,8 @@ struct AdamRegs {
   detail::decode_span_avx512(v.table, v.codes, len, *v.absmax, vs);
   __m512 m_hi = _mm512_setzero_ps(), m_lo = m_hi, v_hi = m_hi, v_lo = m_hi;
   for (std::int64_t i = 0; i < len; i += 16) {
-    const auto k = static_cast<__mmask16>(len - i >= 16 ? 0xffffu : (1u << (len - i)) - 1);
-    _mm_prefetch(reinterpret_cast<const char*>(g + i + detail::kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + detail::kPrefetchAhead), _MM_HINT_T0);
-    if ((i & 63) == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(m.codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v.codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
-    }
+    const __mmask16 k = detail::lanes_left(len - i);
+    detail::prefetch_ahead(i, p, g, m.codes, v.codes);
     const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
     const __m512 mi =
         _mm512_add_ps(_mm512_mul_ps(c.beta1, _mm512_loadu_ps(ms + i)), _mm512_mul_ps(c.one_minus_beta1, gi));

@@ -74,10 +74,8 @@ struct LionRegs {
   const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
   __m512 hi = zero, lo = zero;
   for (std::int64_t i = 0; i < len; i += 16) {
-    const auto k = static_cast<__mmask16>(len - i >= 16 ? 0xffffu : (1u << (len - i)) - 1);
-    _mm_prefetch(reinterpret_cast<const char*>(g + i + detail::kPrefetchAhead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + detail::kPrefetchAhead), _MM_HINT_T0);
-    if ((i & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + i + detail::kPrefetchAhead), _MM_HINT_T0);
+    const __mmask16 k = detail::lanes_left(len - i);
+    detail::prefetch_ahead(i, p, g, codes);
     const __m512 m = _mm512_loadu_ps(ms + i);
     const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
     const __m512 u = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.one_minus_beta1, gi));

@@ -327,6 +327,11 @@ inline __m512i encode16_unsigned(const TreeRegs<8>& r, __m512 x) {
   return tree_search16(r, key);  // node - 256: the low byte
 }
 
+// The lanes of a 16-lane group that hold one of the `left` remaining elements.
+inline __mmask16 lanes_left(std::int64_t left) {
+  return static_cast<__mmask16>(left >= 16 ? 0xffffu : (1u << left) - 1);
+}
+
 // arith_encode_one's tables in registers: two per table (32 regions) for the signed map, one for the
 // unsigned map (regions 0..8).
 template <bool Signed>
@@ -397,7 +402,7 @@ inline void encode_span_arith(const float* src, std::int64_t len, float scale, c
   for (; i + 16 <= len; i += 16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), encode(_mm512_loadu_ps(src + i)));
   if (i < len) {
-    const auto rest = static_cast<__mmask16>((1u << (len - i)) - 1);
+    const __mmask16 rest = lanes_left(len - i);
     _mm_mask_storeu_epi8(codes + i, rest, encode(_mm512_maskz_loadu_ps(rest, src + i)));
   }
 }
@@ -406,6 +411,14 @@ inline void encode_span_arith(const float* src, std::int64_t len, float scale, c
 // in L1 are compute-bound and leave the memory idle meanwhile; without the prefetch a 16M-parameter AdamW8bit
 // step took 1.86 ns per parameter instead of 1.16 on the Zen 5 of docs/results/optim_cpu.md.
 inline constexpr std::int64_t kPrefetchAhead = 512;
+
+// The fused steps' prefetch at element i of a block: p and g every 16 elements, each code array every 64.
+template <class... Codes>
+inline void prefetch_ahead(std::int64_t i, const float* p, const float* g, const Codes*... codes) {
+  _mm_prefetch(reinterpret_cast<const char*>(g + i + kPrefetchAhead), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + i + kPrefetchAhead), _MM_HINT_T0);
+  if ((i & 63) == 0) (_mm_prefetch(reinterpret_cast<const char*>(codes + i + kPrefetchAhead), _MM_HINT_T0), ...);
+}
 
 // encode_span_scalar's codes, by arithmetic and the search tree.
 [[gnu::always_inline]] inline void encode_span_avx512(const float* src, std::int64_t len, float scale,
@@ -463,7 +476,8 @@ inline void decode64(const DecodeRegs& d, __m512i codes, __m512 scale, float* ou
 }
 #endif
 
-// The encoder of the build: the search tree with AVX-512, else the table with AVX2, else the portable loop.
+// The encoder of the build: arithmetic (and the search tree) with AVX-512, else the table with AVX2, else the
+// portable loop.
 // Same codes in every case.
 inline void encode_span(const float* src, std::int64_t len, float scale, const EncodeTable& t, std::uint8_t* codes) {
 #if defined(MEMTRAIN_OPTIM_AVX512)
