@@ -2,9 +2,9 @@
 // where freed bytes wait (the cache policy) is src/core/block_cache.h.
 #include "memtrain/core/allocator.h"
 
+#include "core/backend.h"
 #include "core/block_cache.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,23 +16,6 @@ namespace memtrain {
 namespace {
 
 thread_local MemoryCategory t_category = MemoryCategory::other;
-
-// Host memory: 64-byte aligned. Pages are touched by whoever writes first; the cache keeps them mapped.
-class HostMemorySource final : public MemorySource {
- public:
-  void* raw_allocate(std::size_t nbytes) override {
-    void* p = std::aligned_alloc(64, nbytes);
-    if (p == nullptr) throw Error(fmt::format("allocator(cpu): out of host memory allocating {} bytes", nbytes));
-    return p;
-  }
-  void raw_free(void* ptr, std::size_t) override { std::free(ptr); }
-};
-
-using SourceFactory = std::unique_ptr<MemorySource> (*)(int);
-SourceFactory& cuda_factory() {
-  static SourceFactory f = nullptr;
-  return f;
-}
 
 std::string human_bytes(std::size_t b) {
   const double x = static_cast<double>(b);
@@ -62,14 +45,10 @@ CategoryGuard::CategoryGuard(MemoryCategory c) : previous_(t_category) { t_categ
 CategoryGuard::~CategoryGuard() { t_category = previous_; }
 MemoryCategory current_category() { return t_category; }
 
-void register_memory_source_factory(DeviceType type, std::unique_ptr<MemorySource> (*factory)(int)) {
-  MT_CHECK(type == DeviceType::cuda, "register_memory_source_factory", "only CUDA sources can be registered");
-  cuda_factory() = factory;
-}
-
 namespace {
 CachePolicy default_policy(const Device& device) {
-  return device.is_cpu() ? CachePolicy::size_classes : CachePolicy::segments;
+  // Meta models the CPU's allocations, so it caches like the CPU too.
+  return device.is_cuda() ? CachePolicy::segments : CachePolicy::size_classes;
 }
 }  // namespace
 
@@ -89,22 +68,24 @@ Allocator::~Allocator() {
 }
 
 Allocator& Allocator::get(Device device) {
+  // Leaked on purpose: tensors in other static objects may be freed after these would be destroyed.
   if (device.is_cpu()) {
-    // Leaked on purpose: tensors in other static objects may be freed after this one would be destroyed.
-    static Allocator* cpu = new Allocator(Device::cpu(), std::make_unique<HostMemorySource>());
+    static Allocator* cpu = new Allocator(device, detail::backend_for(device).make_memory_source(0));
     return *cpu;
+  }
+  if (device.is_meta()) {
+    static Allocator* meta = new Allocator(device, detail::backend_for(device).make_memory_source(0));
+    return *meta;
   }
   constexpr int kMaxCudaDevices = 64;
   MT_CHECK(device.index >= 0 && device.index < kMaxCudaDevices, "Allocator::get", "bad device index {}",
            device.index);
-  // Asking the backend first registers its memory source (a static library may drop static initialisers).
-  MT_CHECK(cuda::is_available(), "Allocator::get", "no memory for {}: {}", device.str(), cuda::unavailable_reason());
   static std::mutex mutex;
   static Allocator* cuda_allocators[kMaxCudaDevices] = {};
   std::lock_guard lock(mutex);
   if (cuda_allocators[device.index] == nullptr) {
-    MT_CHECK(cuda_factory() != nullptr, "Allocator::get", "no memory source registered for {}", device.str());
-    cuda_allocators[device.index] = new Allocator(device, cuda_factory()(device.index));
+    const detail::Backend& backend = detail::backend_for(device);  // throws: no CUDA, or no usable device
+    cuda_allocators[device.index] = new Allocator(device, backend.make_memory_source(device.index));
   }
   return *cuda_allocators[device.index];
 }

@@ -2,12 +2,9 @@
 // methods are in src/ops/, the autograd ones in src/autograd/.
 #include "memtrain/core/tensor.h"
 
+#include "core/backend.h"
 #include "cpu/convert.h"
-#include "cpu/strided.h"
 #include "memtrain/core/rng.h"
-#include "memtrain/cuda/convert.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/strided.h"
 
 #include <algorithm>
 #include <cmath>
@@ -98,100 +95,45 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
+  // A kernel reaching a meta tensor's data is a bug in a backend entry: say so instead of faulting.
+  MT_CHECK(!device().is_meta(), "data_ptr", "a meta tensor {} {} holds no data", shape_str(shape()),
+           dtype_name(dtype()));
   return static_cast<char*>(storage()->data()) + offset() * static_cast<std::int64_t>(element_size());
 }
 
 double Tensor::item() const {
   MT_CHECK(numel() == 1, "item", "expected one element, got shape {}", shape_str(shape()));
-  if (device().is_cpu()) return cpu::read_as_double(data_ptr(), dtype());
-  std::uint64_t bits = 0;
-  cuda::copy(&bits, Device::cpu(), data_ptr(), device(), element_size());
-  return cpu::read_as_double(&bits, dtype());
-}
-
-// `t` (on a CUDA device) as a new contiguous tensor of `dtype` on the same device. cuda::cast converts
-// between floating dtypes with the CPU's rounding rules; it has no integer or bool conversions, so those
-// take a host round trip through cpu::convert (same results, at PCIe speed).
-static Tensor converted_on_device(const Tensor& t, DType dtype) {
-  const Tensor packed = t.detach().contiguous();
-  if (!is_floating(dtype) || !is_floating(t.dtype())) return packed.to(Device::cpu()).to(dtype).to(t.device());
-  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
-  cuda::cast(packed.data_ptr(), packed.dtype(), out.data_ptr(), dtype, static_cast<std::size_t>(t.numel()),
-             t.device().index);
-  return out;
+  return detail::backend_for(device()).read_scalar(*this);
 }
 
 Tensor& Tensor::fill_(double value) {
   if (numel() == 0) return *this;
-  std::uint64_t pattern = 0;
-  cpu::write_from_double(&pattern, dtype(), value);
-  if (device().is_cuda()) {
-    if (is_contiguous()) {
-      cuda::fill(data_ptr(), dtype(), static_cast<std::size_t>(numel()), value, device().index);
-      return *this;
-    }
-    // As on the CPU: one element on the device, broadcast over the view as a stride-0 source.
-    const Tensor one = Tensor::empty({}, dtype(), device());
-    cuda::fill(one.data_ptr(), dtype(), 1, value, device().index);
-    const Shape zero(shape().size(), 0);
-    cuda::strided_copy(data_ptr(), strides().data(), one.data_ptr(), zero.data(), shape().data(),
-                       static_cast<int>(dim()), element_size(), device().index);
-    return *this;
-  }
-  // Broadcast one element over the view: a stride-0 source.
-  cpu::strided_copy(data_ptr(), strides(), &pattern, Shape(dim(), 0), shape(), element_size());
+  detail::backend_for(device()).fill(*this, value);
   return *this;
+}
+
+// Across devices one side is the CPU (or both are CUDA devices): the bytes move in the destination's
+// dtype, contiguous, and the backend of the side that is not the CPU moves them.
+static void copy_across_devices(Tensor& dst, const Tensor& src) {
+  if (!dst.is_contiguous()) {
+    Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+    staged.copy_(src);
+    dst.copy_(staged);
+    return;
+  }
+  const Tensor moved = src.to(dst.dtype()).contiguous();  // converted where the source is
+  const Device other = dst.device().is_cpu() ? moved.device() : dst.device();
+  const Device meta = Device::meta();
+  detail::backend_for(moved.device() == meta ? meta : other).transfer(dst, moved);
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
   MT_CHECK(src.shape() == shape(), "copy_", "shape mismatch: destination {} vs source {}", shape_str(shape()),
            shape_str(src.shape()));
   if (numel() == 0) return *this;
-  if (device().is_cpu() && src.device().is_cpu()) {
-    if (src.dtype() == dtype()) {
-      cpu::strided_copy(data_ptr(), strides(), src.data_ptr(), src.strides(), shape(), element_size());
-      return *this;
-    }
-    if (is_contiguous() && src.is_contiguous()) {
-      cpu::convert(src.data_ptr(), src.dtype(), data_ptr(), dtype(), static_cast<std::size_t>(numel()));
-      return *this;
-    }
-    const Tensor converted = src.detach().contiguous().to(dtype());  // convert first, then lay out
-    return copy_(converted);
-  }
   const Tensor source = src.detach();
-  if (source.device() == device()) {
-    // One CUDA device: the strided-copy kernel lays out any views; a dtype change goes through cuda::cast
-    // (straight into a contiguous destination when it can) or, for integer/bool dtypes, the host.
-    if (source.dtype() == dtype()) {
-      cuda::strided_copy(data_ptr(), strides().data(), source.data_ptr(), source.strides().data(), shape().data(),
-                         static_cast<int>(dim()), element_size(), device().index);
-      return *this;
-    }
-    if (is_contiguous() && !shares_storage_with(source) && is_floating(dtype()) && is_floating(source.dtype())) {
-      const Tensor packed = source.contiguous();
-      cuda::cast(packed.data_ptr(), packed.dtype(), data_ptr(), dtype(), static_cast<std::size_t>(numel()),
-                 device().index);
-      return *this;
-    }
-    return copy_(converted_on_device(source, dtype()));
-  }
-  // Across devices: move contiguous bytes of the destination's dtype. The conversion happens where the
-  // source is (CPU: cpu::convert; CUDA: as above); a non-contiguous destination receives the bytes in a
-  // contiguous temporary on its own device first, and a non-contiguous CUDA source is packed on its device.
-  if (!is_contiguous()) {
-    Tensor staged = Tensor::empty(shape(), dtype(), device());
-    staged.copy_(source);
-    return copy_(staged);
-  }
-  Tensor moved = source;
-  if (moved.device().is_cpu()) {
-    if (moved.dtype() != dtype()) moved = moved.to(dtype());
-    if (!moved.is_contiguous()) moved = moved.contiguous();
-  } else {
-    moved = moved.dtype() != dtype() ? converted_on_device(moved, dtype()) : moved.contiguous();
-  }
-  cuda::copy(data_ptr(), device(), moved.data_ptr(), moved.device(), nbytes());
+  if (source.device() == device()) detail::backend_for(device()).copy(*this, source);
+  else copy_across_devices(*this, source);
   return *this;
 }
 
@@ -213,6 +155,7 @@ std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
   std::string out = fmt::format("Tensor(shape={}, dtype={}, device={}", shape_str(shape()), dtype_name(dtype()),
                                 device().str());
+  if (device().is_meta()) return out + ")";  // no values to show
   const Tensor host = device().is_cpu() ? detach() : to(Device::cpu());
   const Tensor flat = host.detach().contiguous();
   constexpr std::int64_t kShow = 8;
@@ -258,12 +201,8 @@ static Tensor random_tensor(const Shape& shape, DType dtype, Device device, bool
   MT_CHECK(is_floating(dtype), normal ? "randn" : "rand", "needs a floating dtype, got {}", dtype_name(dtype));
   const std::int64_t n = shape_numel(shape);
   const RngState state = reserve_rng_blocks(static_cast<std::uint64_t>((n + 3) / 4));
-  Tensor f = Tensor::empty(shape, DType::f32);
-  if (normal) cpu::fill_normal(f.data<float>(), n, state);
-  else cpu::fill_uniform(f.data<float>(), n, state);
-  if (dtype == DType::f32 && device.is_cpu()) return f;
   Tensor out = Tensor::empty(shape, dtype, device);
-  out.copy_(f);
+  detail::backend_for(device).fill_random(out, state, normal);
   return out;
 }
 

@@ -1,6 +1,10 @@
-// Normalisation kernels. Row statistics accumulate in double (a row of C floats summed in float loses
-// digits for C in the thousands); per-element math stays in T.
+// Normalisation kernels, and the CPU backend's entries that run them (bottom). Row statistics accumulate in
+// double (a row of C floats summed in float loses digits for C in the thousands); per-element math stays in T.
 #include "cpu/norm.h"
+
+#include "cpu/cpu_backend.h"
+
+#include <algorithm>
 
 #include <omp.h>
 
@@ -138,5 +142,106 @@ void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* we
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(double)
 #undef MEMTRAIN_INSTANTIATE
+
+// ---- the CPU backend's entries (src/core/backend.h) ----
+
+DType CpuBackend::norm_stats_dtype(DType x) const { return compute_dtype(x); }
+
+namespace {
+
+// layer_norm's forward for a contiguous bf16/f16 x: the f32 copies of x and of the output exist one slab of
+// rows at a time (at most kNarrowSlabElements floats each) instead of at full size, since mixed precision keeps
+// activations narrow to halve them and full-size f32 temporaries would give that back at the forward's peak.
+// Each row is normalised by the same kernel as on the widened path, so the results are the same bits.
+constexpr std::int64_t kNarrowSlabElements = std::int64_t{1} << 19;
+
+void layer_norm_forward_narrow(const CpuBackend& backend, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& x, const Tensor& wc, const Tensor& bc, double eps) {
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  const std::int64_t slab = std::min(N, std::max<std::int64_t>(1, kNarrowSlabElements / C));
+  const Tensor x2 = x.detach().reshape({N, C}), out2 = out.reshape({N, C});
+  const Tensor xs = Tensor::empty({slab, C}, DType::f32, x.device());
+  const Tensor ys = Tensor::empty({slab, C}, DType::f32, x.device());
+  for (std::int64_t r0 = 0; r0 < N; r0 += slab) {
+    const std::int64_t r = std::min(slab, N - r0);
+    xs.narrow(0, 0, r).copy_(x2.narrow(0, r0, r));
+    if (backend.runs_kernels())
+      layer_norm_forward<float>(ys.data<float>(), mean.data<float>() + r0, rstd.data<float>() + r0, xs.data<float>(),
+                                data_or_null<float>(wc), data_or_null<float>(bc), r, C, eps);
+    out2.narrow(0, r0, r).copy_(ys.narrow(0, 0, r));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::layer_norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                    const Tensor& weight, const Tensor& bias, double eps) const {
+  const Tensor wc = compute_operand(weight), bc = compute_operand(bias);
+  if ((x.dtype() == DType::bf16 || x.dtype() == DType::f16) && x.is_contiguous() && x.numel() > 0) {
+    layer_norm_forward_narrow(*this, out, mean, rstd, x, wc, bc, eps);
+    return;
+  }
+  const Tensor xc = compute_operand(x);
+  const Tensor y = compute_result(out, xc.dtype());
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  if (runs_kernels()) {
+    dispatch_compute("layer_norm", xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(), data_or_null<T>(wc),
+                                 data_or_null<T>(bc), N, C, eps);
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                     const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                     const Tensor& rstd) const {
+  const Tensor g = compute_operand(dout), xc = compute_operand(x), wc = compute_operand(weight);
+  const DType ct = xc.dtype();
+  const Tensor dxc = compute_result(dx, ct), dwc = compute_result(dw, ct), dbc = compute_result(db, ct);
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  if (runs_kernels()) {
+    dispatch_compute("layer_norm_backward", ct, [&](auto zero) {
+      using T = decltype(zero);
+      cpu::layer_norm_backward<T>(dxc.data<T>(), data_or_null<T>(dwc), data_or_null<T>(dbc), g.data<T>(),
+                                  xc.data<T>(), data_or_null<T>(wc), mean.data<T>(), rstd.data<T>(), N, C);
+    });
+  }
+  finish_result(dx, dxc);
+  finish_result(dw, dwc);
+  finish_result(db, dbc);
+}
+
+void CpuBackend::rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                  double eps) const {
+  const Tensor xc = compute_operand(x), wc = compute_operand(weight);
+  const Tensor y = compute_result(out, xc.dtype());
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  if (runs_kernels()) {
+    dispatch_compute("rms_norm", xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::rms_norm_forward<T>(y.data<T>(), rstd.data<T>(), xc.data<T>(), data_or_null<T>(wc), N, C, eps);
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::rms_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                                   const Tensor& weight, const Tensor& rstd) const {
+  const Tensor g = compute_operand(dout), xc = compute_operand(x), wc = compute_operand(weight);
+  const DType ct = xc.dtype();
+  const Tensor dxc = compute_result(dx, ct), dwc = compute_result(dw, ct);
+  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
+  if (runs_kernels()) {
+    dispatch_compute("rms_norm_backward", ct, [&](auto zero) {
+      using T = decltype(zero);
+      cpu::rms_norm_backward<T>(dxc.data<T>(), data_or_null<T>(dwc), g.data<T>(), xc.data<T>(), data_or_null<T>(wc),
+                                rstd.data<T>(), N, C);
+    });
+  }
+  finish_result(dx, dxc);
+  finish_result(dw, dwc);
+}
 
 }  // namespace memtrain::cpu

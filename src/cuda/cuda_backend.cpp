@@ -86,12 +86,7 @@ Availability probe() {
 }
 
 const Availability& availability() {
-  static const Availability a = [] {
-    // Registering here too (not only at static init) means any program that asks whether CUDA is
-    // available can then use Allocator::get(Device::cuda(i)), whatever the static-init order.
-    detail::ensure_memory_source_registered();
-    return probe();
-  }();
+  static const Availability a = probe();
   return a;
 }
 

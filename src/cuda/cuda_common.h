@@ -28,8 +28,8 @@ cudaStream_t current_stream();
 // Sets the calling thread's current stream on `device` and returns the previous one (for StreamGuard).
 cudaStream_t exchange_current_stream(int device, cudaStream_t stream);
 
-// Registers the CUDA MemorySource with the allocator (idempotent; see cuda_memory.cpp).
-void ensure_memory_source_registered();
+// The device memory of `device` for its Allocator (cuda_memory.cpp).
+std::unique_ptr<MemorySource> make_cuda_memory_source(int device);
 
 // Makes `device` current for the scope and restores the previous device after it.
 class DeviceGuard {

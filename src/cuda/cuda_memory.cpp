@@ -57,22 +57,10 @@ class CudaMemorySource final : public MemorySource {
   int device_;
 };
 
-std::unique_ptr<MemorySource> make_cuda_memory_source(int device) {
-  return std::make_unique<CudaMemorySource>(device);
-}
-
 }  // namespace
 
 namespace detail {
-void ensure_memory_source_registered() {
-  static std::once_flag once;
-  std::call_once(once, [] { register_memory_source_factory(DeviceType::cuda, &make_cuda_memory_source); });
-}
+std::unique_ptr<MemorySource> make_cuda_memory_source(int device) { return std::make_unique<CudaMemorySource>(device); }
 }  // namespace detail
-
-namespace {
-// Static-init registration; safe because the allocator's factory slot is a function-local static.
-[[maybe_unused]] const bool registered_at_startup = (detail::ensure_memory_source_registered(), true);
-}  // namespace
 
 }  // namespace memtrain::cuda

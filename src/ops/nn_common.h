@@ -5,6 +5,7 @@
 // the call is still to be done).
 #pragma once
 
+#include "core/operand_checks.h"
 #include "memtrain/core/allocator.h"
 #include "ops/op_utils.h"
 
@@ -48,26 +49,9 @@ inline void check_same_device(const char* op, const char* what_a, const Tensor& 
            a.device().str(), what_b, shape_str(b.shape()), b.device().str());
 }
 
-// The dtypes the CUDA nn kernels take (each widens to f32 and rounds once on output).
-inline bool is_cuda_kernel_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-// A data operand of a CUDA nn kernel: f32, bf16 or f16, contiguous.
-inline void check_cuda_data(const char* op, const char* what, const Tensor& t) {
-  MT_CHECK(is_cuda_kernel_dtype(t.dtype()), op,
-           "{} of dtype {} on {} is not supported yet: the CUDA kernels take f32, bf16 or f16 ({} {})", what,
-           dtype_name(t.dtype()), t.device().str(), what, shape_str(t.shape()));
-  MT_CHECK(t.is_contiguous(), op, "a non-contiguous {} on {} is not supported yet: {} {} has strides {}", what,
-           t.device().str(), what, shape_str(t.shape()), shape_str(t.strides()));
-}
-
-// The CUDA kernels take one dtype for every data array: `t` must have the dtype of `ref`.
-inline void check_cuda_same_dtype(const char* op, const char* what, const Tensor& t, const char* ref_what,
-                                  const Tensor& ref) {
-  MT_CHECK(t.dtype() == ref.dtype(), op,
-           "{} {} {} with {} {} {} on {} is not supported yet: the CUDA kernel takes one dtype for all of them",
-           what, dtype_name(t.dtype()), shape_str(t.shape()), ref_what, dtype_name(ref.dtype()),
-           shape_str(ref.shape()), ref.device().str());
-}
+using ::memtrain::detail::check_cuda_data;
+using ::memtrain::detail::check_cuda_same_dtype;
+using ::memtrain::detail::is_cuda_kernel_dtype;
 
 // A contiguous index tensor on a CUDA device, copied to the host (a small [N] vector; the copy waits for
 // the device) so the front-end can range-check it like the CPU path does.

@@ -1,15 +1,14 @@
 // layer_norm and rms_norm over the last dim. The forward saves x, the affine weight and the per-row
 // statistics (layer_norm: mean, rstd; rms_norm: rstd), not the normalised output; the backward ops
-// recompute x_hat from them. Statistics are kept in the compute dtype (f32 for bf16/f16 inputs).
-// On a CUDA device the kernels of memtrain/cuda/nn.h run instead (f32, bf16 or f16, one dtype for x, weight
-// and bias, contiguous; statistics always f32), forward and backward.
+// recompute x_hat from them. The front-ends check shapes and dtypes, allocate the results on x's device and
+// call that device's backend (src/core/backend.h; kernels in src/cpu/norm.cpp and kernels/nn_norm.cu), which
+// keeps the statistics in its own dtype (CPU: the compute dtype, CUDA: f32).
 // batch_norm (NCHW, per channel; the rule of nn::BatchNorm2d): on CUDA the kernels of memtrain/cuda/nn_spatial.h
 // with their own backward; on the CPU the composition of differentiable ops the module has always used.
-#include "cpu/norm.h"
+#include "core/backend.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
-#include "memtrain/cuda/nn.h"
 #include "memtrain/cuda/nn_spatial.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
@@ -43,23 +42,6 @@ void check_input(const char* op, const Tensor& x) {
            shape_str(x.shape()));
 }
 
-// The CUDA kernels' contract for x and the affine parameters (checked after check_input/check_affine).
-void check_cuda_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  detail::check_cuda_data(op, "input", x);
-  for (const auto& [what, p] : {std::pair<const char*, const Tensor&>{"weight", weight}, {"bias", bias}}) {
-    if (!p.defined()) continue;
-    detail::check_cuda_same_dtype(op, what, p, "input", x);
-    detail::check_cuda_data(op, what, p);
-  }
-}
-
-// The output gradient reaching a CUDA backward: the forward output's dtype, contiguous.
-void check_cuda_grad(const char* op, const Tensor& dout, const Tensor& x) {
-  detail::check_same_device(op, "input", x, "output gradient", dout);
-  detail::check_cuda_same_dtype(op, "output gradient", dout, "input", x);
-  detail::check_cuda_data(op, "output gradient", dout);
-}
-
 // Inputs to record and the gradient slots they map to: undefined weight/bias take no edge.
 std::vector<Tensor> defined_only(std::initializer_list<Tensor> ts) {
   std::vector<Tensor> out;
@@ -72,82 +54,39 @@ struct NormGrads {
   Tensor dx, dw, db;
 };
 
-// The layer_norm backward op (own kernel). dw/db are computed only when wanted.
-NormGrads layer_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd, bool want_dw, bool want_db) {
-  if (x.device().is_cuda()) {
-    check_cuda_grad("layer_norm_backward", dout, x);
-    const std::int64_t C = x.size(-1), N = x.numel() / C;
-    const Device dev = x.device();
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), dev);
-    Tensor dw = want_dw ? Tensor::empty({C}, x.dtype(), dev) : Tensor();
-    Tensor db = want_db ? Tensor::empty({C}, x.dtype(), dev) : Tensor();
-    cuda::layer_norm_backward(dx.data_ptr(), want_dw ? dw.data_ptr() : nullptr, want_db ? db.data_ptr() : nullptr,
-                              dout.data_ptr(), x.data_ptr(), weight.defined() ? weight.data_ptr() : nullptr,
-                              mean.data<float>(), rstd.data<float>(), x.dtype(), N, C, dev.index);
-    return {dx, dw, db};
-  }
-  const Tensor g = detail::compute_input(dout), xc = detail::compute_input(x);
-  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
-  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
-  Tensor dx = Tensor::empty(xc.shape(), xc.dtype());
-  Tensor dw = want_dw ? Tensor::empty({C}, xc.dtype()) : Tensor();
-  Tensor db = want_db ? Tensor::empty({C}, xc.dtype()) : Tensor();
-  detail::dispatch_compute("layer_norm_backward", xc.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    cpu::layer_norm_backward<T>(dx.data<T>(), want_dw ? dw.data<T>() : nullptr, want_db ? db.data<T>() : nullptr,
-                                g.data<T>(), xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, mean.data<T>(),
-                                rstd.data<T>(), N, C);
-  });
-  return {detail::as_dtype(dx, x.dtype()), want_dw ? detail::as_dtype(dw, weight.dtype()) : Tensor(), db};
+// The gradient reaching a backward lives where the forward ran.
+void check_grad_device(const char* op, const Tensor& dout, const Tensor& x) {
+  detail::check_same_device(op, "input", x, "output gradient", dout);
+}
+
+// The layer_norm backward op (own kernels). dw/db take the dtypes of weight/bias and are computed only
+// when wanted.
+NormGrads layer_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, DType bias_dtype,
+                              const Tensor& mean, const Tensor& rstd, bool want_dw, bool want_db) {
+  check_grad_device("layer_norm_backward", dout, x);
+  const std::int64_t C = x.size(-1);
+  const Device dev = x.device();
+  NormGrads r{Tensor::empty(x.shape(), x.dtype(), dev), want_dw ? Tensor::empty({C}, weight.dtype(), dev) : Tensor(),
+              want_db ? Tensor::empty({C}, bias_dtype, dev) : Tensor()};
+  ::memtrain::detail::backend_for(dev).layer_norm_backward(r.dx, r.dw, r.db, dout, x, weight, mean, rstd);
+  return r;
 }
 
 NormGrads rms_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             bool want_dw) {
-  if (x.device().is_cuda()) {
-    check_cuda_grad("rms_norm_backward", dout, x);
-    const std::int64_t C = x.size(-1), N = x.numel() / C;
-    const Device dev = x.device();
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), dev);
-    Tensor dw = want_dw ? Tensor::empty({C}, x.dtype(), dev) : Tensor();
-    cuda::rms_norm_backward(dx.data_ptr(), want_dw ? dw.data_ptr() : nullptr, dout.data_ptr(), x.data_ptr(),
-                            weight.defined() ? weight.data_ptr() : nullptr, rstd.data<float>(), x.dtype(), N, C,
-                            dev.index);
-    return {dx, dw, Tensor()};
-  }
-  const Tensor g = detail::compute_input(dout), xc = detail::compute_input(x);
-  const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
-  const std::int64_t C = xc.size(-1), N = xc.numel() / C;
-  Tensor dx = Tensor::empty(xc.shape(), xc.dtype());
-  Tensor dw = want_dw ? Tensor::empty({C}, xc.dtype()) : Tensor();
-  detail::dispatch_compute("rms_norm_backward", xc.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    cpu::rms_norm_backward<T>(dx.data<T>(), want_dw ? dw.data<T>() : nullptr, g.data<T>(), xc.data<T>(),
-                              wc.defined() ? wc.data<T>() : nullptr, rstd.data<T>(), N, C);
-  });
-  return {detail::as_dtype(dx, x.dtype()), want_dw ? detail::as_dtype(dw, weight.dtype()) : Tensor(), Tensor()};
+  check_grad_device("rms_norm_backward", dout, x);
+  const std::int64_t C = x.size(-1);
+  const Device dev = x.device();
+  NormGrads r{Tensor::empty(x.shape(), x.dtype(), dev), want_dw ? Tensor::empty({C}, weight.dtype(), dev) : Tensor(),
+              Tensor()};
+  ::memtrain::detail::backend_for(dev).rms_norm_backward(r.dx, r.dw, dout, x, weight, rstd);
+  return r;
 }
 
-// layer_norm's CPU forward for a contiguous bf16/f16 x: the f32 copies of x and of the output exist one slab of
-// rows at a time (at most kNarrowSlabElements floats each) instead of at full size, since mixed precision keeps
-// activations narrow to halve them and full-size f32 temporaries would give that back at the forward's peak.
-// Each row is normalised by the same kernel as on the widened path, so the results are the same bits.
-constexpr std::int64_t kNarrowSlabElements = std::int64_t{1} << 19;
-
-void layer_norm_forward_narrow(const Tensor& x, const Tensor& wc, const Tensor& bc, double eps, Tensor& out,
-                               Tensor& mean, Tensor& rstd) {
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  const std::int64_t slab = std::min(N, std::max<std::int64_t>(1, kNarrowSlabElements / C));
-  const Tensor x2 = x.detach().reshape({N, C}), out2 = out.reshape({N, C});
-  const Tensor xs = Tensor::empty({slab, C}, DType::f32), ys = Tensor::empty({slab, C}, DType::f32);
-  for (std::int64_t r0 = 0; r0 < N; r0 += slab) {
-    const std::int64_t r = std::min(slab, N - r0);
-    xs.narrow(0, 0, r).copy_(x2.narrow(0, r0, r));
-    cpu::layer_norm_forward<float>(ys.data<float>(), mean.data<float>() + r0, rstd.data<float>() + r0, xs.data<float>(),
-                                   wc.defined() ? wc.data<float>() : nullptr, bc.defined() ? bc.data<float>() : nullptr,
-                                   r, C, eps);
-    out2.narrow(0, r0, r).copy_(ys.narrow(0, 0, r));
-  }
+// Row statistics [...] in the dtype the backend keeps them in.
+Tensor norm_stats(const ::memtrain::detail::Backend& backend, const Tensor& x) {
+  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
+  return Tensor::empty(stat_shape, backend.norm_stats_dtype(x.dtype()), x.device());
 }
 
 }  // namespace
@@ -157,41 +96,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   check_input(op, x);
   check_affine(op, "weight", weight, x);
   check_affine(op, "bias", bias, x);
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
-  Tensor out, mean, rstd;
-  if (x.device().is_cuda()) {
-    check_cuda_operands(op, x, weight, bias);
-    const Device dev = x.device();
-    out = Tensor::empty(x.shape(), x.dtype(), dev);
-    mean = Tensor::empty(stat_shape, DType::f32, dev);
-    rstd = Tensor::empty(stat_shape, DType::f32, dev);
-    cuda::layer_norm_forward(out.data_ptr(), mean.data<float>(), rstd.data<float>(), x.data_ptr(),
-                             weight.defined() ? weight.data_ptr() : nullptr, bias.defined() ? bias.data_ptr() : nullptr,
-                             x.dtype(), N, C, eps, dev.index);
-  } else {
-    detail::check_cpu(op, x);
-    const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
-    const Tensor bc = bias.defined() ? detail::compute_input(bias) : Tensor();
-    if ((x.dtype() == DType::bf16 || x.dtype() == DType::f16) && x.is_contiguous() && x.numel() > 0) {
-      out = Tensor::empty(x.shape(), x.dtype());
-      mean = Tensor::empty(stat_shape, DType::f32);
-      rstd = Tensor::empty(stat_shape, DType::f32);
-      layer_norm_forward_narrow(x, wc, bc, eps, out, mean, rstd);
-    } else {
-      const Tensor xc = detail::compute_input(x);
-      Tensor y = Tensor::empty(xc.shape(), xc.dtype());
-      mean = Tensor::empty(stat_shape, xc.dtype());
-      rstd = Tensor::empty(stat_shape, xc.dtype());
-      detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
-        using T = decltype(zero);
-        cpu::layer_norm_forward<T>(y.data<T>(), mean.data<T>(), rstd.data<T>(), xc.data<T>(),
-                                   wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr, N, C,
-                                   eps);
-      });
-      out = detail::as_dtype(y, x.dtype());
-    }
-  }
+  const auto& backend = ::memtrain::detail::backend_for(x.device());
+  const Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const Tensor mean = norm_stats(backend, x), rstd = norm_stats(backend, x);
+  backend.layer_norm_forward(out, mean, rstd, x, weight, bias, eps);
   const std::vector<Tensor> inputs = defined_only({x, weight, bias});
   if (autograd::needs_grad(inputs)) {
     const bool want_dw = weight.defined() && weight.requires_grad();
@@ -200,11 +108,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     autograd::record(op, inputs, {out},
                      [sx, sw, smean, srstd, want_dw, want_db, has_w = weight.defined(), has_b = bias.defined(),
                       bias_dtype = bias.defined() ? bias.dtype() : x.dtype()](const std::vector<Tensor>& g) {
-                       NormGrads r = layer_norm_backward(g[0], sx.unpack(), sw.unpack(), smean.unpack(),
+                       NormGrads r = layer_norm_backward(g[0], sx.unpack(), sw.unpack(), bias_dtype, smean.unpack(),
                                                          srstd.unpack(), want_dw, want_db);
                        std::vector<Tensor> grads{r.dx};
                        if (has_w) grads.push_back(r.dw);
-                       if (has_b) grads.push_back(r.db.defined() ? detail::as_dtype(r.db, bias_dtype) : Tensor());
+                       if (has_b) grads.push_back(r.db);
                        return grads;
                      });
   }
@@ -215,29 +123,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const char* op = "rms_norm";
   check_input(op, x);
   check_affine(op, "weight", weight, x);
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
-  Tensor out, rstd;
-  if (x.device().is_cuda()) {
-    check_cuda_operands(op, x, weight, Tensor());
-    const Device dev = x.device();
-    out = Tensor::empty(x.shape(), x.dtype(), dev);
-    rstd = Tensor::empty(stat_shape, DType::f32, dev);
-    cuda::rms_norm_forward(out.data_ptr(), rstd.data<float>(), x.data_ptr(),
-                           weight.defined() ? weight.data_ptr() : nullptr, x.dtype(), N, C, eps, dev.index);
-  } else {
-    detail::check_cpu(op, x);
-    const Tensor xc = detail::compute_input(x);
-    const Tensor wc = weight.defined() ? detail::compute_input(weight) : Tensor();
-    Tensor y = Tensor::empty(xc.shape(), xc.dtype());
-    rstd = Tensor::empty(stat_shape, xc.dtype());
-    detail::dispatch_compute(op, xc.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      cpu::rms_norm_forward<T>(y.data<T>(), rstd.data<T>(), xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, N,
-                               C, eps);
-    });
-    out = detail::as_dtype(y, x.dtype());
-  }
+  const auto& backend = ::memtrain::detail::backend_for(x.device());
+  const Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const Tensor rstd = norm_stats(backend, x);
+  backend.rms_norm_forward(out, rstd, x, weight, eps);
   const std::vector<Tensor> inputs = defined_only({x, weight});
   if (autograd::needs_grad(inputs)) {
     const bool want_dw = weight.defined() && weight.requires_grad();
@@ -329,7 +218,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                       has_b = bias.defined()](const std::vector<Tensor>& g) {
                        const Tensor xs = sx.unpack(), ws = sw.unpack();
                        const Tensor dout = g[0].contiguous();
-                       check_cuda_grad("batch_norm_backward", dout, xs);
+                       check_grad_device("batch_norm_backward", dout, xs);
+                       detail::check_cuda_same_dtype("batch_norm_backward", "output gradient", dout, "input", xs);
+                       detail::check_cuda_data("batch_norm_backward", "output gradient", dout);
                        const Device d = xs.device();
                        Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), d);
                        Tensor dw = want_dw ? Tensor::empty({C}, xs.dtype(), d) : Tensor();

@@ -114,7 +114,8 @@ class Allocator {
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
-  // The allocator of a device. CPU always exists; CUDA exists when built with CUDA.
+  // The allocator of a device, with the memory source its backend gives (src/core/backend.h). CPU and
+  // meta always exist; a CUDA device when the build has CUDA and the device is usable.
   static Allocator& get(Device device);
 
   Block allocate(std::size_t nbytes, MemoryCategory category);
@@ -157,7 +158,5 @@ class Allocator {
 std::string memory_report(Device device = Device::cpu());
 MemoryStats memory_stats(Device device = Device::cpu());
 
-// Registers the source for CUDA devices (done by the CUDA backend at startup when built with CUDA).
-void register_memory_source_factory(DeviceType type, std::unique_ptr<MemorySource> (*factory)(int index));
 
 }  // namespace memtrain

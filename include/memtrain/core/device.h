@@ -1,4 +1,5 @@
-// Where a tensor's bytes live.
+// Where a tensor's bytes live. `meta` holds none: a meta tensor has a shape, a dtype and storage that the
+// meta allocator accounts to the byte, and every op runs on it without executing a kernel (src/meta/).
 #pragma once
 
 #include <fmt/format.h>
@@ -7,7 +8,7 @@
 
 namespace memtrain {
 
-enum class DeviceType : unsigned char { cpu, cuda };
+enum class DeviceType : unsigned char { cpu, cuda, meta };
 
 struct Device {
   DeviceType type = DeviceType::cpu;
@@ -15,10 +16,16 @@ struct Device {
 
   static Device cpu() { return {DeviceType::cpu, 0}; }
   static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  static Device meta() { return {DeviceType::meta, 0}; }
   bool is_cpu() const { return type == DeviceType::cpu; }
   bool is_cuda() const { return type == DeviceType::cuda; }
+  bool is_meta() const { return type == DeviceType::meta; }
   bool operator==(const Device&) const = default;
-  std::string str() const { return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index); }
+  std::string str() const {
+    if (is_cpu()) return "cpu";
+    if (is_meta()) return "meta";
+    return fmt::format("cuda:{}", index);
+  }
 };
 
 }  // namespace memtrain

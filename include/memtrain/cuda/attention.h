@@ -1,6 +1,6 @@
 // Scaled dot-product attention on CUDA (FlashAttention-2 style), forward and backward: the device twin of
 // cpu::attention_forward / cpu::attention_backward (src/cpu/attention.h), with the same math and operand
-// layout. Raw device pointers, legacy default stream, errors as in memtrain/cuda/cuda.h; without CUDA
+// layout. Raw device pointers, the device's current stream, errors as in memtrain/cuda/cuda.h; without CUDA
 // every function throws "cuda::<name>: memtrain was built without CUDA".
 //
 // Operands are [B, H, T, D] with unit stride along D and any (non-negative) strides for batch, head and

@@ -1,6 +1,6 @@
 // conv2d on CUDA (NCHW, stride, padding, groups; the semantics of cpu/conv.h), forward and backward, as
 // raw-pointer entry points on contiguous device buffers. Conventions are those of memtrain/cuda/cuda.h:
-// work goes to the device's legacy default stream in call order, errors throw
+// work goes to the device's current stream (stream.h) in call order, errors throw
 // memtrain::Error("cuda::<name>: ..."), argument errors throw before the device is touched.
 //
 // Two implementations:

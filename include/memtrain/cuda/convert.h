@@ -1,5 +1,5 @@
 // CUDA dtype conversion, FP8 scaling and reductions on contiguous device buffers: raw-pointer entry points
-// as in cuda.h (the device's legacy default stream; a launch error throws at once; errors are
+// as in cuda.h (the device's current stream, stream.h; a launch error throws at once; errors are
 // memtrain::Error "cuda::<name>: ..."; argument errors throw before the device is touched). Without CUDA
 // every function throws "cuda::<name>: memtrain was built without CUDA".
 //

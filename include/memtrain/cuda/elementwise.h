@@ -2,7 +2,7 @@
 // input strides: unary maps, binary maps (arithmetic and the backward rules of the unary ops), where, and
 // comparisons. Each matches the CPU op of the same name (src/ops/binary.cpp, unary.cpp, select.cpp), the
 // reference its tests compare with. Conventions are those of memtrain/cuda/cuda.h: work goes to the
-// device's legacy default stream in call order, a launch error throws at once, errors are
+// device's current stream (stream.h) in call order, a launch error throws at once, errors are
 // memtrain::Error("cuda::<name>: ..."), and argument errors throw before the device is touched. Without
 // CUDA every entry point throws "cuda::<name>: memtrain was built without CUDA".
 //

@@ -20,7 +20,7 @@
 //   c_scale and amax_d exist for fp8 outputs, which gemm_lt does not produce yet: they must be null.
 // Anything else is refused with an Error naming "cuda::gemm_lt" before cuBLASLt is called; argument
 // errors are reported before the device is looked at. beta == 0: C is not read (it may hold NaN).
-// k must be >= 1. Enqueued on the device's legacy default stream, like every memtrain CUDA call.
+// k must be >= 1. Enqueued on the device's current stream (stream.h), like every memtrain CUDA call.
 #pragma once
 
 #include "memtrain/core/dtype.h"
@@ -61,7 +61,7 @@ struct GemmLtArgs {
 // alignment) and cached; the workspace comes from the device allocator (MemoryCategory::workspace).
 void gemm_lt(const GemmLtArgs& args, const void* a, const void* b, void* c, int device);
 
-// Device time, for benchmarks: records a CUDA event on cuda:`device`'s legacy default stream, then for
+// Device time, for benchmarks: records a CUDA event on cuda:`device`'s current stream, then for
 // i in [0, reps) calls work(i) (which must enqueue its work on that stream) and records another event;
 // waits for the last one and returns the `reps` elapsed times in milliseconds. Nothing synchronizes
 // between reps, so back-to-back kernels are timed without launch gaps when the host keeps ahead.

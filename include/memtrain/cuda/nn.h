@@ -2,7 +2,7 @@
 // row-major device buffers: layer norm, RMS norm, softmax and log-softmax over the last dim, fused cross
 // entropy, GELU (tanh), dropout and embedding. Each matches the CPU kernel of the same name in src/cpu/
 // (the reference its tests compare with). Conventions are those of memtrain/cuda/cuda.h: work goes to
-// the device's legacy default stream in call order, a launch returns before the kernel finishes,
+// the device's current stream (stream.h) in call order, a launch returns before the kernel finishes,
 // errors throw memtrain::Error("cuda::<name>: ..."); argument errors throw before the device is touched.
 //
 // dtype is the dtype of every data array (x, out, weight, bias, dout, dx, dweight, dbias, logits,

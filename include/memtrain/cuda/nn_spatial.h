@@ -1,6 +1,6 @@
 // Pooling and batch norm on CUDA over NCHW device buffers, forward and backward, as raw-pointer entry
 // points (the semantics of cpu/pool.h and nn::BatchNorm2d). Conventions are those of memtrain/cuda/cuda.h:
-// legacy default stream in call order, errors throw memtrain::Error("cuda::<name>: ..."), argument errors
+// the device's current stream (stream.h) in call order, errors throw memtrain::Error("cuda::<name>: ..."), argument errors
 // throw before the device is touched. dtype is the dtype of every data array: f32, bf16 or f16 (widened to
 // f32 for arithmetic, rounded once on output). Batch statistics are f32. No atomics: deterministic.
 #pragma once

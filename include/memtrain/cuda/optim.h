@@ -18,7 +18,7 @@
 // global memory; quantize_blockwise gives the same codes and absmax as detail::quantize_block_reference,
 // bit for bit. block_size: a power of two in [32, 4096] (quant_block_size_supported).
 //
-// Ordering and errors as in cuda.h: work goes to the device's legacy default stream and a call returns
+// Ordering and errors as in cuda.h: work goes to the device's current stream (stream.h) and a call returns
 // before it finishes; argument errors throw "cuda::<name>: ..." before the device is touched. n == 0 is a
 // no-op (hyper-parameters and block_size are still checked).
 #pragma once

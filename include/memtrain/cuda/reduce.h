@@ -1,8 +1,8 @@
 // CUDA reductions behind ops::sum / mean / max / argmax / sum_to (memtrain/ops/reduce.h) and gradient
 // norms, as raw-pointer entry points on contiguous row-major device buffers viewed as
 // [outer, reduce, inner]: every output (o, i) reduces src[o, :, i]. The op front-ends bring any set of
-// reduced dims to this layout. Conventions of memtrain/cuda/cuda.h: work goes to the device's legacy
-// default stream in call order, errors throw memtrain::Error("cuda::<name>: ..."), and argument errors
+// reduced dims to this layout. Conventions of memtrain/cuda/cuda.h: work goes to the device's current
+// stream (stream.h) in call order, errors throw memtrain::Error("cuda::<name>: ..."), and argument errors
 // throw before the device is touched. Deterministic: no float atomics; each output is added in an order
 // fixed by the shape, so a rerun gives the same bits. Scratch comes from the device Allocator (workspace).
 // dtype: f64, f32, f16 or bf16.

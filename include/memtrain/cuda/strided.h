@@ -1,6 +1,6 @@
 // Strided copies between views of CUDA device memory: the kernel behind Tensor::copy_, contiguous(),
 // clone() and fill_ for CUDA tensors of any layout. Raw-pointer entry point as in cuda.h (the device's
-// legacy default stream; a launch error throws at once; errors are memtrain::Error
+// current stream, stream.h; a launch error throws at once; errors are memtrain::Error
 // "cuda::strided_copy: ..."; argument errors throw before the device is touched). Without CUDA it throws
 // "cuda::strided_copy: memtrain was built without CUDA".
 #pragma once

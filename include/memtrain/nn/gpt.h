@@ -29,9 +29,9 @@ class GPT : public Module {
   // idx [B, T] integer, T <= block_size -> logits [B, T, V].
   Tensor forward(const Tensor& idx) const;
   // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored. With an f32
-  // head (x f32 or bf16, or f16 on the CPU) the head and the loss are fused (ops::fused_linear_cross_entropy, CPU
-  // and CUDA): the [B*T, V] logits never exist, forward or backward; otherwise the logits are formed and
-  // ops::cross_entropy is applied.
+  // head (x f32, bf16 or f16, on the CPU and on CUDA) the head and the loss are fused
+  // (ops::fused_linear_cross_entropy): the [B*T, V] logits never exist, forward or backward; otherwise the
+  // logits are formed and ops::cross_entropy is applied.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
 

@@ -1,0 +1,34 @@
+// backend_for(): the device kind -> backend table. The CPU and meta backends always exist; the CUDA one
+// only in a build with CUDA, and then only while a usable device is present.
+#include "core/backend.h"
+
+#include "memtrain/core/error.h"
+
+namespace memtrain::detail {
+
+// Defined by each backend's folder.
+const Backend& cpu_backend();   // src/cpu/cpu_backend.cpp
+const Backend& meta_backend();  // src/meta/meta_backend.cpp
+#ifdef MEMTRAIN_HAVE_CUDA
+// nullptr when no usable device exists; `why` then says why.
+const Backend* cuda_backend(std::string& why);  // src/cuda/cuda_tensor_backend.cpp
+#endif
+
+const Backend& backend_for(Device device) {
+  switch (device.type) {
+    case DeviceType::cpu: return cpu_backend();
+    case DeviceType::meta: return meta_backend();
+    case DeviceType::cuda: {
+#ifdef MEMTRAIN_HAVE_CUDA
+      std::string why;
+      if (const Backend* b = cuda_backend(why)) return *b;
+      throw_error(device.str(), "no usable CUDA device: " + why);
+#else
+      throw_error(device.str(), "memtrain was built without CUDA");
+#endif
+    }
+  }
+  throw_error(device.str(), "unknown device kind");
+}
+
+}  // namespace memtrain::detail

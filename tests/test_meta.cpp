@@ -1,0 +1,155 @@
+// The meta device: tensors with shape, dtype and accounted storage but no data. What runs on it must
+// allocate, per memory category, exactly what the same code allocates on the CPU (src/meta/).
+#include <gtest/gtest.h>
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/core/tensor.h"
+#include "memtrain/ops/nn.h"
+#include "memtrain/ops/reduce.h"
+
+#include <array>
+#include <functional>
+#include <string>
+
+namespace memtrain {
+namespace {
+
+// Per category: bytes above what was live before fn, at their peak and at the end.
+struct Footprint {
+  std::array<std::size_t, kNumMemoryCategories> peak{}, live{};
+  std::size_t total_peak = 0;
+};
+
+Footprint measure(Device device, const std::function<void(Device)>& fn) {
+  Allocator& alloc = Allocator::get(device);
+  const MemoryStats before = alloc.stats();
+  alloc.reset_peak();
+  fn(device);
+  const MemoryStats after = alloc.stats();
+  Footprint f;
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    f.peak[c] = after.by_category[c].peak_bytes - before.by_category[c].live_bytes;
+    f.live[c] = after.by_category[c].live_bytes - before.by_category[c].live_bytes;
+  }
+  f.total_peak = after.peak_bytes - before.live_bytes;
+  return f;
+}
+
+// Runs fn on the CPU and on meta (same seed) and expects the same bytes in every category.
+void expect_same_footprint(const std::string& what, const std::function<void(Device)>& fn) {
+  manual_seed(11);
+  const Footprint cpu = measure(Device::cpu(), fn);
+  const RngState after_cpu = get_rng_state();
+  manual_seed(11);
+  const Footprint meta = measure(Device::meta(), fn);
+  EXPECT_EQ(get_rng_state(), after_cpu) << what << ": meta must consume the RNG stream as the CPU does";
+  EXPECT_GT(cpu.total_peak, 0u) << what << ": the case allocates nothing, so it proves nothing";
+  EXPECT_EQ(meta.total_peak, cpu.total_peak) << what;
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    const auto name = category_name(static_cast<MemoryCategory>(c));
+    EXPECT_EQ(meta.peak[c], cpu.peak[c]) << what << ": peak " << name;
+    EXPECT_EQ(meta.live[c], cpu.live[c]) << what << ": live " << name;
+  }
+}
+
+TEST(MetaDevice, AccountsBytesWithoutData) {
+  Allocator& meta = Allocator::get(Device::meta());
+  const std::size_t cpu_before = memory_stats().live_bytes, meta_before = meta.stats().live_bytes;
+  {
+    CategoryGuard category(MemoryCategory::activations);
+    // 4 GiB of bf16: no host memory could be spent on it unnoticed.
+    const Tensor big = Tensor::empty({1 << 16, 1 << 15}, DType::bf16, Device::meta());
+    EXPECT_EQ(big.device(), Device::meta());
+    EXPECT_EQ(meta.stats().live_bytes - meta_before, std::size_t{1} << 32);
+    EXPECT_EQ(meta.stats()[MemoryCategory::activations].live_bytes >= (std::size_t{1} << 32), true);
+    EXPECT_EQ(memory_stats().live_bytes, cpu_before) << "a meta tensor must not touch the CPU allocator";
+  }
+  EXPECT_EQ(meta.stats().live_bytes, meta_before);
+  EXPECT_EQ(Device::meta().str(), "meta");
+}
+
+TEST(MetaDevice, RefusesDataAndReadsAsZeros) {
+  const Tensor t = full({3, 4}, 2.5, DType::f32, Device::meta());
+  try {
+    (void)t.data_ptr();
+    ADD_FAILURE() << "data_ptr of a meta tensor must throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("data_ptr"), std::string::npos) << m;
+    EXPECT_NE(m.find("meta"), std::string::npos) << m;
+    EXPECT_NE(m.find("[3, 4]"), std::string::npos) << m;
+  }
+  // The documented answer for data-dependent branches: zeros.
+  EXPECT_EQ(t.narrow(0, 1, 1).narrow(1, 2, 1).reshape({}).item(), 0.0);
+  const Tensor host = t.to(Device::cpu());
+  ASSERT_EQ(host.device(), Device::cpu());
+  for (std::int64_t i = 0; i < host.numel(); ++i) EXPECT_EQ(host.data<float>()[i], 0.0f) << i;
+  EXPECT_EQ(t.to_string().find("values"), std::string::npos) << t.to_string();
+  // CPU -> meta -> CPU keeps the shape and dtype.
+  const Tensor back = randn({5}, DType::bf16).to(Device::meta()).to(Device::cpu());
+  EXPECT_EQ(back.shape(), (Shape{5}));
+  EXPECT_EQ(back.dtype(), DType::bf16);
+}
+
+TEST(MetaDevice, TensorCoreMatchesCpuBytes) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    expect_same_footprint("factories and copies " + std::string(dtype_name(dtype)), [&](Device dev) {
+      CategoryGuard category(MemoryCategory::activations);
+      const Tensor a = randn({37, 19}, dtype, dev);
+      const Tensor b = rand({19, 37}, DType::f32, dev);
+      const Tensor c = zeros({7}, dtype, dev);
+      Tensor strided = a.t().to(DType::f32);  // a transposed view converted: packs, then converts
+      CategoryGuard work(MemoryCategory::workspace);
+      const Tensor d = a.t().contiguous();
+      Tensor(b).copy_(a.t());  // a dtype change through a view
+      const Tensor e = ones({2, 3}, DType::i64, dev);
+      strided.fill_(1.0);
+    });
+  }
+}
+
+TEST(MetaDevice, NormsMatchCpuBytesForwardAndBackward) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const bool affine : {true, false}) {
+      const std::string what = std::string(dtype_name(dtype)) + std::string(affine ? " affine" : " plain");
+      const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;  // f32 params with narrow x
+      expect_same_footprint("layer_norm " + what, [&](Device dev) {
+        Tensor w, b;
+        {
+          CategoryGuard params(MemoryCategory::parameters);
+          if (affine) {
+            w = randn({48}, param_dtype, dev).set_requires_grad(true);
+            b = randn({48}, param_dtype, dev).set_requires_grad(true);
+          }
+        }
+        CategoryGuard acts(MemoryCategory::activations);
+        // 3 x 4000 x 48 bf16 takes the slab path (more than one slab of 2^19 elements).
+        Tensor x = randn({3, 4000, 48}, dtype, dev).set_requires_grad(true);
+        const Tensor y = ops::layer_norm(x, w, b);
+        {
+          CategoryGuard grads(MemoryCategory::gradients);
+          y.backward(ones(y.shape(), y.dtype(), dev));
+        }
+        EXPECT_TRUE(x.grad().defined());
+        if (affine) EXPECT_EQ(w.grad().dtype(), param_dtype);
+      });
+      expect_same_footprint("rms_norm " + what, [&](Device dev) {
+        Tensor w;
+        {
+          CategoryGuard params(MemoryCategory::parameters);
+          if (affine) w = randn({48}, dtype, dev).set_requires_grad(true);
+        }
+        CategoryGuard acts(MemoryCategory::activations);
+        Tensor x = randn({2, 33, 48}, dtype, dev).set_requires_grad(true);
+        const Tensor y = ops::rms_norm(x.t().t(), w);
+        CategoryGuard grads(MemoryCategory::gradients);
+        y.backward(ones(y.shape(), y.dtype(), dev));
+        EXPECT_EQ(x.grad().dtype(), dtype);
+      });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memtrain
