@@ -10,6 +10,8 @@
 #                        default OFF when sanitizing (ASan does not look inside CUDA kernels)
 #   MEMTRAIN_BENCH       ON / OFF: build the benchmarks (default ON; OFF when sanitizing, to save CI time)
 #   MEMTRAIN_SANITIZE    1 = AddressSanitizer + UndefinedBehaviorSanitizer build
+#   MEMTRAIN_WERROR      ON / OFF: compiler warnings are errors (default ON when CI=true, except in the
+#                        sanitizer build; OFF otherwise)
 #   MEMTRAIN_CMAKE_ARGS  extra arguments for the configure step, split on spaces
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -36,6 +38,16 @@ else
   bench=${MEMTRAIN_BENCH:-ON}
 fi
 jobs=${MEMTRAIN_JOBS:-2}
+# Always passed, so a build directory configured by CI and reused by hand (or the other way) follows the
+# environment rather than its cache. In CI only the normal build defaults to -Werror: the sanitizer build
+# (-O1, instrumented) has not been checked warning-free with every compiler CI may use.
+if [[ -n ${MEMTRAIN_WERROR:-} ]]; then
+  werror=$MEMTRAIN_WERROR
+elif [[ ${CI:-} == true && $sanitize != 1 ]]; then
+  werror=ON
+else
+  werror=OFF
+fi
 read -r -a extra_args <<<"${MEMTRAIN_CMAKE_ARGS:-}"
 
 # A directory configured by another generator cannot be switched to Ninja in place.
@@ -43,12 +55,13 @@ if [[ -f $build_dir/CMakeCache.txt ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ni
   mt_die "$build_dir was configured with another generator; remove it or set MEMTRAIN_BUILD_DIR"
 fi
 
-mt_step "build: configure $build_dir ($build_type, CUDA=$cuda, sanitize=$sanitize_flag)"
+mt_step "build: configure $build_dir ($build_type, CUDA=$cuda, sanitize=$sanitize_flag, werror=$werror)"
 mt_run cmake -S . -B "$build_dir" -G Ninja \
   -DCMAKE_BUILD_TYPE="$build_type" \
   -DMEMTRAIN_CUDA="$cuda" \
   -DMEMTRAIN_SANITIZE="$sanitize_flag" \
   -DMEMTRAIN_BENCH="$bench" \
+  -DMEMTRAIN_WERROR="$werror" \
   "${type_flags[@]}" \
   "${extra_args[@]}"
 

@@ -1,4 +1,6 @@
-// memtrain: everything a training program needs, in one include.
+// memtrain: everything a training program needs, in one include: every public header under memtrain/,
+// except the raw CUDA entry points of memtrain/cuda/ beyond cuda.h (internal, to become private).
+// tests/install/consumer uses parts reachable only through this file, so a header left out fails it.
 #pragma once
 
 #include "memtrain/amp/autocast.h"
@@ -12,11 +14,14 @@
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ckpt/checkpoint.h"
+#include "memtrain/ckpt/op_label.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/device.h"
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/error.h"
+#include "memtrain/core/float_types.h"
+#include "memtrain/core/philox.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/cuda/cuda.h"
@@ -28,9 +33,16 @@
 #include "memtrain/io/safetensors.h"
 #include "memtrain/nn/nn.h"
 #include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/ops/nn.h"
 #include "memtrain/ops/reduce.h"
 #include "memtrain/ops/shape.h"
+#include "memtrain/optim/adamw8bit.h"
+#include "memtrain/optim/galore.h"
+#include "memtrain/optim/galore_projector.h"
+#include "memtrain/optim/lion8bit.h"
 #include "memtrain/optim/optim.h"
+#include "memtrain/optim/quantized_state.h"
+#include "memtrain/train/train.h"
 #include "memtrain/train/trainer.h"

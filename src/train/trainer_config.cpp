@@ -422,7 +422,7 @@ void TrainerConfig::validate() const {
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size == 1, kWhere, "world_size {} is not supported: data-parallel training comes with the "
            "distributed issue (use world_size 1)", world_size);
-  const Device dev = device_from_name(device, kWhere);
+  device_from_name(device, kWhere);  // only rejects an unknown device name here; the Trainer resolves it
   // Checked before the precision itself: this combination stays impossible once fp16 exists.
   MT_CHECK(!(layerwise_update && precision == "fp16"), kWhere,
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
