@@ -775,8 +775,64 @@ TEST(TrainerFit, WritesMetricsJsonlAndSummary) {
   EXPECT_GE(t.optimizer().state_bytes(), 2 * param_bytes);
   EXPECT_GT(s.at("peak_rss_bytes").get<std::size_t>(), std::size_t{1} << 20);
   EXPECT_GT(s.at("tokens_per_second").get<double>(), 0);
+  // 3 targets per sample: samples/s is a third of tokens/s.
+  EXPECT_NEAR(s.at("samples_per_second").get<double>() * 3, s.at("tokens_per_second").get<double>(),
+              1e-9 * s.at("tokens_per_second").get<double>());
   EXPECT_GT(s.at("median_step_seconds").get<double>(), 0);
   EXPECT_LT(s.at("median_step_seconds").get<double>(), 1.0);
+  // The last evaluation: eval_batches 2 of micro_batch 2 = samples 0..3, 3 targets each.
+  EXPECT_EQ(s.at("val_batches"), 2);
+  EXPECT_EQ(s.at("val_samples"), 4);
+  EXPECT_EQ(s.at("val_tokens"), 12);
+}
+
+// A val set of fewer batches than eval_batches is evaluated once, no sample counted twice; an evaluation
+// alone gets a summary saying what it covered.
+TEST(TrainerFit, EvaluatesASmallValSetOnceAndSummarizesIt) {
+  TempDir dir("eval_small");
+  mt::manual_seed(11);
+  auto net = std::make_shared<TinyNet>(4, 8, 3);
+  TrainerConfig c = base_config();
+  c.eval_batches = 8;
+  c.summary_path = dir.str("eval.json");
+  auto val = std::make_shared<RegressionDataset>(3, 4, 3);  // 2 batches of micro_batch 2: {0, 1} and {2}
+  Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(8, 4, 3), val);
+  double expect = 0;
+  {
+    mt::autograd::NoGradGuard no_grad;
+    net->eval();
+    expect = mse_loss(net)(val->collate({0, 1, 2})).item();
+    net->train();
+  }
+  EXPECT_FALSE(t.last_eval().has_value());
+  const auto summary = t.evaluate_and_summarize();
+  ASSERT_TRUE(t.last_eval().has_value());
+  EXPECT_NEAR(t.last_eval()->loss, expect, 1e-6);
+  EXPECT_EQ(t.last_eval()->batches, 2);
+  EXPECT_EQ(t.last_eval()->samples, 3);
+  EXPECT_EQ(t.last_eval()->tokens, 9);
+  ASSERT_TRUE(summary.final_val_loss.has_value());
+  EXPECT_NEAR(*summary.final_val_loss, expect, 1e-6);
+
+  std::ifstream in(c.summary_path);
+  const json s = json::parse(in);
+  EXPECT_EQ(s.at("steps"), 0);
+  EXPECT_TRUE(s.at("final_train_loss").is_null());  // no step ran
+  EXPECT_NEAR(s.at("final_val_loss").get<double>(), expect, 1e-6);
+  EXPECT_EQ(s.at("val_batches"), 2);
+  EXPECT_EQ(s.at("val_samples"), 3);
+  EXPECT_EQ(s.at("val_tokens"), 9);
+  EXPECT_GT(s.at("peak_bytes_total").get<std::size_t>(), 0u);
+}
+
+TEST(TrainerFit, SummaryCarriesAProgramsOwnMetrics) {
+  mt::train::RunSummary summary;
+  EXPECT_TRUE(summary.to_json().at("val_tokens").is_null());
+  summary.metrics["test_accuracy"] = 0.75;
+  EXPECT_EQ(summary.to_json().at("test_accuracy").get<double>(), 0.75);
+  summary.metrics["steps"] = 1.0;  // would hide the field
+  const std::string error = error_of([&] { summary.to_json(); });
+  EXPECT_NE(error.find("'steps'"), std::string::npos) << error;
 }
 
 TEST(TrainerFit, ResumedFitAppendsMetrics) {

@@ -138,6 +138,17 @@ std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t 
   return std::make_shared<nn::GPT>(g);
 }
 
+// The training and evaluation window: --seq-len when given, else the model's block size. A model from
+// --init-from keeps the checkpoint's position table (n_positions) and may use shorter windows, not longer.
+std::int64_t window_length(const train::TrainerConfig& c, const nn::GPT& model) {
+  const std::int64_t positions = model.config().block_size;
+  if (c.model.seq_len == 0) return positions;
+  MT_CHECK(c.model.seq_len <= positions, "train_gpt", "--seq-len {} is longer than the model's {} positions{}",
+           c.model.seq_len, positions,
+           c.model.init_from.empty() ? std::string() : fmt::format(" (n_positions of --init-from {})", c.model.init_from));
+  return c.model.seq_len;
+}
+
 void print_sample(nn::GPT& model, const data::BpeTokenizer& tokenizer, std::int64_t tokens, std::uint64_t seed) {
   const nn::SampleOptions options{.max_new_tokens = tokens, .temperature = 0.8, .top_k = 40, .seed = seed,
                                   .stop_token = tokenizer.eot_token()};
@@ -172,7 +183,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--out-dir", f.out_dir, "config, metrics, summary and checkpoints")->capture_default_str();
   app.add_option("--model", f.model, "preset: tiny, mini, small, gpt2-124M");
-  app.add_option("--seq-len", f.seq_len, "sequence length (default: the preset's block size)");
+  app.add_option("--seq-len", f.seq_len, "training/eval window (default: the preset's block size; with --init-from its n_positions, "
+                 "which it may not exceed)");
   app.add_option("--vocab-size", f.vocab_size, "tokenizer size when preparing text (default: the preset's)");
   app.add_option("--steps", f.steps, "optimizer steps");
   app.add_option("--micro-batch", f.micro_batch, "sequences per micro-batch");
@@ -192,7 +204,7 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
   app.add_flag("--layerwise", f.layerwise,
                "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
-  app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training");
+  app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training; the summary gets the val loss and what it covered");
   app.add_flag("--resume", f.resume, "continue from the newest checkpoint in <out-dir>/checkpoints");
   app.add_option("--summary-json", f.summary_json, "run summary path (default <out-dir>/summary.json)");
   app.add_option("--seed", f.seed, "seed for init, data order and dropout");
@@ -212,10 +224,10 @@ int main(int argc, char** argv) {
     config.data.train = corpus.train;
     config.data.val = corpus.val;
     auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab);
-    const std::int64_t T = model->config().block_size;
-    fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), optimizer {}, device {}\n", model->num_parameters(),
-               model->config().n_layer, model->config().n_head, model->config().n_embd, model->config().vocab_size,
-               T, config.optimizer.to_string(), device.str());
+    const std::int64_t T = window_length(config, *model);
+    fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",
+               model->num_parameters(), model->config().n_layer, model->config().n_head, model->config().n_embd,
+               model->config().vocab_size, model->config().block_size, T, config.optimizer.to_string(), device.str());
 
     auto train_set = std::make_shared<data::TokenWindowDataset>(corpus.train, T, model->config().vocab_size);
     auto val_set = std::make_shared<data::TokenWindowDataset>(corpus.val, T, model->config().vocab_size);
@@ -232,7 +244,10 @@ int main(int argc, char** argv) {
       if (corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
     };
     if (f.eval_only) {
-      fmt::print("val loss {:.4f} over {} batches\n", trainer.evaluate(), config.eval_batches);
+      // Also written to the summary (--summary-json): the loss and what it was measured over.
+      const train::RunSummary summary = trainer.evaluate_and_summarize();
+      const train::EvalResult& e = *summary.final_eval;
+      fmt::print("val loss {:.4f} over {} windows in {} batches ({} tokens)\n", e.loss, e.samples, e.batches, e.tokens);
       sample();
       fmt::print("\n{}", memory_report());
       if (device.is_cuda()) fmt::print("{}", memory_report(device));

@@ -1,6 +1,9 @@
 // RunSummary: what a run cost and reached, as JSON, plus the process's peak RSS.
 #include "train/run_summary.h"
 
+#include "io/atomic_file.h"
+#include "memtrain/core/error.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -13,12 +16,17 @@ namespace memtrain::train {
 nlohmann::json RunSummary::to_json() const {
   nlohmann::json by_category = nlohmann::json::object();
   for (const auto& [name, bytes] : peak_bytes_by_category) by_category[name] = bytes;
-  return {
+  const auto or_null = [](bool present, const nlohmann::json& value) { return present ? value : nlohmann::json(); };
+  nlohmann::json j = {
       {"config", config},
       {"steps", steps},
-      {"final_train_loss", final_train_loss},
+      {"final_train_loss", or_null(steps > 0, final_train_loss)},
       {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json(nullptr)},
+      {"val_batches", or_null(final_eval.has_value(), final_eval ? final_eval->batches : 0)},
+      {"val_samples", or_null(final_eval.has_value(), final_eval ? final_eval->samples : 0)},
+      {"val_tokens", or_null(final_eval.has_value(), final_eval ? final_eval->tokens : 0)},
       {"tokens_per_second", tokens_per_second},
+      {"samples_per_second", samples_per_second},
       {"median_step_seconds", median_step_seconds},
       {"peak_bytes_by_category", by_category},
       {"peak_bytes_total", peak_bytes_total},
@@ -27,6 +35,18 @@ nlohmann::json RunSummary::to_json() const {
       {"device", device},
       {"host_peak_bytes", host_peak_bytes},
   };
+  for (const auto& [name, value] : metrics) {
+    MT_CHECK(!j.contains(name), "RunSummary::to_json", "metric '{}' has the name of a summary field", name);
+    j[name] = value;
+  }
+  return j;
+}
+
+void write_summary(const RunSummary& summary, const std::string& path) {
+  const std::string text = summary.to_json().dump(2) + "\n";
+  ::memtrain::detail::AtomicFileWriter out(path, "write_summary");
+  out.write(text.data(), text.size());
+  out.commit();
 }
 
 std::size_t peak_rss_bytes() {
@@ -52,15 +72,18 @@ RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>
   s.steps = static_cast<std::int64_t>(steps.size());
   double seconds = 0.0;
   double tokens = 0.0;
+  double samples = 0.0;
   std::vector<double> times;
   for (const StepMetrics& m : steps) {
     seconds += m.step_seconds;
     tokens += static_cast<double>(m.tokens);
+    samples += static_cast<double>(m.samples);
     times.push_back(m.step_seconds);
     if (m.val_loss) s.final_val_loss = m.val_loss;
   }
   if (!steps.empty()) s.final_train_loss = steps.back().loss;
   s.tokens_per_second = seconds > 0.0 ? tokens / seconds : 0.0;
+  s.samples_per_second = seconds > 0.0 ? samples / seconds : 0.0;
   if (!times.empty()) {
     std::sort(times.begin(), times.end());
     const std::size_t n = times.size();

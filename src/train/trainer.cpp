@@ -1,7 +1,6 @@
 // Trainer: the training loop (accumulation, clipping, schedule, eval) and fit()'s reporting around it.
 #include "memtrain/train/trainer.h"
 
-#include "io/atomic_file.h"
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/precision.h"
 #include "memtrain/autograd/engine.h"
@@ -239,11 +238,15 @@ double Trainer::evaluate() {
   TrainModeRestorer restore{*model_};
   model_->eval();
   val_loader_->seek({0, 0});
+  // At most one pass: a val set of fewer batches than eval_batches is evaluated once, not wrapped around.
   const std::int64_t n = std::min(config_.eval_batches, val_loader_->batches_per_epoch());
   double sum = 0.0;
   std::int64_t count = 0;
+  EvalResult result;
   for (std::int64_t i = 0; i < n; ++i) {
     data::Batch batch = val_loader_->next();
+    ++result.batches;
+    result.samples += batch.samples;
     if (batch.targets_count == 0) continue;
     batch = on_device(std::move(batch), device_);
     CategoryGuard category(MemoryCategory::activations);
@@ -253,7 +256,28 @@ double Trainer::evaluate() {
     sum += loss.item() * static_cast<double>(batch.targets_count);
     count += batch.targets_count;
   }
-  return count > 0 ? sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+  result.tokens = count;
+  result.loss = count > 0 ? sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+  last_eval_ = result;
+  return result.loss;
+}
+
+RunSummary Trainer::summarize(const std::vector<StepMetrics>& ran) const {
+  Allocator& allocator = Allocator::get(device_);
+  RunSummary summary = detail::summarize(config_, ran, allocator.stats(), optimizer_->state_bytes());
+  summary.device = device_.str();
+  summary.host_peak_bytes = Allocator::get(Device::cpu()).stats().peak_bytes;
+  if (summary.final_val_loss) summary.final_eval = last_eval_;
+  return summary;
+}
+
+RunSummary Trainer::evaluate_and_summarize() {
+  evaluate();
+  RunSummary summary = summarize({});
+  summary.final_val_loss = last_eval_->loss;
+  summary.final_eval = last_eval_;
+  if (!config_.summary_path.empty()) write_summary(summary, config_.summary_path);
+  return summary;
 }
 
 RunSummary Trainer::fit() {
@@ -285,9 +309,7 @@ RunSummary Trainer::fit() {
   progress.finish();
 
   const std::vector<StepMetrics> ran(history_.begin() + static_cast<std::ptrdiff_t>(first), history_.end());
-  RunSummary summary = detail::summarize(config_, ran, allocator.stats(), optimizer_->state_bytes());
-  summary.device = device_.str();
-  summary.host_peak_bytes = host.stats().peak_bytes;
+  RunSummary summary = summarize(ran);
   if (memory_notes) {
     const std::string notes = memory_notes();
     if (!notes.empty()) fmt::print(stderr, "{}\n", notes);
@@ -297,15 +319,12 @@ RunSummary Trainer::fit() {
   std::fprintf(stderr, "%s", allocator.report().c_str());
   fmt::print(stderr, "{} steps, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
              summary.steps, summary.final_train_loss,
-             summary.final_val_loss ? fmt::format(" (val {:.4f})", *summary.final_val_loss) : std::string(),
+             summary.final_eval ? fmt::format(" (val {:.4f} over {} samples in {} batches)", summary.final_eval->loss,
+                                              summary.final_eval->samples, summary.final_eval->batches)
+                                : std::string(),
              detail::format_rate(summary.tokens_per_second), summary.median_step_seconds,
              detail::format_bytes(summary.peak_bytes_total), detail::format_bytes(summary.peak_rss_bytes));
-  if (!config_.summary_path.empty()) {
-    const std::string text = summary.to_json().dump(2) + "\n";
-    ::memtrain::detail::AtomicFileWriter out(config_.summary_path, "Trainer::fit (summary)");
-    out.write(text.data(), text.size());
-    out.commit();
-  }
+  if (!config_.summary_path.empty()) write_summary(summary, config_.summary_path);
   return summary;
 }
 

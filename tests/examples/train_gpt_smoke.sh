@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the train_gpt example on the public API, end to end: prepare a text corpus, train a few
-# steps, checkpoint, resume to more steps, evaluate only; then short bf16 and fp8 runs. Fails on a non-zero exit or
-# missing outputs.
+# steps, checkpoint, resume to more steps, evaluate only (with its summary); then short bf16 and fp8 runs.
+# Fails on a non-zero exit or missing outputs.
 #   train_gpt_smoke.sh <memtrain_train_gpt binary> <corpus.txt> <scratch dir>
 set -euo pipefail
 bin=$1 corpus=$2 dir=$3
@@ -17,8 +17,12 @@ lines=$(wc -l < "$dir/run/metrics.jsonl")
 for f in config.json summary.json; do [[ -s $dir/run/$f ]] || { echo "missing $f"; exit 1; }; done
 grep -q '"peak_bytes_total"' "$dir/run/summary.json" || { echo "summary without peak bytes"; exit 1; }
 tail -n 20 "$dir/resumed.log" | grep -q "total" || { echo "the run does not end with the memory report"; exit 1; }
-"$bin" "${common[@]}" --eval-only --resume > "$dir/eval.log" 2>&1 || { cat "$dir/eval.log"; exit 1; }
+"$bin" "${common[@]}" --eval-only --resume --summary-json "$dir/eval_summary.json" > "$dir/eval.log" 2>&1 ||
+  { cat "$dir/eval.log"; exit 1; }
 grep -q "val loss" "$dir/eval.log" || { echo "no val loss"; cat "$dir/eval.log"; exit 1; }
+# --eval-only writes its summary too: the val loss and how many tokens it was measured over.
+grep -Eq '"final_val_loss": [0-9]' "$dir/eval_summary.json" 2>/dev/null &&
+  grep -Eq '"val_tokens": [1-9]' "$dir/eval_summary.json" || { echo "eval-only summary without val loss and tokens"; exit 1; }
 # Mixed precision end to end: the run finishes and its config records the policy.
 for p in "bf16" "fp8 --fp8-scaling delayed"; do
   out="$dir/run_${p%% *}"

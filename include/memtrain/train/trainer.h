@@ -91,13 +91,24 @@ struct StepMetrics {
   nlohmann::json to_json() const;
 };
 
+// What one evaluate() went over: every val sample at most once (a val set smaller than eval_batches batches
+// is evaluated once, not wrapped around).
+struct EvalResult {
+  double loss = 0.0;          // mean over `tokens` target elements (NaN when there were none)
+  std::int64_t batches = 0;   // val batches evaluated
+  std::int64_t samples = 0;   // val samples (LM windows, images) evaluated
+  std::int64_t tokens = 0;    // target elements evaluated (tokens for LMs, samples for classifiers)
+};
+
 // What fit() reports at the end, over the steps that fit() call ran.
 struct RunSummary {
   nlohmann::json config;
-  std::int64_t steps = 0;  // optimizer steps this fit() ran
+  std::int64_t steps = 0;  // optimizer steps this fit() ran (0 for an evaluation alone)
   double final_train_loss = 0.0;
   std::optional<double> final_val_loss;
+  std::optional<EvalResult> final_eval;  // the evaluation final_val_loss came from: what it went over
   double tokens_per_second = 0.0;
+  double samples_per_second = 0.0;  // sequences for LMs, images for classifiers
   double median_step_seconds = 0.0;
   std::map<std::string, std::size_t> peak_bytes_by_category;  // what was live per category at the total peak
   std::size_t peak_bytes_total = 0;
@@ -105,9 +116,16 @@ struct RunSummary {
   std::size_t peak_rss_bytes = 0;
   std::string device = "cpu";       // where the model trained; the peaks above are that device's allocator's
   std::size_t host_peak_bytes = 0;  // the CPU allocator's peak (the same as peak_bytes_total on a CPU run)
-  // Field names as above; peak_bytes_by_category keyed by category_name; final_val_loss null when absent.
+  // A program's own results (e.g. test_accuracy), written as top-level keys beside the fields above.
+  std::map<std::string, double> metrics;
+  // Field names as above; peak_bytes_by_category keyed by category_name; final_val_loss null when absent;
+  // final_eval as "val_batches", "val_samples", "val_tokens" (null when absent); final_train_loss null when
+  // no step ran; then each of metrics (a name that clashes with a field is an error).
   nlohmann::json to_json() const;
 };
+
+// Writes summary.to_json() to path atomically (what fit() does with config.summary_path).
+void write_summary(const RunSummary& summary, const std::string& path);
 
 class Trainer {
  public:
@@ -127,8 +145,13 @@ class Trainer {
   // One optimizer step (grad_accum micro-batches); appends to history(). No eval, metrics file or progress.
   StepMetrics train_step();
   // Mean loss (weighted by targets_count) over the first min(eval_batches, one pass) val batches, in eval
-  // mode under NoGrad; leaves the model in training mode and the default RNG stream as it was.
+  // mode under NoGrad; leaves the model in training mode and the default RNG stream as it was. last_eval()
+  // says what it went over.
   double evaluate();
+  const std::optional<EvalResult>& last_eval() const { return last_eval_; }
+  // For a run that only evaluates: evaluate(), then the summary of it (steps 0, the memory peaks since the
+  // Trainer was made), written to config.summary_path when set.
+  RunSummary evaluate_and_summarize();
 
   std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
   void save_checkpoint(const std::string& path) const;
@@ -166,6 +189,8 @@ class Trainer {
   amp::AutocastMode autocast_mode() const;
   std::int64_t step_ = 0;
   std::vector<StepMetrics> history_;
+  std::optional<EvalResult> last_eval_;
+  RunSummary summarize(const std::vector<StepMetrics>& ran) const;  // memory, devices, last_eval_
   Device device_ = Device::cpu();  // of the model's parameters: whose allocator the budget and peaks are
   bool budget_set_ = false;
   std::optional<std::size_t> previous_budget_;
