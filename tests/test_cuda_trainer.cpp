@@ -71,7 +71,7 @@ TrainerConfig base_config() {
   TrainerConfig c;
   c.data.prefetch = 1;
   c.data.shuffle = true;
-  c.schedule.decay = "constant";
+  c.schedule.decay = mt::train::LrDecay::constant;
   c.grad_clip = 0.0;
   c.micro_batch = 4;
   c.max_steps = 5;
@@ -157,10 +157,10 @@ TEST(CudaTrainerDevice, UnusableDeviceThrowsNamingCuda) {
   if (!mt::cuda::is_available()) {
     EXPECT_NE(to_error.find("CUDA"), std::string::npos) << to_error;
     TrainerConfig c = base_config();
-    c.device = "cuda";
+    c.device = Device::cuda(0);
     auto ds = std::make_shared<TokenDataset>(16, 16, 64);
     const std::string trainer_error = error_of([&] { Trainer t(c, gpt, gpt_loss(gpt), ds); });
-    EXPECT_NE(trainer_error.find("config.device 'cuda'"), std::string::npos) << trainer_error;
+    EXPECT_NE(trainer_error.find("config.device 'cuda:0'"), std::string::npos) << trainer_error;
     EXPECT_NE(trainer_error.find("CUDA is not usable"), std::string::npos) << trainer_error;
     EXPECT_TRUE(gpt->device().is_cpu());
   }
@@ -168,19 +168,22 @@ TEST(CudaTrainerDevice, UnusableDeviceThrowsNamingCuda) {
 
 TEST(CudaTrainerDevice, ConfigDeviceRoundTripsAndIsChecked) {
   TrainerConfig c = base_config();
-  c.device = "cuda:1";
-  EXPECT_EQ(TrainerConfig::from_json(c.to_json()).device, "cuda:1");
-  EXPECT_EQ(TrainerConfig::from_json(nlohmann::json::object()).device, "cpu");
+  c.device = Device::cuda(1);
+  EXPECT_EQ(TrainerConfig::from_json(c.to_json()).device, Device::cuda(1));
+  EXPECT_EQ(TrainerConfig::from_json(nlohmann::json::object()).device, Device::cpu());
   EXPECT_EQ(mt::train::device_from_name("cuda"), Device::cuda(0));
   EXPECT_EQ(mt::train::device_from_name("cuda:3"), Device::cuda(3));
   EXPECT_EQ(mt::train::device_from_name("cpu"), Device::cpu());
   for (const std::string bad : {"gpu", "cuda:", "cuda:x", "CUDA", "cuda:12345"}) {
-    c.device = bad;
-    EXPECT_NE(error_of([&] { c.validate(); }).find(fmt::format("device '{}'", bad)), std::string::npos) << bad;
+    nlohmann::json j = c.to_json();
+    j["device"] = bad;
+    EXPECT_NE(error_of([&] { (void)TrainerConfig::from_json(j); }).find(fmt::format("device '{}'", bad)),
+              std::string::npos)
+        << bad;
   }
-  c.device = "cuda";
+  c.device = Device::cuda(0);
   for (const std::string precision : {"fp32", "bf16", "fp16", "fp8"}) {
-    c.precision = precision;
+    c.precision = mt::amp::parse_precision(precision);
     EXPECT_NO_THROW(c.validate()) << precision << ": every precision runs on CUDA";
   }
 }
@@ -305,9 +308,9 @@ std::vector<double> run_steps(const Variant& v, const std::string& device, std::
                               std::vector<std::vector<float>>* final_values = nullptr) {
   TrainerConfig c = base_config();
   v.configure(c);
-  c.device = device;
+  c.device = mt::train::device_from_name(device);
+  c.activation_checkpointing = mt::ckpt::Policy::parse(v.checkpointing);
   auto gpt = make_gpt(v.dropout);
-  gpt->set_checkpointing(mt::ckpt::Policy::parse(v.checkpointing));
   auto ds = std::make_shared<TokenDataset>(40, 16, 64);
   Trainer t(c, gpt, gpt_loss(gpt), ds);
   std::vector<double> out;
@@ -339,11 +342,11 @@ TEST(CudaTrainer, GptTrainsLikeTheCpuWithEveryTechnique) {
          c.grad_clip = 0.05;
        }},
       {"dropout", [](TrainerConfig&) {}, "none", 0.1},
-      {"bf16", [](TrainerConfig& c) { c.precision = "bf16"; }, "none", 0.0, 1e-2},
+      {"bf16", [](TrainerConfig& c) { c.precision = mt::amp::Precision::bf16; }, "none", 0.0, 1e-2},
       // fp16 with the dynamic loss scaler: gradients unscaled on the device (cuda::amax decides finiteness).
-      {"fp16", [](TrainerConfig& c) { c.precision = "fp16"; }, "none", 0.0, 1e-2},
+      {"fp16", [](TrainerConfig& c) { c.precision = mt::amp::Precision::fp16; }, "none", 0.0, 1e-2},
       {"fp16+adamw8bit+full", [](TrainerConfig& c) {
-         c.precision = "fp16";
+         c.precision = mt::amp::Precision::fp16;
          c.optimizer = mt::optim::Spec::adamw8bit({.lr = 3e-3, .weight_decay = 0.1, .min_8bit_size = 256});
          c.grad_accum = 2;
        }, "full", 0.0, 1e-2},
@@ -351,15 +354,15 @@ TEST(CudaTrainer, GptTrainsLikeTheCpuWithEveryTechnique) {
       // the two devices' losses agree less closely than bf16's; 2e-2 still separates a broken path (the loss
       // of a wrong product or scale is off by far more).
       {"fp8-delayed", [](TrainerConfig& c) {
-         c.precision = "fp8";
-         c.fp8_scaling = "delayed";
+         c.precision = mt::amp::Precision::fp8;
+         c.fp8_scaling = mt::amp::Fp8ScalingKind::delayed;
        }, "none", 0.0, 2e-2},
       {"fp8-blockwise+selective", [](TrainerConfig& c) {
-         c.precision = "fp8";
-         c.fp8_scaling = "blockwise";
+         c.precision = mt::amp::Precision::fp8;
+         c.fp8_scaling = mt::amp::Fp8ScalingKind::blockwise;
        }, "selective", 0.0, 2e-2},
       {"bf16+galore8bit+selective", [](TrainerConfig& c) {
-         c.precision = "bf16";
+         c.precision = mt::amp::Precision::bf16;
          c.optimizer = mt::optim::Spec::adamw8bit({.lr = 3e-3, .weight_decay = 0.1, .min_8bit_size = 256});
          c.galore_rank = 4;
          c.galore_update_gap = 2;
@@ -436,7 +439,7 @@ TEST(CudaTrainer, CheckpointResumesOnTheDevice) {
   SKIP_WITHOUT_CUDA();
   mt::test_support::TempDir dir;
   TrainerConfig c = base_config();
-  c.device = "cuda";
+  c.device = Device::cuda(0);
   c.checkpoint_dir = dir.path();
   c.grad_clip = 0.5;
   c.max_steps = 6;
@@ -466,7 +469,7 @@ TEST(CudaTrainer, CheckpointResumesOnTheDevice) {
 TEST(CudaTrainer, FitReportsTheDeviceAllocator) {
   SKIP_WITHOUT_CUDA();
   TrainerConfig c = base_config();
-  c.device = "cuda";
+  c.device = Device::cuda(0);
   c.max_steps = 2;
   auto gpt = make_gpt();
   auto ds = std::make_shared<TokenDataset>(40, 16, 64);

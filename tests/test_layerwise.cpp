@@ -49,7 +49,7 @@ TrainerConfig base_config() {
   TrainerConfig c;
   c.data.prefetch = 1;
   c.data.shuffle = false;
-  c.schedule.decay = "constant";
+  c.schedule.decay = mt::train::LrDecay::constant;
   c.grad_clip = 0.0;
   c.micro_batch = 2;
   c.max_steps = 8;
@@ -191,7 +191,7 @@ TrainerConfig galore_config(std::int64_t accum) {
   TrainerConfig c = base_config();
   c.galore_rank = 4;
   c.galore_update_gap = 100;  // one refresh, at step 0
-  c.galore_svd = "exact";
+  c.galore_svd = mt::optim::GaLoreSvd::exact;
   c.grad_accum = accum;
   c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1, .eps = 1e-6});
   return c;
@@ -375,7 +375,7 @@ TEST(LayerwiseConfig, RoundTripsAndRefusesWhatCannotWork) {
   c.grad_clip = 1.0;
   c.galore_rank = 8;
   EXPECT_NO_THROW(c.validate());  // accumulation and clipping both work layer-wise
-  c.precision = "fp16";
+  c.precision = mt::amp::Precision::fp16;
   try {
     c.validate();
     ADD_FAILURE() << "layerwise_update with fp16 was accepted";

@@ -105,7 +105,7 @@ TrainerConfig base_config() {
   TrainerConfig c;
   c.data.prefetch = 1;
   c.data.shuffle = false;
-  c.schedule.decay = "constant";
+  c.schedule.decay = mt::train::LrDecay::constant;
   c.grad_clip = 0.0;
   c.micro_batch = 2;
   c.max_steps = 4;
@@ -152,7 +152,7 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   c.data.drop_last = false;
   c.optimizer = mt::optim::Spec::adamw8bit({.lr = 3e-4, .weight_decay = 0.05, .beta1 = 0.8, .beta2 = 0.95,
                                             .eps = 1e-6, .block_size = 128, .min_8bit_size = 1000});
-  c.schedule = {.warmup_steps = 7, .min_lr_ratio = 0.25, .decay = "constant"};
+  c.schedule = {.warmup_steps = 7, .min_lr_ratio = 0.25, .decay = mt::train::LrDecay::constant};
   c.grad_clip = 0.5;
   c.micro_batch = 3;
   c.grad_accum = 5;
@@ -167,16 +167,16 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   c.memory_budget_bytes = std::size_t{123456789};
   c.metrics_path = "m.jsonl";
   c.summary_path = "s.json";
-  c.activation_checkpointing = "budget:64MiB";
+  c.activation_checkpointing = mt::ckpt::Policy::parse("budget:64MiB");
   c.galore_rank = 16;
   c.galore_update_gap = 50;
   c.galore_scale = 0.5;
-  c.galore_proj_type = "reverse_std";
-  c.galore_svd = "exact";
-  c.precision = "fp16";
+  c.galore_proj_type = mt::optim::GaLoreProjType::reverse_std_side;
+  c.galore_svd = mt::optim::GaLoreSvd::exact;
+  c.precision = mt::amp::Precision::fp16;
   c.loss_scaler = {.init_scale = 512, .growth_factor = 4, .backoff_factor = 0.25, .growth_interval = 7,
                    .min_scale = 2, .max_scale = 8192};
-  c.fp8_scaling = "delayed";
+  c.fp8_scaling = mt::amp::Fp8ScalingKind::delayed;
   c.fp8_amax_history = 32;
   c.fp8_margin = 2;
 
@@ -203,7 +203,7 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   EXPECT_EQ(r.optimizer.min_8bit_size, 1000);
   EXPECT_EQ(r.schedule.warmup_steps, 7);
   EXPECT_EQ(r.schedule.min_lr_ratio, 0.25);
-  EXPECT_EQ(r.schedule.decay, "constant");
+  EXPECT_EQ(r.schedule.decay, mt::train::LrDecay::constant);
   EXPECT_EQ(r.grad_clip, 0.5);
   EXPECT_EQ(r.micro_batch, 3);
   EXPECT_EQ(r.grad_accum, 5);
@@ -238,7 +238,7 @@ TEST(TrainerConfig, OptimizerSpecsRoundTripPerFamily) {
       Spec::adafactor({.lr = 0.02, .beta1 = 0.9, .decay_rate = -0.7, .eps1 = 1e-29, .clip_threshold = 2.0}),
   };
   for (const Spec& s : specs) {
-    const Spec r = mt::train::spec_from_json(mt::train::spec_to_json(s));
+    const Spec r = mt::optim::spec_from_json(mt::optim::spec_to_json(s));
     EXPECT_EQ(r.to_string(), s.to_string());
     EXPECT_EQ(r.kind, s.kind);
     EXPECT_EQ(r.lr, s.lr);
@@ -253,13 +253,13 @@ TEST(TrainerConfig, OptimizerSpecsRoundTripPerFamily) {
     EXPECT_EQ(r.eps1, s.eps1);
     EXPECT_EQ(r.clip_threshold, s.clip_threshold);
   }
-  EXPECT_EQ(mt::train::spec_to_json(specs[0])["momentum"], 0.9);  // SGD's beta1 is written as momentum
-  const Spec named = mt::train::spec_from_name("lion", 1e-4, 0.3);
+  EXPECT_EQ(mt::optim::spec_to_json(specs[0])["momentum"], 0.9);  // SGD's beta1 is written as momentum
+  const Spec named = mt::optim::spec_from_name("lion", 1e-4, 0.3);
   EXPECT_EQ(named.kind, mt::optim::OptimizerKind::lion);
   EXPECT_EQ(named.lr, 1e-4);
   EXPECT_EQ(named.weight_decay, 0.3);
   EXPECT_EQ(named.beta2, mt::optim::LionOptions{}.beta2);
-  EXPECT_NE(error_of([] { mt::train::spec_from_name("adam", 1, 0); }).find("adamw8bit"), std::string::npos);
+  EXPECT_NE(error_of([] { mt::optim::spec_from_name("adam", 1, 0); }).find("adamw8bit"), std::string::npos);
 }
 
 TEST(TrainerConfig, UnknownKeysAndWrongTypesAreNamed) {
@@ -303,19 +303,13 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.grad_accum = 0; }, {"grad_accum"}},
       {[](TrainerConfig& c) { c.max_steps = 0; }, {"max_steps"}},
       {[](TrainerConfig& c) { c.world_size = 2; }, {"world_size", "distributed issue"}},
-      {[](TrainerConfig& c) { c.precision = "fp8"; c.fp8_scaling = "perblock"; }, {"fp8_scaling", "perblock"}},
-      {[](TrainerConfig& c) { c.precision = "fp8"; c.fp8_amax_history = 0; }, {"fp8_amax_history"}},
-      {[](TrainerConfig& c) { c.precision = "fp8"; c.fp8_margin = -1; }, {"fp8_margin"}},
-      {[](TrainerConfig& c) { c.precision = "fp64"; }, {"precision", "unknown precision 'fp64'"}},
-      {[](TrainerConfig& c) { c.precision = "fp16"; c.loss_scaler.backoff_factor = 1.5; },
+      {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; c.fp8_amax_history = 0; }, {"fp8_amax_history"}},
+      {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; c.fp8_margin = -1; }, {"fp8_margin"}},
+      {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp16; c.loss_scaler.backoff_factor = 1.5; },
        {"loss_scaler", "backoff_factor"}},
-      {[](TrainerConfig& c) { c.activation_checkpointing = "fulll"; }, {"activation_checkpointing", "unknown checkpoint policy 'fulll'"}},
-      {[](TrainerConfig& c) { c.activation_checkpointing = "every:0"; }, {"activation_checkpointing", "k >= 1"}},
       {[](TrainerConfig& c) { c.galore_rank = -1; }, {"galore_rank", ">= 0"}},
       {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_update_gap = 0; }, {"galore_update_gap"}},
       {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_scale = 0; }, {"galore_scale"}},
-      {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_proj_type = "diagonal"; }, {"galore_proj_type", "diagonal"}},
-      {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_svd = "qr"; }, {"galore_svd", "qr"}},
       {[](TrainerConfig& c) { c.checkpoint_interval = 10; }, {"checkpoint_interval", "checkpoint_dir"}},
       {[](TrainerConfig& c) { c.keep_checkpoints = 0; }, {"keep_checkpoints"}},
       {[](TrainerConfig& c) { c.eval_batches = 0; }, {"eval_batches"}},
@@ -324,7 +318,6 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.schedule.warmup_steps = c.max_steps; }, {"schedule.warmup_steps"}},
       {[](TrainerConfig& c) { c.schedule.min_lr_ratio = 1.5; }, {"schedule.min_lr_ratio"}},
       {[](TrainerConfig& c) { c.schedule.min_lr_ratio = -0.1; }, {"schedule.min_lr_ratio"}},
-      {[](TrainerConfig& c) { c.schedule.decay = "linear"; }, {"schedule.decay 'linear'"}},
       {[](TrainerConfig& c) { c.grad_clip = -1; }, {"grad_clip"}},
       {[](TrainerConfig& c) { c.model.dropout = 1.0; }, {"model.dropout"}},
       {[](TrainerConfig& c) { c.optimizer.lr = -1e-3; }, {"optimizer.lr"}},
@@ -338,12 +331,70 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
   }
 }
 
+// The typed settings are read from JSON by name; a bad name is refused naming the key and the value.
+TEST(TrainerConfig, FromJsonRefusesBadNames) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> expect;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["precision"] = "fp8"; j["fp8_scaling"] = "perblock"; }, {"fp8_scaling", "perblock"}},
+      {[](json& j) { j["precision"] = "fp64"; }, {"precision", "unknown precision 'fp64'"}},
+      {[](json& j) { j["activation_checkpointing"] = "fulll"; },
+       {"activation_checkpointing", "unknown checkpoint policy 'fulll'"}},
+      {[](json& j) { j["activation_checkpointing"] = "every:0"; }, {"activation_checkpointing", "k >= 1"}},
+      {[](json& j) { j["galore_rank"] = 8; j["galore_proj_type"] = "diagonal"; }, {"galore_proj_type", "diagonal"}},
+      {[](json& j) { j["galore_rank"] = 8; j["galore_svd"] = "qr"; }, {"galore_svd", "qr"}},
+      {[](json& j) { j["schedule"]["decay"] = "linear"; }, {"schedule.decay 'linear'"}},
+      {[](json& j) { j["device"] = "gpu"; }, {"device 'gpu'"}},
+      {[](json& j) { j["precision"] = 16; }, {"'precision' must be a string"}},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    json j = TrainerConfig{}.to_json();
+    cases[i].edit(j);
+    const std::string msg = error_of([&] { (void)TrainerConfig::from_json(j); });
+    EXPECT_EQ(msg.rfind("TrainerConfig", 0), 0u) << "case " << i << ": " << msg;
+    for (const std::string& want : cases[i].expect) EXPECT_NE(msg.find(want), std::string::npos) << i << ": " << msg;
+  }
+  // And every name the config writes reads back as the same value.
+  TrainerConfig c;
+  c.device = mt::Device::meta();
+  c.precision = mt::amp::Precision::bf16;
+  c.activation_checkpointing = mt::ckpt::Policy::every(2);
+  c.galore_proj_type = mt::optim::GaLoreProjType::right;
+  c.schedule.decay = mt::train::LrDecay::constant;
+  const TrainerConfig r = TrainerConfig::from_json(c.to_json());
+  EXPECT_EQ(r.device, mt::Device::meta());
+  EXPECT_EQ(r.precision, mt::amp::Precision::bf16);
+  EXPECT_EQ(r.activation_checkpointing, mt::ckpt::Policy::every(2));
+  EXPECT_EQ(r.galore_proj_type, mt::optim::GaLoreProjType::right);
+  EXPECT_EQ(r.schedule.decay, mt::train::LrDecay::constant);
+}
+
+// The Trainer sets the configured checkpoint policy on the model itself (the examples used to).
+TEST(TrainerFit, AppliesTheConfiguredCheckpointPolicy) {
+  mt::manual_seed(12);
+  mt::nn::GPTConfig g = mt::nn::GPTConfig::preset("tiny");
+  g.vocab_size = 64;
+  g.block_size = 16;
+  auto gpt = std::make_shared<mt::nn::GPT>(g);
+  auto ds = std::make_shared<TokenDataset>(16, 16, 64);
+  TrainerConfig c;
+  c.max_steps = 2;
+  c.micro_batch = 2;
+  c.data.prefetch = 1;
+  c.activation_checkpointing = mt::ckpt::Policy::selective();
+  ASSERT_NE(gpt->checkpointing().policy(), c.activation_checkpointing);
+  Trainer t(c, gpt, [gpt](const mt::data::Batch& b) { return gpt->loss(b.inputs, b.targets); }, ds);
+  EXPECT_EQ(gpt->checkpointing().policy(), c.activation_checkpointing);
+}
+
 // ---- LR schedule and clipping ---------------------------------------------------------------------------
 
 TEST(TrainerSchedule, WarmupThenCosineMatchesClosedForm) {
   const double peak = 6e-4;
   const std::int64_t W = 3, N = 10;
-  mt::train::LrSchedule s{.warmup_steps = W, .min_lr_ratio = 0.1, .decay = "cosine"};
+  mt::train::LrSchedule s{.warmup_steps = W, .min_lr_ratio = 0.1, .decay = mt::train::LrDecay::cosine};
   for (std::int64_t step = 0; step <= N + 2; ++step) {
     double expect;
     if (step < W) {
@@ -358,10 +409,10 @@ TEST(TrainerSchedule, WarmupThenCosineMatchesClosedForm) {
   }
   EXPECT_DOUBLE_EQ(s.lr_at(W, peak, N), peak);       // the peak right after warmup
   EXPECT_DOUBLE_EQ(s.lr_at(0, peak, N), peak / 3);   // step 0 trains already
-  mt::train::LrSchedule c{.warmup_steps = 2, .min_lr_ratio = 0.1, .decay = "constant"};
+  mt::train::LrSchedule c{.warmup_steps = 2, .min_lr_ratio = 0.1, .decay = mt::train::LrDecay::constant};
   EXPECT_DOUBLE_EQ(c.lr_at(0, 1.0, 10), 0.5);
   EXPECT_DOUBLE_EQ(c.lr_at(9, 1.0, 10), 1.0);
-  mt::train::LrSchedule none{.warmup_steps = 0, .min_lr_ratio = 0.0, .decay = "cosine"};
+  mt::train::LrSchedule none{.warmup_steps = 0, .min_lr_ratio = 0.0, .decay = mt::train::LrDecay::cosine};
   EXPECT_DOUBLE_EQ(none.lr_at(0, 2.0, 4), 2.0);
   EXPECT_NEAR(none.lr_at(2, 2.0, 4), 1.0, 1e-15);
 }
@@ -371,7 +422,7 @@ TEST(TrainerSchedule, TrainerWritesTheScheduledLrIntoEveryGroup) {
   auto net = std::make_shared<TinyNet>(4, 8, 3);
   TrainerConfig c = base_config();
   c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
-  c.schedule = {.warmup_steps = 2, .min_lr_ratio = 0.2, .decay = "cosine"};
+  c.schedule = {.warmup_steps = 2, .min_lr_ratio = 0.2, .decay = mt::train::LrDecay::cosine};
   c.max_steps = 6;
   Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(16, 4, 3));
   ASSERT_EQ(t.optimizer().param_groups().size(), 2u);  // weights (decay) and biases (no decay)
@@ -519,7 +570,7 @@ TEST(TrainerAccumulation, PartialMicroBatchIsWeightedByItsCount) {
 TrainerConfig resume_config(const std::string& dir) {
   TrainerConfig c = base_config();
   c.optimizer = mt::optim::Spec::adamw({.lr = 3e-3, .weight_decay = 0.1});
-  c.schedule = {.warmup_steps = 2, .min_lr_ratio = 0.1, .decay = "cosine"};
+  c.schedule = {.warmup_steps = 2, .min_lr_ratio = 0.1, .decay = mt::train::LrDecay::cosine};
   c.grad_clip = 0.5;
   c.data.shuffle = true;  // 10 samples, 4 per step: epochs end mid-step, permutations change per epoch
   c.micro_batch = 2;
@@ -901,8 +952,9 @@ TEST(TrainerFit, ConstructorChecksItsInputs) {
   auto net = std::make_shared<TinyNet>(4, 8, 3);
   auto ds = std::make_shared<RegressionDataset>(8, 4, 3);
   TrainerConfig bad = base_config();
-  bad.precision = "fp9";
-  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("precision 'fp9'"), std::string::npos);
+  bad.activation_checkpointing = mt::ckpt::Policy::full();  // TinyNet has no checkpointable blocks
+  EXPECT_NE(error_of([&] { Trainer t(bad, net, mse_loss(net), ds); }).find("activation checkpointing 'full'"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { Trainer t(base_config(), nullptr, mse_loss(net), ds); }).find("model is null"),
             std::string::npos);
   Trainer t(base_config(), net, mse_loss(net), ds);

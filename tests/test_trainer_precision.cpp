@@ -44,9 +44,9 @@ mt::train::LossFn gpt_loss(const std::shared_ptr<mt::nn::GPT>& gpt) {
 
 TrainerConfig config(const std::string& precision) {
   TrainerConfig c;
-  c.precision = precision;
+  c.precision = mt::amp::parse_precision(precision);
   c.data.prefetch = 1;
-  c.schedule.decay = "constant";
+  c.schedule.decay = mt::train::LrDecay::constant;
   c.grad_clip = 1.0;
   c.micro_batch = 4;
   c.grad_accum = 2;
@@ -79,7 +79,7 @@ TEST(TrainerPrecision, Bf16Fp16AndFp8TrainWithinTwoPercentOfFp32) {
     SCOPED_TRACE(run);
     const std::string p = run.substr(0, run.find(':'));
     TrainerConfig c = config(p);
-    if (p == "fp8") c.fp8_scaling = run.substr(4);
+    if (p == "fp8") c.fp8_scaling = mt::amp::fp8_scaling_from_name(run.substr(4));
     auto model = make_gpt();
     Trainer t(c, model, gpt_loss(model), ds);
     const std::vector<double> low = losses(t, 60);
@@ -157,7 +157,7 @@ TEST(TrainerPrecision, Fp16SkipsAnOverflowingStepAndBacksOff) {
 std::vector<std::vector<float>> fp8_delayed_run(bool evaluate) {
   auto ds = std::make_shared<TokenDataset>(64, 16, 64);
   TrainerConfig c = config("fp8");
-  c.fp8_scaling = "delayed";
+  c.fp8_scaling = mt::amp::Fp8ScalingKind::delayed;
   c.eval_batches = 2;
   auto model = make_gpt();
   Trainer t(c, model, gpt_loss(model), ds, ds);
@@ -179,7 +179,7 @@ TEST(TrainerPrecision, Fp8DelayedResumesWithItsAmaxHistories) {
   mt::test_support::TempDir dir;
   auto ds = std::make_shared<TokenDataset>(64, 16, 64);
   TrainerConfig c = config("fp8");
-  c.fp8_scaling = "delayed";
+  c.fp8_scaling = mt::amp::Fp8ScalingKind::delayed;
   c.fp8_amax_history = 4;
   c.checkpoint_dir = dir.file("ck");
   c.grad_clip = 0.0;  // so any difference in the scales reaches the weights unclipped

@@ -72,16 +72,16 @@ int main(int argc, char** argv) {
 
     train::TrainerConfig config;
     config.model.preset = "cnn";
-    config.optimizer = train::spec_from_name(optimizer, lr, 1e-4);
+    config.optimizer = optim::spec_from_name(optimizer, lr, 1e-4);
     config.micro_batch = batch;
     config.max_steps = epochs * (train_set->size() / batch);
-    config.schedule = {.warmup_steps = 50, .min_lr_ratio = 0.05, .decay = "cosine"};
+    config.schedule = {.warmup_steps = 50, .min_lr_ratio = 0.05, .decay = train::LrDecay::cosine};
     config.grad_clip = 0.0;
     config.eval_interval = 0;
     config.eval_batches = 20;
     config.log_interval = 50;
     config.seed = seed;
-    config.activation_checkpointing = checkpoint;
+    config.activation_checkpointing = ckpt::Policy::parse(checkpoint);
     fs::create_directories(out_dir);
     config.metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
     config.summary_path = (fs::path(out_dir) / "summary.json").string();
@@ -91,7 +91,6 @@ int main(int argc, char** argv) {
     fmt::print("model: CNN with {} parameters, optimizer {}, {} steps of {} images\n", model->num_parameters(),
                config.optimizer.to_string(), config.max_steps, batch);
     auto loss_fn = [model](const data::Batch& b) { return ops::cross_entropy(model->forward(b.inputs), b.targets); };
-    model->set_checkpointing(ckpt::Policy::parse(checkpoint));
     train::Trainer trainer(config, model, loss_fn, train_set, test_set);
     trainer.memory_notes = [model] { return model->checkpointing().describe(2); };
 

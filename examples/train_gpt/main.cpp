@@ -40,7 +40,7 @@ train::TrainerConfig default_config() {
   train::TrainerConfig c;
   c.model.preset = "mini";
   c.optimizer = optim::Spec::adamw8bit({.lr = 1e-3, .weight_decay = 0.1});
-  c.schedule = {.warmup_steps = 20, .min_lr_ratio = 0.1, .decay = "cosine"};
+  c.schedule = {.warmup_steps = 20, .min_lr_ratio = 0.1, .decay = train::LrDecay::cosine};
   c.micro_batch = 16;
   c.max_steps = 400;
   c.eval_interval = 100;
@@ -64,17 +64,17 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.micro_batch) c.micro_batch = *f.micro_batch;
   if (f.grad_accum) c.grad_accum = *f.grad_accum;
   if (f.optimizer || f.lr)
-    c.optimizer = train::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
+    c.optimizer = optim::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
                                         f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
-  if (f.precision) c.precision = *f.precision;
-  if (f.fp8_scaling) c.fp8_scaling = *f.fp8_scaling;
-  if (f.checkpoint) c.activation_checkpointing = *f.checkpoint;
+  if (f.precision) c.precision = amp::parse_precision(*f.precision);
+  if (f.fp8_scaling) c.fp8_scaling = amp::fp8_scaling_from_name(*f.fp8_scaling);
+  if (f.checkpoint) c.activation_checkpointing = ckpt::Policy::parse(*f.checkpoint);
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
   if (f.galore_gap) c.galore_update_gap = *f.galore_gap;
   if (f.galore_scale) c.galore_scale = *f.galore_scale;
   if (f.layerwise) c.layerwise_update = true;
   if (f.seed) c.seed = *f.seed;
-  if (f.device) c.device = *f.device;
+  if (f.device) c.device = train::device_from_name(*f.device, "--device");
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
   if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
   c.summary_path = !f.summary_json.empty()       ? f.summary_json
@@ -216,9 +216,9 @@ int main(int argc, char** argv) {
   try {
     train::TrainerConfig config = resolve_config(f);
     // Before any data is prepared: a run asked for a GPU that is not there stops at once, saying why.
-    const Device device = train::device_from_name(config.device, "train_gpt");
+    const Device device = config.device;
     MT_CHECK(device.is_cpu() || cuda::is_available(), "train_gpt", "--device {}: CUDA is not usable here ({})",
-             config.device, cuda::unavailable_reason());
+             device.str(), cuda::unavailable_reason());
     const std::int64_t vocab = f.vocab_size.value_or(nn::GPTConfig::preset(config.model.preset).vocab_size);
     Corpus corpus = prepare_data(f, vocab);
     config.data.train = corpus.train;
@@ -234,7 +234,6 @@ int main(int argc, char** argv) {
     fs::create_directories(f.out_dir);
     config.save((fs::path(f.out_dir) / "config.json").string());
 
-    model->set_checkpointing(ckpt::Policy::parse(config.activation_checkpointing));
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
     trainer.memory_notes = [model] { return model->checkpointing().describe(model->config().n_layer); };

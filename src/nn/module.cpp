@@ -195,4 +195,11 @@ void init_normal_(Tensor& t, double std) {
   ops::mul_(t, std);
 }
 
+void Module::set_checkpointing(ckpt::Policy policy) {
+  MT_CHECK(policy == ckpt::Policy::none(), "Module::set_checkpointing",
+           "activation checkpointing '{}' needs a model with checkpointable blocks (GPT, Llama, CNN); this one has "
+           "none (use 'none', or wrap its blocks in ckpt::checkpoint yourself)",
+           policy.to_string());
+}
+
 }  // namespace memtrain::nn

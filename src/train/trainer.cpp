@@ -7,7 +7,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
-#include "memtrain/cuda/cuda.h"
+#include "core/backend.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
 #include "train/layerwise.h"
@@ -47,8 +47,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const n
   g.rank = c.galore_rank;
   g.update_gap = c.galore_update_gap;
   g.scale = c.galore_scale;
-  g.proj_type = optim::galore_proj_type_from_name(c.galore_proj_type);
-  g.svd = optim::galore_svd_from_name(c.galore_svd);
+  g.proj_type = c.galore_proj_type;
+  g.svd = c.galore_svd;
   optim::GaLoreGroups groups = optim::galore_groups(named, spec.lr, spec.weight_decay);
   MT_CHECK(!groups.projected.empty(), "Trainer", "galore_rank {}: the model has no attention or MLP weights to project",
            c.galore_rank);
@@ -72,11 +72,16 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   MT_CHECK(model_ != nullptr, "Trainer", "model is null");
   MT_CHECK(static_cast<bool>(loss_fn_), "Trainer", "loss_fn is empty");
   MT_CHECK(train != nullptr, "Trainer", "the training dataset is null");
-  const Device device = device_from_name(config_.device, "Trainer");
-  MT_CHECK(device.is_cpu() || cuda::is_available(), "Trainer", "config.device '{}': CUDA is not usable here ({})",
-           config_.device, cuda::unavailable_reason());
+  const Device device = config_.device;
+  try {
+    (void)::memtrain::detail::backend_for(device);  // throws saying why the device cannot be used
+  } catch (const Error& e) {
+    MT_CHECK(false, "Trainer", "config.device '{}': CUDA is not usable here ({})", device.str(), e.what());
+  }
   // In place, before the optimizer is built: every handle to a parameter sees the moved data.
   model_->to(device);
+  // The config is authoritative: a model without checkpointable blocks refuses any policy but none.
+  model_->set_checkpointing(config_.activation_checkpointing);
   const nn::NamedTensors named = model_->named_parameters();
   MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train");
   device_ = device;
@@ -84,12 +89,12 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   optimizer_ = make_optimizer(config_, named);
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
-  const amp::Precision precision = amp::parse_precision(config_.precision);
+  const amp::Precision precision = config_.precision;
   compute_dtype_ = amp::activation_dtype(precision);
   if (precision == amp::Precision::fp16) scaler_ = std::make_unique<amp::DynamicLossScaler>(config_.loss_scaler);
   if (precision == amp::Precision::fp8) {
     amp::Fp8Recipe recipe;
-    recipe.kind = amp::fp8_scaling_from_name(config_.fp8_scaling);
+    recipe.kind = config_.fp8_scaling;
     recipe.delayed.history_len = static_cast<int>(config_.fp8_amax_history);
     recipe.delayed.margin = static_cast<int>(config_.fp8_margin);
     fp8_ = std::make_unique<amp::Fp8State>(recipe);

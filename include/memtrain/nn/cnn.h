@@ -41,7 +41,7 @@ class CNN : public Module {
   const CNNConfig& config() const { return config_; }
 
   // Activation checkpointing of the two conv stages (conv, batch norm, relu, pool: one region each).
-  void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
+  void set_checkpointing(ckpt::Policy policy) override { checkpointer_.set_policy(std::move(policy)); }
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
 
  private:

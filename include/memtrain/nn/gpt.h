@@ -36,7 +36,7 @@ class GPT : public Module {
   const GPTConfig& config() const { return config_; }
 
   // Activation checkpointing of the transformer blocks (each block is one region); none by default.
-  void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
+  void set_checkpointing(ckpt::Policy policy) override { checkpointer_.set_policy(std::move(policy)); }
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
   // Exchanges the model's checkpointer (policy and any budget plan) with `other`: a benchmark that alternates
   // policies step by step keeps one checkpointer per policy, so a budget plan is made once, not at every switch.

@@ -38,7 +38,7 @@ class Llama : public Module {
   const RotaryEmbedding& rotary() const { return *rotary_; }
 
   // Activation checkpointing of the decoder layers (each layer is one region); none by default.
-  void set_checkpointing(ckpt::Policy policy) { checkpointer_.set_policy(std::move(policy)); }
+  void set_checkpointing(ckpt::Policy policy) override { checkpointer_.set_policy(std::move(policy)); }
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
 
  private:

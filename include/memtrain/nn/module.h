@@ -8,6 +8,7 @@
 // Forward signatures differ per layer, so there is no virtual forward here.
 #pragma once
 
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/tensor.h"
 
@@ -56,6 +57,9 @@ class Module {
   // several devices (naming two tensors on different ones).
   Device device() const;
   void zero_grad();                     // clears every parameter's gradient
+  // Activation checkpointing of the model's blocks (ckpt/policy.h). Models with checkpointable blocks (GPT,
+  // Llama, CNN) override it; the default accepts Policy::none() and refuses any other policy naming it.
+  virtual void set_checkpointing(ckpt::Policy policy);
 
   // name -> tensor for every parameter and buffer; the tensors are detached views of the live storage.
   StateDict state_dict() const;

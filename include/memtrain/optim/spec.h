@@ -8,6 +8,8 @@
 
 #include "memtrain/optim/optimizer.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -94,5 +96,14 @@ struct Spec {
 // gains). Empty groups are dropped. Names only document the split (kept for callers' own filters).
 std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
                                      double weight_decay);
+
+// ---- names and JSON (src/optim/spec_json.cpp) ----
+// Only the options the family uses are written (SGD's beta1 as "momentum"); reading starts from the family's
+// defaults, and refuses an unknown kind or a key the family does not have, naming it ("optimizer.beta3").
+nlohmann::json spec_to_json(const Spec& spec);
+Spec spec_from_json(const nlohmann::json& j);
+// "adamw", "adamw8bit", "lion", "lion8bit", "sgd", "adafactor" with the given lr and weight decay and the
+// family's defaults otherwise; throws listing the known names.
+Spec spec_from_name(const std::string& name, double lr, double weight_decay);
 
 }  // namespace memtrain::optim

@@ -4,8 +4,12 @@
 // value the library cannot run yet, or a combination that cannot work, with the reason.
 #pragma once
 
+#include "memtrain/amp/fp8.h"
 #include "memtrain/amp/loss_scaler.h"
+#include "memtrain/amp/precision.h"
+#include "memtrain/ckpt/policy.h"
 #include "memtrain/core/device.h"
+#include "memtrain/optim/galore_projector.h"
 #include "memtrain/optim/spec.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -35,14 +39,18 @@ struct DataConfig {
   bool drop_last = true;
 };
 
+enum class LrDecay { cosine, constant };
+const char* lr_decay_name(LrDecay decay);               // "cosine", "constant"
+LrDecay lr_decay_from_name(const std::string& name);  // throws listing the names
+
 // lr(step) for step = 0, 1, ... (W = warmup_steps, N = max_steps, m = lr * min_lr_ratio):
 //   step < W:        lr * (step + 1) / W                                   (linear warmup, reaching lr at W-1)
-//   "cosine":        m + (lr - m) * (1 + cos(pi * (step - W) / (N - W))) / 2  (lr at W, m at N; m past N)
-//   "constant":      lr
+//   cosine:          m + (lr - m) * (1 + cos(pi * (step - W) / (N - W))) / 2  (lr at W, m at N; m past N)
+//   constant:        lr
 struct LrSchedule {
   std::int64_t warmup_steps = 0;
   double min_lr_ratio = 0.1;
-  std::string decay = "cosine";
+  LrDecay decay = LrDecay::cosine;
   double lr_at(std::int64_t step, double peak_lr, std::int64_t max_steps) const;
 };
 
@@ -55,24 +63,27 @@ struct TrainerConfig {
   std::int64_t micro_batch = 8;
   std::int64_t grad_accum = 1;
   std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
-  // Where the model trains: "cpu", "cuda" (= cuda:0) or "cuda:N". The Trainer moves the model there
+  // Where the model trains (JSON: "cpu", "cuda" = cuda:0, "cuda:N"). The Trainer moves the model there
   // (nn::Module::to) and each batch as it comes; it throws naming CUDA when the device is not usable.
-  std::string device = "cpu";
+  Device device = Device::cpu();
   // amp/precision.h: fp32, bf16 (bf16 compute and stored activations over f32 master weights), fp16 (the same
   // with dynamic loss scaling, options below), fp8 (bf16, with every linear in FP8: amp/fp8_linear.h).
-  std::string precision = "fp32";
+  amp::Precision precision = amp::Precision::fp32;
   amp::LossScalerOptions loss_scaler;  // fp16 only
-  std::string fp8_scaling = "blockwise";  // fp8 only: blockwise (1x128 / 128x128 current scales) or delayed
+  // fp8 only: blockwise (1x128 / 128x128 current scales) or delayed.
+  amp::Fp8ScalingKind fp8_scaling = amp::Fp8ScalingKind::blockwise;
   std::int64_t fp8_amax_history = 16;     // fp8 delayed: amax history length per tensor
   std::int64_t fp8_margin = 0;            // fp8 delayed: scales divided by 2^margin
-  std::string activation_checkpointing = "none";  // ckpt::Policy::parse forms: none, full, every:K, selective, budget:64MiB
+  // The Trainer sets it on the model (nn::Module::set_checkpointing). JSON: ckpt::Policy::parse's forms (none,
+  // full, every:K, selective, budget:64MiB).
+  ckpt::Policy activation_checkpointing = ckpt::Policy::none();
   // GaLore (optim/galore.h) on the 2-D attention and MLP weights when galore_rank > 0; the optimizer above
   // is its base rule (adamw8bit = 8-bit GaLore).
   std::int64_t galore_rank = 0;          // 0 = off
   std::int64_t galore_update_gap = 200;  // steps between projector refreshes
   double galore_scale = 0.25;            // alpha: the projected update is scaled by it
-  std::string galore_proj_type = "std";  // std, reverse_std, left, right, full
-  std::string galore_svd = "randomized"; // randomized, exact
+  optim::GaLoreProjType galore_proj_type = optim::GaLoreProjType::std_side;  // JSON: std, reverse_std, left, ...
+  optim::GaLoreSvd galore_svd = optim::GaLoreSvd::randomized;                // JSON: randomized, exact
   // Layer-wise updates (Trainer): each parameter is stepped inside its gradient-ready hook during the
   // backward of the step's last micro-batch and its gradient freed at once. Works with grad_accum > 1 (GaLore
   // weights accumulate in the projected space) and with grad_clip (a per-parameter rule, see trainer.h).
@@ -101,14 +112,8 @@ struct TrainerConfig {
   static TrainerConfig load(const std::string& path);
 };
 
-// "cpu", "cuda", "cuda:N" -> Device; throws memtrain::Error(where, ...) naming the value otherwise. Says
-// nothing about whether the device exists (the Trainer checks that when it moves the model).
+// "cpu", "cuda", "cuda:N", "meta" -> Device; throws memtrain::Error(where, ...) naming the value otherwise.
+// Says nothing about whether the device exists (the Trainer checks that when it moves the model).
 Device device_from_name(const std::string& name, const char* where = "TrainerConfig");
-
-nlohmann::json spec_to_json(const optim::Spec& spec);
-optim::Spec spec_from_json(const nlohmann::json& j);
-// "adamw", "adamw8bit", "lion", "lion8bit", "sgd", "adafactor" with the given lr and weight decay and the
-// family's defaults otherwise; throws listing the known names.
-optim::Spec spec_from_name(const std::string& name, double lr, double weight_decay);
 
 }  // namespace memtrain::train
