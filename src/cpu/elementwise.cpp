@@ -166,17 +166,6 @@ bool is_narrow_contiguous(const Tensor& t) {
   return (t.dtype() == DType::bf16 || t.dtype() == DType::f16) && t.is_contiguous();
 }
 
-// Strides that read t as if expanded to `shape`: 0 on broadcast and size-1 dims (map_binary's dense test).
-Shape broadcast_strides(const Tensor& t, const Shape& shape) {
-  const std::size_t n = shape.size(), r = static_cast<std::size_t>(t.dim());
-  Shape strides(n, 0);
-  for (std::size_t i = 0; i < r; ++i) strides[n - r + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return strides;
-}
-
-// t detached in its compute dtype (no copy when it already is); its strides are kept.
-Tensor widened(const Tensor& t) { return t.detach().to(compute_dtype(t.dtype())); }
-
 // gelu (tanh) on the fused array kernel: contiguous operands in the compute dtype (a copy only for views).
 void unary_gelu_tanh(const CpuBackend& backend, const Tensor& out, const Tensor& a) {
   if (is_narrow_contiguous(a) && out.is_contiguous()) {

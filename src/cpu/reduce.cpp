@@ -10,21 +10,6 @@
 
 namespace memtrain::cpu {
 
-namespace {
-
-// Strides that read t as if expanded to `shape`: 0 on broadcast and size-1 dims.
-Shape broadcast_strides(const Tensor& t, const Shape& shape) {
-  const std::size_t n = shape.size(), r = static_cast<std::size_t>(t.dim());
-  Shape strides(n, 0);
-  for (std::size_t i = 0; i < r; ++i) strides[n - r + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return strides;
-}
-
-// t detached in its compute dtype (no copy when it already is); its strides are kept.
-Tensor widened(const Tensor& t) { return t.detach().to(compute_dtype(t.dtype())); }
-
-}  // namespace
-
 void CpuBackend::sum(const Tensor& out, const Tensor& a) const {
   const Tensor x = widened(a);
   const Tensor acc = compute_result(out, DType::f64);  // out itself for a contiguous f64 out

@@ -11,14 +11,6 @@ namespace memtrain::cpu {
 
 namespace {
 
-// Strides that read t as if expanded to `shape`: 0 on broadcast and size-1 dims.
-Shape broadcast_strides(const Tensor& t, const Shape& shape) {
-  const std::size_t n = shape.size(), r = static_cast<std::size_t>(t.dim());
-  Shape strides(n, 0);
-  for (std::size_t i = 0; i < r; ++i) strides[n - r + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return strides;
-}
-
 template <typename U>
 void where_typed(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   const Shape& shape = out.shape();
