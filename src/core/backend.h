@@ -64,6 +64,70 @@ class Backend {
                                  const Tensor& weight, const Tensor& rstd) const = 0;
 
   // ---- elementwise, reductions, selection (src/ops/binary.cpp, unary.cpp, reduce.cpp, select.cpp) ----
+  // The elementwise maps, named since a lambda cannot run on every device. out = f(x; p0, p1); p0/p1
+  // are rounded to the compute type first (x + p0, not x + (double)p0).
+  enum class UnaryOp {
+    add_scalar,   // x + p0
+    mul_scalar,   // x * p0
+    rdiv_scalar,  // p0 / x
+    neg,
+    abs,
+    exp,
+    log,
+    sqrt,
+    rsqrt,
+    pow,          // x^p0 (p0 == 2: x * x)
+    tanh,
+    sigmoid,
+    relu,
+    gelu_erf,     // x Phi(x)
+    gelu_tanh,    // GPT-2's tanh approximation
+    silu,
+    clamp,        // to [p0, p1], NaN stays NaN
+  };
+  // out = f(a, b; p0, p1). The *_backward rules are dx = f(a = dy, b = saved), with b the forward's input
+  // x (abs, pow [p0 = exponent], clamp [p0, p1 = bounds], gelu_erf, gelu_tanh, silu) or its output y
+  // (tanh, sigmoid, relu, sqrt, rsqrt), as in src/ops/unary.cpp.
+  enum class BinaryOp {
+    add,
+    sub,
+    mul,
+    div,
+    abs_backward,
+    pow_backward,
+    tanh_backward,
+    sigmoid_backward,
+    relu_backward,
+    sqrt_backward,
+    rsqrt_backward,
+    clamp_backward,
+    gelu_erf_backward,
+    gelu_tanh_backward,
+    silu_backward,
+  };
+  // out = op(a) elementwise; a floating, any strides; out of a's shape and dtype, on a's device. out may be
+  // a itself (in place) when a is contiguous.
+  virtual void unary(const Tensor& out, const Tensor& a, UnaryOp op, double p0, double p1) const = 0;
+  // out = op(a, b) with a and b broadcast to out's shape; a, b, out one floating dtype on one device. out
+  // may be a itself (in place); b must not overlap out.
+  virtual void binary(const Tensor& out, const Tensor& a, const Tensor& b, BinaryOp op, double p0,
+                      double p1) const = 0;
+  // out = the sum of a over the dims where out has size 1; out has a's rank and dtype (keepdim). f32 and
+  // narrower inputs accumulate in f64 on the CPU.
+  virtual void sum(const Tensor& out, const Tensor& a) const = 0;
+  // The first maximum of a along dim (a's size there > 0; NaN counts as the largest): values in a's dtype
+  // (undefined: not wanted, argmax) and indices i64, both shaped like a with dim set to 1.
+  virtual void max(const Tensor& values, const Tensor& indices, const Tensor& a, std::int64_t dim) const = 0;
+  // out = cond ? a : b, element bits copied (any dtype), with cond (bool) and a, b broadcast to out's shape;
+  // a, b and out share one dtype.
+  virtual void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) const = 0;
+  enum class CompareOp { gt, lt };
+  // out (bool, a's shape) = a > s or a < s; a numeric, not bool: floats in their compute type, integers
+  // widened to double.
+  virtual void compare_scalar(const Tensor& out, const Tensor& a, CompareOp op, double s) const = 0;
+  // out (bool) = a == b broadcast to out's shape; a and b one dtype: floats in their compute type,
+  // integers as themselves, bools by truth.
+  virtual void eq(const Tensor& out, const Tensor& a, const Tensor& b) const = 0;
 
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
 

@@ -12,6 +12,20 @@ namespace memtrain::cpu {
 
 inline constexpr std::int64_t kParallelGrain = 1 << 15;  // elements below which threads cost more than they save
 
+// Strides that read t as if expanded to `shape` (0 on broadcast and size-1 dims: map_binary's dense test
+// then sees a [1, C] operand as broadcast).
+inline Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  const std::size_t n = shape.size(), r = static_cast<std::size_t>(t.dim());
+  Shape strides(n, 0);
+  for (std::size_t i = 0; i < r; ++i) strides[n - r + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return strides;
+}
+
+// A map's operand: t detached, in its compute dtype (f64, else f32; no copy when it already is), strides kept.
+inline Tensor widened(const Tensor& t) {
+  return t.detach().to(t.dtype() == DType::f64 ? DType::f64 : DType::f32);
+}
+
 // out[i] = f(in[i]); out contiguous with in's shape; T is the element type of both.
 template <typename T, typename U = T, typename F>
 void map_unary(const Tensor& in, Tensor& out, F f) {

@@ -31,6 +31,14 @@ class CudaBackend final : public ::memtrain::detail::Backend {
                          const Tensor& weight, const Tensor& rstd) const override;
 
   // ---- elementwise, reductions, selection (src/ops/binary.cpp, unary.cpp, reduce.cpp, select.cpp) ----
+  void unary(const Tensor& out, const Tensor& a, UnaryOp op, double p0, double p1) const override;
+  void binary(const Tensor& out, const Tensor& a, const Tensor& b, BinaryOp op, double p0,
+              double p1) const override;
+  void sum(const Tensor& out, const Tensor& a) const override;
+  void max(const Tensor& values, const Tensor& indices, const Tensor& a, std::int64_t dim) const override;
+  void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) const override;
+  void compare_scalar(const Tensor& out, const Tensor& a, CompareOp op, double s) const override;
+  void eq(const Tensor& out, const Tensor& a, const Tensor& b) const override;
 
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
 

@@ -9,8 +9,10 @@
 // are looped here over the outermost dims, one launch per index.
 #include "memtrain/cuda/elementwise.h"
 
-#include "memtrain/core/error.h"
+#include "cuda/cuda_backend_entries.h"
 #include "cuda/cuda_common.h"
+#include "memtrain/core/error.h"
+#include "memtrain/cuda/nn.h"
 #include "kernels/elementwise_broadcast.cuh"
 
 #include <array>
@@ -285,6 +287,113 @@ void eq(void* out, const void* a, const std::int64_t* a_strides, const void* b, 
            return launch_elementwise_eq(type, reinterpret_cast<std::uint8_t*>(o), in[0], in[1], layout, n,
                                         launch_stream());
          });
+}
+
+}  // namespace memtrain::cuda
+
+// ---- the CUDA backend's elementwise entries (src/core/backend.h) ----
+
+namespace memtrain::cuda {
+
+namespace {
+
+using CoreUnary = ::memtrain::detail::Backend::UnaryOp;
+using CoreBinary = ::memtrain::detail::Backend::BinaryOp;
+
+// The contract's op enums list the kernels' ops in the same order (memtrain/cuda/elementwise.h is public
+// and cannot name the backend's header), so an op converts by value.
+static_assert(static_cast<int>(CoreUnary::clamp) == static_cast<int>(UnaryOp::clamp) &&
+              static_cast<int>(CoreUnary::gelu_tanh) == static_cast<int>(UnaryOp::gelu_tanh) &&
+              static_cast<int>(CoreUnary::add_scalar) == static_cast<int>(UnaryOp::add_scalar));
+static_assert(static_cast<int>(CoreBinary::silu_backward) == static_cast<int>(BinaryOp::silu_backward) &&
+              static_cast<int>(CoreBinary::gelu_tanh_backward) == static_cast<int>(BinaryOp::gelu_tanh_backward) &&
+              static_cast<int>(CoreBinary::add) == static_cast<int>(BinaryOp::add));
+
+// The kernels take f32, f64, f16 and bf16 as stored; other float dtypes (fp8) are widened to f32 on the
+// device and the result rounded back, which is what the CPU computes too.
+bool native_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
+
+// The fused gelu kernels of memtrain/cuda/nn.h take contiguous f32, bf16 or f16.
+bool gelu_fused(const Tensor& t) {
+  return (t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16) && t.is_contiguous();
+}
+
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  const std::size_t n = shape.size(), r = static_cast<std::size_t>(t.dim());
+  Shape strides(n, 0);
+  for (std::size_t i = 0; i < r; ++i) strides[n - r + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return strides;
+}
+
+// Operands of a comparison: f32/f64/f16/bf16, integers and bool as stored; fp8 widened to f32 first
+// (exact, as on the CPU).
+Tensor comparable(const Tensor& t) {
+  return is_floating(t.dtype()) && !native_float(t.dtype()) ? t.detach().to(DType::f32) : t.detach();
+}
+
+// Where a kernel writes `out`: out itself when contiguous in a native dtype, else a contiguous buffer in
+// `dtype` that finish() copies into out.
+Tensor kernel_result(const Tensor& out, DType dtype) {
+  return out.is_contiguous() && out.dtype() == dtype ? out : Tensor::empty(out.shape(), dtype, out.device());
+}
+void finish(const Tensor& out, const Tensor& computed) {
+  if (computed.data_ptr() != out.data_ptr()) Tensor(out).copy_(computed);
+}
+
+}  // namespace
+
+void CudaBackend::unary(const Tensor& out, const Tensor& a, CoreUnary op, double p0, double p1) const {
+  const DType dtype = native_float(a.dtype()) ? a.dtype() : DType::f32;
+  const Tensor x = dtype == a.dtype() ? a.detach() : a.detach().to(dtype);
+  const Tensor y = kernel_result(out, dtype);
+  if (op == CoreUnary::gelu_tanh && gelu_fused(x)) {
+    gelu_tanh_forward(y.data_ptr(), x.data_ptr(), dtype, static_cast<std::size_t>(x.numel()), x.device().index);
+  } else {
+    elementwise_unary(static_cast<cuda::UnaryOp>(op), y.data_ptr(), x.data_ptr(), x.strides().data(), x.shape().data(),
+                      static_cast<int>(x.dim()), dtype, p0, p1, x.device().index);
+  }
+  finish(out, y);
+}
+
+void CudaBackend::binary(const Tensor& out, const Tensor& a, const Tensor& b, CoreBinary op, double p0,
+                         double p1) const {
+  const Shape& shape = out.shape();
+  const DType dtype = native_float(a.dtype()) ? a.dtype() : DType::f32;
+  const Tensor x = dtype == a.dtype() ? a.detach() : a.detach().to(dtype);
+  const Tensor z = dtype == b.dtype() ? b.detach() : b.detach().to(dtype);
+  const Tensor y = kernel_result(out, dtype);
+  if (op == CoreBinary::gelu_tanh_backward && x.shape() == shape && z.shape() == shape && gelu_fused(x) &&
+      gelu_fused(z)) {
+    gelu_tanh_backward(y.data_ptr(), x.data_ptr(), z.data_ptr(), dtype, static_cast<std::size_t>(z.numel()),
+                       z.device().index);
+  } else {
+    const Shape xs = broadcast_strides(x, shape), zs = broadcast_strides(z, shape);
+    elementwise_binary(static_cast<cuda::BinaryOp>(op), y.data_ptr(), x.data_ptr(), xs.data(), z.data_ptr(), zs.data(),
+                       shape.data(), static_cast<int>(shape.size()), dtype, p0, p1, x.device().index);
+  }
+  finish(out, y);
+}
+
+void CudaBackend::where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) const {
+  const Shape& shape = out.shape();
+  const Shape cs = broadcast_strides(cond, shape), as = broadcast_strides(a, shape), bs = broadcast_strides(b, shape);
+  cuda::where(out.data_ptr(), cond.data_ptr(), cs.data(), a.data_ptr(), as.data(), b.data_ptr(), bs.data(),
+              shape.data(), static_cast<int>(shape.size()), a.element_size(), a.device().index);
+}
+
+void CudaBackend::compare_scalar(const Tensor& out, const Tensor& a, CompareOp op, double s) const {
+  const Tensor x = comparable(a);
+  cuda::compare_scalar(op == CompareOp::gt ? cuda::CompareOp::gt : cuda::CompareOp::lt, out.data_ptr(), x.data_ptr(),
+                       x.strides().data(), x.shape().data(), static_cast<int>(x.dim()), x.dtype(), s,
+                       x.device().index);
+}
+
+void CudaBackend::eq(const Tensor& out, const Tensor& a, const Tensor& b) const {
+  const Shape& shape = out.shape();
+  const Tensor x = comparable(a), z = comparable(b);
+  const Shape xs = broadcast_strides(x, shape), zs = broadcast_strides(z, shape);
+  cuda::eq(out.data_ptr(), x.data_ptr(), xs.data(), z.data_ptr(), zs.data(), shape.data(),
+           static_cast<int>(shape.size()), x.dtype(), a.device().index);
 }
 
 }  // namespace memtrain::cuda

@@ -7,15 +7,18 @@
 // later on the same stream, and cudaFree (empty_cache) waits for the device (see cuda_nn.cpp).
 #include "memtrain/cuda/reduce.h"
 
+#include "cuda/cuda_backend_entries.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 #include "cuda/cuda_common.h"
 #include "kernels/reduce_dims.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <vector>
 
 namespace memtrain::cuda {
 
@@ -116,6 +119,62 @@ void max_dim(const void* src, void* values, std::int64_t* indices, DType dtype, 
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_max_dim, src, *float_format(dtype), values, indices, outer, reduce, inner, launch_stream());
+}
+
+}  // namespace memtrain::cuda
+
+// ---- the CUDA backend's reduction entries (src/core/backend.h) ----
+
+namespace memtrain::cuda {
+
+// `a` as a contiguous [outer, reduce, inner] array for sum_dim. A contiguous input whose reduced dims
+// (out's size-1 dims, ignoring a's size-1 dims) are adjacent is used in place; otherwise the kept dims are
+// moved first and the reduced dims last in one strided copy (reduce = their product, inner = 1).
+void CudaBackend::sum(const Tensor& out, const Tensor& a) const {
+  const Shape& s = a.shape();
+  const std::size_t rank = s.size();
+  std::vector<bool> mask(rank);
+  for (std::size_t i = 0; i < rank; ++i) mask[i] = out.shape()[i] == 1;
+  std::size_t first = rank, last = 0;  // the first and last reduced dims of size != 1
+  for (std::size_t i = 0; i < rank; ++i) {
+    if (mask[i] && s[i] != 1) {
+      first = std::min(first, i);
+      last = i;
+    }
+  }
+  bool in_place = a.is_contiguous();
+  for (std::size_t i = first; in_place && i < last; ++i) in_place = mask[i] || s[i] == 1;
+  Tensor x = a.detach();
+  std::int64_t outer = 1, reduce = 1, inner = 1;
+  if (in_place) {  // (when nothing of size > 1 is reduced, first == rank: all outer, a copy)
+    for (std::size_t i = 0; i < rank; ++i) (i < first ? outer : i <= last ? reduce : inner) *= s[i];
+  } else {
+    Shape perm;
+    for (std::size_t i = 0; i < rank; ++i)
+      if (!mask[i]) perm.push_back(static_cast<std::int64_t>(i));
+    for (std::size_t i = 0; i < rank; ++i)
+      if (mask[i]) perm.push_back(static_cast<std::int64_t>(i));
+    CategoryGuard category(MemoryCategory::workspace);  // freed when this returns
+    x = x.permute(perm).contiguous();
+    outer = out.numel();
+    reduce = outer == 0 ? 0 : a.numel() / outer;
+  }
+  sum_dim(x.numel() == 0 ? nullptr : x.data_ptr(), out.data_ptr(), a.dtype(), outer, reduce, inner,
+          a.device().index);
+}
+
+// A contiguous copy (when needed) viewed as [outer, n, inner] for max_dim.
+void CudaBackend::max(const Tensor& values, const Tensor& indices, const Tensor& a, std::int64_t dim) const {
+  if (indices.numel() == 0) return;  // another dim is empty: nothing to compute
+  Tensor x = a.detach();
+  if (!x.is_contiguous()) {
+    CategoryGuard category(MemoryCategory::workspace);  // freed when this returns
+    x = x.contiguous();
+  }
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t k = 0; k < a.dim(); ++k) (k < dim ? outer : inner) *= k == dim ? 1 : a.shape()[k];
+  max_dim(x.data_ptr(), values.defined() ? values.data_ptr() : nullptr, indices.data<std::int64_t>(), a.dtype(), outer,
+          a.shape()[dim], inner, a.device().index);
 }
 
 }  // namespace memtrain::cuda

@@ -2,7 +2,6 @@
 // Backward rules sum each gradient back to its input's shape (sum_to undoes the broadcast).
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
-#include "memtrain/cuda/elementwise.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "ops/elementwise_common.h"
@@ -15,17 +14,11 @@ using autograd::SavedTensor;
 using detail::binary_kernel;
 using detail::unary_kernel;
 
-namespace {
-
-using detail::CudaBinary;
-using detail::CudaUnary;
-using BOp = cuda::BinaryOp;
-using UOp = cuda::UnaryOp;
-
-}  // namespace
+using BOp = detail::BinaryOp;
+using UOp = detail::UnaryOp;
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_kernel("add", a, b, CudaBinary{BOp::add}, [](auto x, auto y) { return x + y; });
+  Tensor out = binary_kernel("add", a, b, BOp::add);
   if (needs_grad({&a, &b})) {
     record("add", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{sum_to(g[0], sa), sum_to(g[0], sb)};
@@ -35,7 +28,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_kernel("sub", a, b, CudaBinary{BOp::sub}, [](auto x, auto y) { return x - y; });
+  Tensor out = binary_kernel("sub", a, b, BOp::sub);
   if (needs_grad({&a, &b})) {
     record("sub", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
@@ -45,7 +38,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_kernel("mul", a, b, CudaBinary{BOp::mul}, [](auto x, auto y) { return x * y; });
+  Tensor out = binary_kernel("mul", a, b, BOp::mul);
   if (needs_grad({&a, &b})) {
     // Save only what each gradient needs: dA needs B, dB needs A.
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
@@ -59,7 +52,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_kernel("div", a, b, CudaBinary{BOp::div}, [](auto x, auto y) { return x / y; });
+  Tensor out = binary_kernel("div", a, b, BOp::div);
   if (needs_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(b);
     record("div", {a, b}, {out}, [sa, sb, sha = a.shape(), shb = b.shape()](const std::vector<Tensor>& g) {
@@ -74,8 +67,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, double s) {
-  Tensor out = unary_kernel("add", a, CudaUnary{UOp::add_scalar, s},
-                            [s](auto x) { return x + static_cast<decltype(x)>(s); });
+  Tensor out = unary_kernel("add", a, UOp::add_scalar, s);
   if (needs_grad({&a})) record("add_scalar", {a}, {out}, [](const std::vector<Tensor>& g) { return g; });
   return out;
 }
@@ -85,8 +77,7 @@ Tensor sub(const Tensor& a, double s) { return add(a, -s); }
 Tensor rsub(double s, const Tensor& a) { return add(neg(a), s); }
 
 Tensor mul(const Tensor& a, double s) {
-  Tensor out = unary_kernel("mul", a, CudaUnary{UOp::mul_scalar, s},
-                            [s](auto x) { return x * static_cast<decltype(x)>(s); });
+  Tensor out = unary_kernel("mul", a, UOp::mul_scalar, s);
   if (needs_grad({&a})) {
     record("mul_scalar", {a}, {out}, [s](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], s)}; });
   }
@@ -96,8 +87,7 @@ Tensor mul(const Tensor& a, double s) {
 Tensor div(const Tensor& a, double s) { return mul(a, 1.0 / s); }
 
 Tensor rdiv(double s, const Tensor& a) {
-  Tensor out = unary_kernel("rdiv", a, CudaUnary{UOp::rdiv_scalar, s},
-                            [s](auto x) { return static_cast<decltype(x)>(s) / x; });
+  Tensor out = unary_kernel("rdiv", a, UOp::rdiv_scalar, s);
   if (needs_grad({&a})) {
     SavedTensor sa(a);
     record("rdiv", {a}, {out}, [sa, s](const std::vector<Tensor>& g) {
@@ -109,7 +99,7 @@ Tensor rdiv(double s, const Tensor& a) {
 }
 
 Tensor neg(const Tensor& a) {
-  Tensor out = unary_kernel("neg", a, CudaUnary{UOp::neg}, [](auto x) { return -x; });
+  Tensor out = unary_kernel("neg", a, UOp::neg);
   if (needs_grad({&a})) {
     record("neg", {a}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
   }
@@ -121,42 +111,17 @@ Tensor& add_(Tensor& self, const Tensor& other) {
   const Shape shape = detail::broadcast_shapes("add_", self.shape(), other.shape());
   MT_CHECK(shape == self.shape(), "add_", "cannot add {} into {} in place", shape_str(other.shape()),
            shape_str(self.shape()));
-  if (self.device().is_cuda()) {
-    detail::check_floating("add_", self);
-    if (!self.is_contiguous() || !detail::cuda_native_float(self.dtype())) {
-      return self.copy_(detail::cuda_binary(self.detach(), other.detach(), shape, CudaBinary{BOp::add}));
-    }
-    // In place: the kernel reads self[i] and writes it from the same thread. An `other` sharing self's
-    // memory in another layout would race with those writes, so it is read from a copy.
-    const Tensor o = other.shares_storage_with(self) ? other.detach().clone() : other.detach();
-    const Shape os = detail::broadcast_strides(o, shape);
-    cuda::elementwise_binary(BOp::add, self.data_ptr(), self.data_ptr(), self.strides().data(), o.data_ptr(), os.data(),
-                             shape.data(), static_cast<int>(shape.size()), self.dtype(), 0.0, 0.0,
-                             self.device().index);
-    return self;
-  }
-  if (self.is_contiguous() && detail::compute_dtype(self.dtype()) == self.dtype()) {
-    detail::dispatch_compute("add_", self.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      cpu::map_binary<T>(self.data<T>(), self.strides(), other.data<T>(), detail::broadcast_strides(other, shape),
-                         self.data<T>(), shape, [](T x, T y) { return x + y; });
-    });
-    return self;
-  }
-  self.copy_(binary_kernel("add_", self.detach(), other.detach(), CudaBinary{BOp::add},
-                           [](auto x, auto y) { return x + y; }));
+  detail::check_floating("add_", self);
+  // In place: each element of self is read and written by one thread. An `other` sharing self's memory
+  // would race with those writes, so it is read from a copy.
+  const Tensor o = other.shares_storage_with(self) ? other.detach().clone() : other.detach();
+  ::memtrain::detail::backend_for(self.device()).binary(self, self.detach(), o, BOp::add, 0.0, 0.0);
   return self;
 }
 
 Tensor& mul_(Tensor& self, double s) {
-  if (self.device().is_cuda() && self.is_contiguous() && detail::cuda_native_float(self.dtype())) {
-    cuda::elementwise_unary(UOp::mul_scalar, self.data_ptr(), self.data_ptr(), self.strides().data(),
-                            self.shape().data(), static_cast<int>(self.dim()), self.dtype(), s, 0.0,
-                            self.device().index);
-    return self;
-  }
-  self.copy_(unary_kernel("mul_", self.detach(), CudaUnary{UOp::mul_scalar, s},
-                          [s](auto x) { return x * static_cast<decltype(x)>(s); }));
+  detail::check_floating("mul_", self);
+  ::memtrain::detail::backend_for(self.device()).unary(self, self.detach(), UOp::mul_scalar, s, 0.0);
   return self;
 }
 

@@ -3,13 +3,11 @@
 
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
-#include "memtrain/core/allocator.h"
-#include "memtrain/cuda/reduce.h"
+#include "core/backend.h"
 #include "memtrain/ops/elementwise.h"
-#include "ops/elementwise_common.h"
+#include "ops/op_utils.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace memtrain::ops {
 
@@ -52,130 +50,23 @@ Shape drop_reduced(const Shape& keep, const std::vector<bool>& mask) {
   return s;
 }
 
-// Sums into a float64 buffer (exact enough for any f32 input size) shaped like `keep`.
-Tensor sum_kernel(const Tensor& a, const Shape& keep) {
-  const Tensor x = detail::to_compute(a);
-  Tensor acc = zeros(keep, DType::f64);
-  const Shape acc_strides = detail::broadcast_strides(acc, a.shape());
-  double* o = acc.data<double>();
-  detail::dispatch_compute("sum", x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* p = x.data<T>();
-    cpu::for_each_run<2>(a.shape(), {&x.strides(), &acc_strides}, [&](auto off, std::int64_t n, auto inner) {
-      if (inner[1] == 0) {
-        double s = 0;
-        for (std::int64_t j = 0; j < n; ++j) s += static_cast<double>(p[off[0] + j * inner[0]]);
-        o[off[1]] += s;
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) o[off[1] + j * inner[1]] += static_cast<double>(p[off[0] + j * inner[0]]);
-      }
-    });
-  });
-  return acc.to(a.dtype());
-}
-
-// The CUDA sum: `a` as a contiguous [outer, reduce, inner] array for cuda::sum_dim. A contiguous input
-// whose reduced dims (ignoring size-1 dims) are adjacent is used in place; otherwise the kept dims are
-// moved first and the reduced dims last in one strided copy (reduce = their product, inner = 1).
-Tensor sum_cuda(const Tensor& a, const std::vector<bool>& mask, const Shape& keep) {
-  Tensor out = Tensor::empty(keep, a.dtype(), a.device());
-  const Shape& s = a.shape();
-  const std::size_t rank = s.size();
-  std::size_t first = rank, last = 0;  // the first and last reduced dims of size != 1
-  for (std::size_t i = 0; i < rank; ++i) {
-    if (mask[i] && s[i] != 1) {
-      first = std::min(first, i);
-      last = i;
-    }
-  }
-  bool in_place = a.is_contiguous();
-  for (std::size_t i = first; in_place && i < last; ++i) in_place = mask[i] || s[i] == 1;
-  Tensor x = a.detach();
-  std::int64_t outer = 1, reduce = 1, inner = 1;
-  if (in_place) {  // (when nothing of size > 1 is reduced, first == rank: all outer, a copy)
-    for (std::size_t i = 0; i < rank; ++i) (i < first ? outer : i <= last ? reduce : inner) *= s[i];
-  } else {
-    Shape perm;
-    for (std::size_t i = 0; i < rank; ++i)
-      if (!mask[i]) perm.push_back(static_cast<std::int64_t>(i));
-    for (std::size_t i = 0; i < rank; ++i)
-      if (mask[i]) perm.push_back(static_cast<std::int64_t>(i));
-    CategoryGuard category(MemoryCategory::workspace);  // freed when this returns
-    x = x.permute(perm).contiguous();
-    outer = out.numel();
-    reduce = outer == 0 ? 0 : a.numel() / outer;
-  }
-  cuda::sum_dim(x.numel() == 0 ? nullptr : x.data_ptr(), out.data_ptr(), a.dtype(), outer, reduce, inner,
-                a.device().index);
-  return out;
-}
-
-// Values (a's dtype) and i64 positions of the first maximum along dim d, both shaped like `a` with dim d
-// set to 1. NaN counts as larger than any number, so a NaN in a row propagates (as in PyTorch).
+// Values (a's dtype; undefined unless wanted) and i64 positions of the first maximum along dim d, both
+// shaped like `a` with dim d set to 1. NaN counts as larger than any number, so a NaN in a row propagates
+// (as in PyTorch).
 struct MaxResult {
   Tensor values;
   Tensor indices;
 };
-
-// On CUDA: a contiguous copy (when needed) viewed as [outer, n, inner] for cuda::max_dim; `values` may be
-// skipped (argmax).
-MaxResult max_cuda(const Tensor& a, std::int64_t d, const Shape& keep, bool want_values) {
-  Tensor x = a;
-  if (!x.is_contiguous()) {
-    CategoryGuard category(MemoryCategory::workspace);  // freed when this returns
-    x = x.contiguous();
-  }
-  std::int64_t outer = 1, inner = 1;
-  for (std::int64_t k = 0; k < a.dim(); ++k) (k < d ? outer : inner) *= k == d ? 1 : a.shape()[k];
-  MaxResult r;
-  if (want_values) r.values = Tensor::empty(keep, a.dtype(), a.device());
-  r.indices = Tensor::empty(keep, DType::i64, a.device());
-  if (r.indices.numel() == 0) return r;  // another dim is empty: nothing to compute
-  cuda::max_dim(x.data_ptr(), want_values ? r.values.data_ptr() : nullptr, r.indices.data<std::int64_t>(), a.dtype(),
-                outer, a.shape()[d], inner, a.device().index);
-  return r;
-}
 
 MaxResult max_kernel(const char* op, const Tensor& a, std::int64_t d, bool want_values = true) {
   const std::int64_t n = a.shape()[d];
   MT_CHECK(n > 0, op, "cannot reduce over dimension {} of size 0 (input {})", d, shape_str(a.shape()));
   Shape keep = a.shape();
   keep[d] = 1;
-  if (a.device().is_cuda()) return max_cuda(a, d, keep, want_values);
-  detail::check_cpu(op, a);
-  const Tensor x = detail::to_compute(a);
-  Tensor values = Tensor::empty(keep, x.dtype());
-  Tensor indices = Tensor::empty(keep, DType::i64);
-  const Shape& xs = x.strides();
-  const std::int64_t step = xs[d], rank = a.dim(), count = shape_numel(keep);
-  std::int64_t* idx = indices.data<std::int64_t>();
-  detail::dispatch_compute(op, x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* p = x.data<T>();
-    T* val = values.data<T>();
-    // One output per iteration; its input offset is unravelled from the flat index (rank ops, cheap next to
-    // the n-element scan), which lets the rows run in parallel.
-#pragma omp parallel for if (count * n > cpu::kParallelGrain)
-    for (std::int64_t i = 0; i < count; ++i) {
-      std::int64_t rest = i, base = 0;
-      for (std::int64_t k = rank - 1; k >= 0; --k) {
-        base += (rest % keep[k]) * xs[k];
-        rest /= keep[k];
-      }
-      T best = p[base];
-      std::int64_t best_j = 0;
-      for (std::int64_t j = 1; j < n && !std::isnan(best); ++j) {
-        const T v = p[base + j * step];
-        if (v > best || std::isnan(v)) {
-          best = v;
-          best_j = j;
-        }
-      }
-      val[i] = best;
-      idx[i] = best_j;
-    }
-  });
-  return {values.to(a.dtype()), indices};
+  MaxResult r{want_values ? Tensor::empty(keep, a.dtype(), a.device()) : Tensor(),
+              Tensor::empty(keep, DType::i64, a.device())};
+  ::memtrain::detail::backend_for(a.device()).max(r.values, r.indices, a, d);
+  return r;
 }
 
 }  // namespace
@@ -184,13 +75,8 @@ Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
   detail::check_floating("sum", a);
   const std::vector<bool> mask = reduced_mask("sum", a, dims);
   const Shape keep = keepdim_shape(a, mask);
-  Tensor out;
-  if (a.device().is_cuda()) {
-    out = sum_cuda(a, mask, keep);
-  } else {
-    detail::check_cpu("sum", a);
-    out = sum_kernel(a, keep);
-  }
+  Tensor out = Tensor::empty(keep, a.dtype(), a.device());
+  ::memtrain::detail::backend_for(a.device()).sum(out, a.detach());
   if (!keepdim) out = out.view(drop_reduced(keep, mask));
   if (needs_grad({&a})) {
     record("sum", {a}, {out}, [keep, in_shape = a.shape()](const std::vector<Tensor>& g) {
