@@ -34,6 +34,8 @@ class Backend {
   virtual ~Backend() = default;
 
   // ---- memory and tensor core ----
+  // Devices of this kind on this machine (indices 0..n-1); the CPU and meta have one.
+  virtual int device_count() const { return 1; }
   // Where the device's bytes come from (one source per device index; the Allocator owns it).
   virtual std::unique_ptr<MemorySource> make_memory_source(int index) const = 0;
   // dst[...] = value over any view. value converts like cpu::write_from_double.
@@ -134,8 +136,8 @@ class Backend {
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };
 
-// The backend of a device kind; throws naming the device and why when none can serve it (a build
-// without CUDA, no usable GPU).
+// The backend of a device; throws naming the device and why when none can serve it (a build without CUDA,
+// no usable GPU, an index past the machine's devices).
 const Backend& backend_for(Device device);
 
 }  // namespace memtrain::detail

@@ -14,7 +14,7 @@ const Backend& meta_backend();  // src/meta/meta_backend.cpp
 const Backend* cuda_backend(std::string& why);  // src/cuda/cuda_tensor_backend.cpp
 #endif
 
-const Backend& backend_for(Device device) {
+static const Backend& backend_of_kind(Device device) {
   switch (device.type) {
     case DeviceType::cpu: return cpu_backend();
     case DeviceType::meta: return meta_backend();
@@ -29,6 +29,13 @@ const Backend& backend_for(Device device) {
     }
   }
   throw_error(device.str(), "unknown device kind");
+}
+
+const Backend& backend_for(Device device) {
+  const Backend& backend = backend_of_kind(device);
+  MT_CHECK(device.index >= 0 && device.index < backend.device_count(), device.str(),
+           "no such device: this machine has {} of this kind", backend.device_count());
+  return backend;
 }
 
 }  // namespace memtrain::detail

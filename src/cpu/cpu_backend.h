@@ -1,6 +1,6 @@
 // The CPU backend (the contract of src/core/backend.h): the reference every other backend is tested
-// against. Its entries are defined beside their kernels (cpu_backend.cpp: memory and the tensor core;
-// norm.cpp: normalisation).
+// against. Its entries are defined beside their kernels: cpu_backend.cpp (memory, the tensor core),
+// norm.cpp (normalisation), elementwise.cpp, reduce.cpp and select.cpp.
 //
 // The meta backend derives from it and only turns runs_kernels() off: every entry allocates its
 // temporaries on the device of its operands and guards each kernel call with runs_kernels(), so a meta

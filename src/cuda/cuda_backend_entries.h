@@ -1,6 +1,6 @@
 // The CUDA backend object: the contract of src/core/backend.h over the raw launchers of src/cuda/ and
-// kernels/. Entries are defined beside their family's host code (cuda_tensor_backend.cpp: memory, the
-// tensor core, normalisation). Each entry checks what its kernels cannot take (dtype set, one dtype for
+// kernels/. Entries are defined beside their family's host code: cuda_tensor_backend.cpp (memory, the
+// tensor core, normalisation), cuda_elementwise.cpp (elementwise, selection), cuda_reduce.cpp. Each entry checks what its kernels cannot take (dtype set, one dtype for
 // every operand, contiguity), naming the op, then launches on the device's current stream.
 #pragma once
 
@@ -13,6 +13,7 @@ namespace memtrain::cuda {
 
 class CudaBackend final : public ::memtrain::detail::Backend {
  public:
+  int device_count() const override;
   std::unique_ptr<MemorySource> make_memory_source(int index) const override;
   void fill(const Tensor& dst, double value) const override;
   void copy(const Tensor& dst, const Tensor& src) const override;

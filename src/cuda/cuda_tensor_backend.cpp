@@ -41,6 +41,8 @@ Tensor converted_on_device(const Tensor& t, DType dtype) {
 
 }  // namespace
 
+int CudaBackend::device_count() const { return cuda::device_count(); }
+
 std::unique_ptr<MemorySource> CudaBackend::make_memory_source(int index) const {
   return detail::make_cuda_memory_source(index);
 }

@@ -241,7 +241,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   out.write(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
     Tensor c = t.detach();
-    if (!c.device().is_cpu()) c = c.to(Device::cpu());
+    c = c.to(Device::cpu());  // no copy when it is there already
     if (!c.is_contiguous()) c = c.contiguous();
     MT_CHECK(c.nbytes() == t.nbytes(), kSave, "'{}': tensor '{}' changed size while saving", path, name);
     if (c.nbytes() > 0) out.write(c.data_ptr(), c.nbytes());

@@ -30,7 +30,7 @@ Tensor GPT::hidden(const Tensor& idx) const {
   MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
            config_.block_size);
   Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);            // (T)
-  if (!idx.device().is_cpu()) pos = pos.to(idx.device());                       // beside the token ids
+  pos = pos.to(idx.device());                                                   // beside the token ids
   Tensor x = drop_->forward(wte_->forward(idx) + wpe_->forward(pos));           // (B,T,C)
   const auto n = static_cast<std::int64_t>(h_.size());
   for (std::int64_t i = 0; i < n; ++i) {

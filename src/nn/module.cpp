@@ -3,7 +3,7 @@
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
+#include "core/backend.h"
 #include "memtrain/ops/elementwise.h"
 
 #include <fmt/format.h>
@@ -91,11 +91,10 @@ std::int64_t Module::num_parameters() const {
 }
 
 Module& Module::to(Device device) {
-  if (device.is_cuda()) {
-    MT_CHECK(cuda::is_available(), "Module::to", "cannot move the module to {}: CUDA is not usable here ({})",
-             device.str(), cuda::unavailable_reason());
-    MT_CHECK(device.index >= 0 && device.index < cuda::device_count(), "Module::to",
-             "cannot move the module to {}: this machine has {} CUDA device(s)", device.str(), cuda::device_count());
+  try {
+    (void)::memtrain::detail::backend_for(device);  // throws saying why the device cannot be used
+  } catch (const Error& e) {
+    MT_CHECK(false, "Module::to", "cannot move the module to {}: {}", device.str(), e.what());
   }
   // Every tensor once, even when registered under two names or as both (keyed by the shared TensorImpl).
   struct Move {
