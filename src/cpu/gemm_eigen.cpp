@@ -1,19 +1,7 @@
 // Eigen GEMM backend: row-major Eigen::Maps over the caller's buffers, so transposes and strides are read
 // in place. Eigen threads its GEMM with OpenMP (omp_get_max_threads) and runs serially when called inside
 // a parallel region, which the batch loop relies on.
-//
-// GCC 12 false positive, silenced for Eigen only: under -march=native Eigen's AVX-512 packet code inlines
-// intrinsics whose deliberately undefined registers (__Y, from _mm512_undefined_*) GCC's own
-// avx512fintrin.h then reports as "may be used uninitialized". GCC attributes the warning to the
-// intrinsic header's lines, so the pragma has to cover the include that first pulls it in.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "cpu/eigen.h"
 
 #include "cpu/gemm_impl.h"
 

@@ -8,20 +8,10 @@
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/cuda/optim.h"
 
-// GCC 12 false positive, silenced for Eigen only: under -march=native Eigen's AVX-512 packet code inlines
-// intrinsics whose deliberately undefined registers (__Y, from _mm512_undefined_*) GCC's own
-// avx512fintrin.h then reports as "may be used uninitialized". GCC attributes the warning to the
-// intrinsic header's lines, so the pragma has to cover the include that first pulls it in.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
+#include "cpu/eigen.h"
+
 #include <Eigen/QR>
 #include <Eigen/SVD>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <algorithm>
 #include <optional>
