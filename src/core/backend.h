@@ -66,6 +66,12 @@ class Backend {
   // ---- elementwise, reductions, selection (src/ops/binary.cpp, unary.cpp, reduce.cpp, select.cpp) ----
 
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
+  // out [batch..., m, n] = a [batch..., m, k] x b [batch..., k, n] or b [k, n] (shared by the batch); one dtype
+  // for a, b and out; a and b in any strides. Narrow dtypes accumulate in f32 and round once.
+  virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b) const = 0;
+  // out [N, out] = x [N, in] weight[out, in]^T + bias [out]; one dtype for all four; the bias is added to the
+  // product before it is rounded where the backend can (CPU: in the f32 accumulator).
+  virtual void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -36,6 +36,8 @@ class CpuBackend : public detail::Backend {
   // ---- elementwise, reductions, selection (src/ops/binary.cpp, unary.cpp, reduce.cpp, select.cpp) ----
 
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b) const override;
+  void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };
