@@ -72,6 +72,10 @@ class Backend {
   // out [N, out] = x [N, in] weight[out, in]^T + bias [out]; one dtype for all four; the bias is added to the
   // product before it is rounded where the backend can (CPU: in the f32 accumulator).
   virtual void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const = 0;
+  // out [..., C] (weight's dtype) = rows of weight [V, C] gathered by indices [...] (i32 or i64); dweight [V, C]
+  // = dout rows scattered by index (summed). Indices are range-checked where their data is (not on meta).
+  virtual void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const = 0;
+  virtual void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

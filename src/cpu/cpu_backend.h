@@ -38,6 +38,8 @@ class CpuBackend : public detail::Backend {
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b) const override;
   void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const override;
+  void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const override;
+  void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };
