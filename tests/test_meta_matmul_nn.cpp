@@ -171,5 +171,50 @@ TEST(MetaEmbedding, OutOfRangeIndicesAreCheckedOnlyWhereDataExists) {
   EXPECT_THROW(ops::embedding(zeros({5, 4}), full({3}, 9.0, DType::i64)), Error);
 }
 
+TEST(MetaSoftmax, MatchesCpuBytesForwardAndBackward) {
+  for (const DType dtype : kDtypes) {
+    for (const bool log : {false, true}) {
+      for (const std::int64_t dim : {-1, 1}) {
+        const std::string what = std::string(log ? "log_softmax " : "softmax ") + std::string(dtype_name(dtype)) +
+                                 " dim " + std::to_string(dim);
+        expect_same_footprint(what, [&](Device dev) {
+          CategoryGuard acts(MemoryCategory::activations);
+          Tensor x = randn({4, 6, 10}, dtype, dev).set_requires_grad(true);
+          // A transposed (non-contiguous) view: the kernel reads a contiguous copy.
+          const Tensor xt = x.transpose(0, 2);  // [10, 6, 4]
+          const Tensor y = log ? ops::log_softmax(xt, dim) : ops::softmax(xt, dim);
+          backward_ones(y, dev);
+          EXPECT_EQ(x.grad().dtype(), dtype);
+        });
+      }
+    }
+  }
+}
+
+TEST(MetaCrossEntropy, MatchesCpuBytesForwardAndBackward) {
+  for (const DType dtype : kDtypes) {
+    for (const ops::Reduction reduction : {ops::Reduction::mean, ops::Reduction::sum, ops::Reduction::none}) {
+      const std::string what = "cross_entropy " + std::string(dtype_name(dtype)) + " reduction " +
+                               std::to_string(static_cast<int>(reduction));
+      expect_same_footprint(what, [&](Device dev) {
+        CategoryGuard acts(MemoryCategory::activations);
+        Tensor logits = randn({9, 13}, dtype, dev).set_requires_grad(true);
+        const Tensor targets = full({2, 9}, 3.0, DType::i64, dev).select(0, 1);
+        const Tensor loss = ops::cross_entropy(logits, targets, reduction);
+        backward_ones(loss, dev);
+        EXPECT_EQ(logits.grad().dtype(), dtype);
+      });
+    }
+  }
+}
+
+TEST(MetaCrossEntropy, TargetsAreCheckedOnlyWhereDataExists) {
+  const Tensor logits = zeros({3, 4}, DType::f32, Device::meta());
+  // Meta targets read as zeros: no range error, every row counted, a loss that reads 0.
+  const Tensor loss = ops::cross_entropy(logits, full({3}, 7.0, DType::i64, Device::meta()));
+  EXPECT_EQ(loss.item(), 0.0);
+  EXPECT_THROW(ops::cross_entropy(zeros({3, 4}), full({3}, 7.0, DType::i64)), Error);
+}
+
 }  // namespace
 }  // namespace memtrain

@@ -76,6 +76,22 @@ class Backend {
   // = dout rows scattered by index (summed). Indices are range-checked where their data is (not on meta).
   virtual void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const = 0;
   virtual void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const = 0;
+  // softmax (log: log_softmax) of x over `dim`; out like x (contiguous). Backward: dx like out from the output
+  // gradient and the forward output.
+  virtual void softmax_forward(const Tensor& out, const Tensor& x, std::int64_t dim, bool log) const = 0;
+  virtual void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& out, std::int64_t dim,
+                                bool log) const = 0;
+  // Fused log-softmax + NLL over logits [N, V] with targets [N] (i32 or i64; ignore_index rows count 0). lse [N]
+  // in loss_stats_dtype. out [N] (logits' dtype): the per-row losses; out []: their sum in double, divided by
+  // the count of non-ignored targets when `mean` (NaN when that is 0). Returns that count (meta: the targets
+  // read as zeros). Targets are range-checked where their data is. Backward: dlogits like logits from dloss
+  // ([N] when per_row, else [] divided by `divisor`).
+  virtual DType loss_stats_dtype(DType logits) const = 0;
+  virtual std::int64_t cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits,
+                                             const Tensor& targets, std::int64_t ignore_index, bool mean) const = 0;
+  virtual void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                                      const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
+                                      bool per_row, std::int64_t divisor) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -40,6 +40,15 @@ class CpuBackend : public detail::Backend {
   void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const override;
   void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const override;
   void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const override;
+  void softmax_forward(const Tensor& out, const Tensor& x, std::int64_t dim, bool log) const override;
+  void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& out, std::int64_t dim,
+                        bool log) const override;
+  DType loss_stats_dtype(DType logits) const override;
+  std::int64_t cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits, const Tensor& targets,
+                                     std::int64_t ignore_index, bool mean) const override;
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                              const Tensor& lse, std::int64_t ignore_index, bool per_row,
+                              std::int64_t divisor) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -7,10 +7,22 @@
 #include "ops/nn_common.h"
 
 #include <cstdint>
+#include <limits>
 
 namespace memtrain::cuda {
 
 namespace nd = ::memtrain::ops::detail;
+
+namespace {
+
+// Rows of a contiguous array reduced over its last dim: the product of the other dims (1 for a scalar).
+std::int64_t rows_of(const Tensor& t) {
+  std::int64_t n = 1;
+  for (std::int64_t d = 0; d + 1 < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+}  // namespace
 
 // ---- embedding ----
 
@@ -35,6 +47,117 @@ void CudaBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, 
   fill(dweight, 0.0);  // the kernel accumulates into it
   cuda::embedding_backward(dweight.data_ptr(), dout.data_ptr(), indices.data_ptr(), dweight.dtype(), indices.dtype(),
                            indices.numel(), dweight.size(0), dweight.size(1), dout.device().index);
+}
+
+// ---- softmax ----
+
+// The kernels reduce over the last dim of a contiguous array: another dim (or a strided operand) is first
+// moved there by a transposed copy, and the result moved back into place.
+void CudaBackend::softmax_forward(const Tensor& out, const Tensor& x, std::int64_t dim, bool log) const {
+  const char* op = log ? "log_softmax" : "softmax";
+  const std::int64_t last = x.dim() - 1;
+  const bool moved = x.dim() > 0 && (dim != last || !x.is_contiguous());
+  const Tensor xt = moved ? x.detach().transpose(dim, last).contiguous() : x;
+  nd::check_cuda_data(op, "input", xt);
+  const Tensor y = moved ? Tensor::empty(xt.shape(), xt.dtype(), xt.device()) : out;
+  const std::int64_t C = xt.dim() == 0 ? 1 : xt.size(-1), N = rows_of(xt);
+  if (log) {
+    cuda::log_softmax_forward(y.data_ptr(), xt.data_ptr(), xt.dtype(), N, C, xt.device().index);
+  } else {
+    cuda::softmax_forward(y.data_ptr(), xt.data_ptr(), xt.dtype(), N, C, xt.device().index);
+  }
+  if (moved) copy(out, y.transpose(dim, last));
+}
+
+void CudaBackend::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& out, std::int64_t dim,
+                                   bool log) const {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  nd::check_cuda_same_dtype(op, "output gradient", dout, "output", out);
+  const std::int64_t last = out.dim() - 1;
+  const bool moved = out.dim() > 0 && dim != last;
+  const Tensor y = moved ? out.detach().transpose(dim, last).contiguous() : out;
+  // The gradient may arrive as a strided view: the kernel reads it packed.
+  const Tensor g = moved ? dout.detach().transpose(dim, last).contiguous() : dout.contiguous();
+  nd::check_cuda_data(op, "output gradient", g);
+  const Tensor d = moved ? Tensor::empty(y.shape(), y.dtype(), y.device()) : dx;
+  const std::int64_t C = y.dim() == 0 ? 1 : y.size(-1), N = rows_of(y);
+  if (log) {
+    cuda::log_softmax_backward(d.data_ptr(), g.data_ptr(), y.data_ptr(), y.dtype(), N, C, y.device().index);
+  } else {
+    cuda::softmax_backward(d.data_ptr(), g.data_ptr(), y.data_ptr(), y.dtype(), N, C, y.device().index);
+  }
+  if (moved) copy(dx, d.transpose(dim, last));
+}
+
+// ---- cross_entropy ----
+
+// The per-row losses and lse are f32; the targets (and, for a scalar result, the [N] losses) are copied to the
+// host, where they are range-checked, counted and summed in double exactly like the CPU path.
+DType CudaBackend::loss_stats_dtype(DType) const { return DType::f32; }
+
+std::int64_t CudaBackend::cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits,
+                                                const Tensor& targets, std::int64_t ignore_index, bool mean) const {
+  const char* op = "cross_entropy";
+  nd::check_cuda_data(op, "logits", logits);
+  const std::int64_t N = logits.size(0), V = logits.size(1);
+  const Tensor t = targets.detach();
+  const Tensor t_host = nd::index_to_host(op, "targets", t);  // checks t is contiguous
+  std::int64_t count = 0;
+  nd::dispatch_index(t_host.dtype(), [&](auto izero) {
+    using I = decltype(izero);
+    const I* tp = t_host.data<I>();
+    nd::check_index_range(op, "target", tp, N, V, true, ignore_index, targets.shape());
+    for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
+  });
+  const bool per_row = out.dim() == 1;
+  const Tensor losses =
+      per_row && out.dtype() == DType::f32 ? out : Tensor::empty({N}, DType::f32, logits.device());
+  cuda::cross_entropy_forward(losses.data<float>(), lse.data<float>(), logits.data_ptr(), logits.dtype(), t.data_ptr(),
+                              t.dtype(), N, V, ignore_index, logits.device().index);
+  if (per_row) {
+    if (!losses.shares_storage_with(out)) copy(out, nd::convert_via_host(losses, out.dtype()));
+    return count;
+  }
+  // Summed in double on the host, in row order (a copy of [N] floats from the device).
+  const Tensor host = losses.to(Device::cpu());
+  double total = 0;
+  for (std::int64_t i = 0; i < N; ++i) total += static_cast<double>(host.data<float>()[i]);
+  fill(out, !mean ? total : count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN());
+  return count;
+}
+
+// The loss gradient becomes the f32 dloss vector (stride 1) or scale (stride 0) the kernel reads; for a scalar
+// loss the scale is formed on the host in f32, as the CPU path does.
+void CudaBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                                         const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
+                                         bool per_row, std::int64_t divisor) const {
+  const char* op = "cross_entropy_backward";
+  const Tensor& g = dloss;
+  const Device dev = logits.device();
+  const std::int64_t N = logits.size(0), V = logits.size(1);
+  Tensor dl;  // f32 on dev
+  std::int64_t stride = 0;
+  if (per_row) {
+    MT_CHECK(g.dim() == 1 && g.size(0) == N, op, "loss gradient {} does not match {} rows", shape_str(g.shape()), N);
+    if (g.dtype() == DType::f32) {
+      dl = g;  // any stride: the kernel reads dloss[n * stride]
+      stride = N > 1 ? g.stride(0) : 0;
+    } else if (N > 0 && g.stride(0) == 0) {  // an expanded scalar, e.g. from sum()'s backward
+      dl = full({1}, static_cast<double>(static_cast<float>(g.detach().select(0, 0).item())), DType::f32, dev);
+    } else {
+      MT_CHECK(g.is_contiguous(), op, "a non-contiguous {} loss gradient {} with strides {} on {} is not supported yet",
+               dtype_name(g.dtype()), shape_str(g.shape()), shape_str(g.strides()), dev.str());
+      dl = nd::convert_via_host(g, DType::f32);
+      stride = 1;
+    }
+  } else {
+    MT_CHECK(g.numel() == 1, op, "loss gradient {} is not a scalar", shape_str(g.shape()));
+    auto scale = static_cast<float>(g.item());
+    scale /= static_cast<float>(divisor);
+    dl = full({1}, static_cast<double>(scale), DType::f32, dev);
+  }
+  cuda::cross_entropy_backward(dlogits.data_ptr(), dl.data<float>(), stride, logits.data_ptr(), lse.data<float>(),
+                               logits.dtype(), targets.data_ptr(), targets.dtype(), N, V, ignore_index, dev.index);
 }
 
 }  // namespace memtrain::cuda
