@@ -216,5 +216,31 @@ TEST(MetaCrossEntropy, TargetsAreCheckedOnlyWhereDataExists) {
   EXPECT_THROW(ops::cross_entropy(zeros({3, 4}), full({3}, 7.0, DType::i64)), Error);
 }
 
+TEST(MetaAttention, MatchesCpuBytesForwardAndBackward) {
+  for (const DType dtype : kDtypes) {
+    for (const bool causal : {true, false}) {
+      const std::string what = "attention " + std::string(dtype_name(dtype)) + (causal ? " causal" : " full");
+      expect_same_footprint(what + " separate q, k, v", [&](Device dev) {
+        CategoryGuard acts(MemoryCategory::activations);
+        Tensor q = randn({2, 3, 70, 8}, dtype, dev).set_requires_grad(true);
+        Tensor k = randn({2, 3, 70, 8}, dtype, dev).set_requires_grad(true);
+        Tensor v = randn({2, 3, 70, 8}, dtype, dev).set_requires_grad(true);
+        const Tensor y = ops::scaled_dot_product_attention(q, k, v, causal);
+        backward_ones(y, dev);
+        EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
+      });
+      // Head views of one [B, T, 3 * H * D] projection (strided, no copy) and a non-unit-stride D (copied).
+      expect_same_footprint(what + " head views", [&](Device dev) {
+        CategoryGuard acts(MemoryCategory::activations);
+        const Tensor qkv = randn({2, 70, 3 * 3 * 8}, dtype, dev);
+        const Tensor q = qkv.narrow(2, 0, 24).reshape({2, 70, 3, 8}).transpose(1, 2);
+        const Tensor k = qkv.narrow(2, 24, 24).reshape({2, 70, 3, 8}).transpose(1, 2);
+        const Tensor v = randn({2, 3, 8, 70}, dtype, dev).transpose(2, 3);
+        EXPECT_EQ(ops::scaled_dot_product_attention(q, k, v, causal).shape(), (Shape{2, 3, 70, 8}));
+      });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memtrain

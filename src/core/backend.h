@@ -92,6 +92,17 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                                       const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
                                       bool per_row, std::int64_t divisor) const = 0;
+  // Flash attention over q, k, v [B, H, T, D] (one dtype; any strides the backend reads, checked there), scale
+  // 1/sqrt(D). out [B, H, T, D] (any strides, e.g. a [B, T, H, D] buffer's transpose); lse [B, H, T] in
+  // attention_stats_dtype. Backward: dq, dk, dv like q; attention_fused_grads says whether the backend wants
+  // them as the [B, H, T, D] slices of one [B, T, 3, H, D] buffer (else three contiguous tensors).
+  virtual DType attention_stats_dtype(DType q) const = 0;
+  virtual bool attention_fused_grads(const Tensor& q, const Tensor& k, const Tensor& v) const = 0;
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, bool causal) const = 0;
+  virtual void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                  const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, bool causal) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -49,6 +49,13 @@ class CpuBackend : public detail::Backend {
   void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& targets,
                               const Tensor& lse, std::int64_t ignore_index, bool per_row,
                               std::int64_t divisor) const override;
+  DType attention_stats_dtype(DType q) const override;
+  bool attention_fused_grads(const Tensor& q, const Tensor& k, const Tensor& v) const override;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         bool causal) const override;
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          bool causal) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };
