@@ -242,5 +242,18 @@ TEST(MetaAttention, MatchesCpuBytesForwardAndBackward) {
   }
 }
 
+TEST(MetaDropout, MatchesCpuBytesAndRngForwardAndBackward) {
+  for (const DType dtype : kDtypes) {
+    expect_same_footprint("dropout " + std::string(dtype_name(dtype)), [&](Device dev) {
+      CategoryGuard acts(MemoryCategory::activations);
+      Tensor x = randn({5, 33}, dtype, dev).set_requires_grad(true);
+      // A transposed view: the CPU kernel reads a contiguous copy.
+      const Tensor y = ops::dropout(x.t(), 0.25);
+      backward_ones(y, dev);
+      EXPECT_EQ(x.grad().dtype(), dtype);
+    });
+  }
+}
+
 }  // namespace
 }  // namespace memtrain

@@ -103,6 +103,10 @@ class Backend {
   virtual void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                                   const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse, bool causal) const = 0;
+  // Dropout with the mask of cpu/dropout.h drawn from the Philox blocks the caller reserved at `state`
+  // (cpu::dropout_rng_blocks(numel)): out like x. Backward: dx like dout, the same mask and scale.
+  virtual void dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const = 0;
+  virtual void dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -56,6 +56,8 @@ class CpuBackend : public detail::Backend {
   void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           bool causal) const override;
+  void dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const override;
+  void dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

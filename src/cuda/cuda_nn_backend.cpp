@@ -49,6 +49,23 @@ void CudaBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, 
                            indices.numel(), dweight.size(0), dweight.size(1), dout.device().index);
 }
 
+// ---- dropout ----
+
+void CudaBackend::dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const {
+  nd::check_cuda_data("dropout", "input", x);
+  cuda::dropout_forward(out.data_ptr(), x.data_ptr(), x.dtype(), static_cast<std::size_t>(x.numel()), p, state,
+                        x.device().index);
+}
+
+void CudaBackend::dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const {
+  const char* op = "dropout_backward";
+  MT_CHECK(dout.dtype() == dx.dtype(), op, "output gradient {} {} on {} is not supported yet: expected {}",
+           dtype_name(dout.dtype()), shape_str(dout.shape()), dout.device().str(), dtype_name(dx.dtype()));
+  nd::check_cuda_data(op, "output gradient", dout);
+  cuda::dropout_backward(dx.data_ptr(), dout.data_ptr(), dout.dtype(), static_cast<std::size_t>(dout.numel()), p,
+                         state, dout.device().index);
+}
+
 // ---- softmax ----
 
 // The kernels reduce over the last dim of a contiguous array: another dim (or a strided operand) is first
