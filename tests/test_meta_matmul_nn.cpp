@@ -255,5 +255,22 @@ TEST(MetaDropout, MatchesCpuBytesAndRngForwardAndBackward) {
   }
 }
 
+TEST(MetaPool, MatchesCpuBytesForwardAndBackward) {
+  for (const DType dtype : kDtypes) {
+    for (const bool is_max : {true, false}) {
+      const std::string what = std::string(is_max ? "max_pool2d " : "avg_pool2d ") + std::string(dtype_name(dtype));
+      expect_same_footprint(what, [&](Device dev) {
+        CategoryGuard acts(MemoryCategory::activations);
+        Tensor x = randn({2, 3, 9, 8}, dtype, dev).set_requires_grad(true);
+        // A transposed (non-contiguous) input: the kernel reads a contiguous copy.
+        const Tensor xt = x.transpose(2, 3);  // [2, 3, 8, 9]
+        const Tensor y = is_max ? ops::max_pool2d(xt, 3, 2, 1) : ops::avg_pool2d(xt, 2);
+        backward_ones(y, dev);
+        EXPECT_EQ(x.grad().dtype(), dtype);
+      });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memtrain

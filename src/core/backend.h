@@ -107,6 +107,13 @@ class Backend {
   // (cpu::dropout_rng_blocks(numel)): out like x. Backward: dx like dout, the same mask and scale.
   virtual void dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const = 0;
   virtual void dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const = 0;
+  // Max (is_max) or average pooling over the last two dims of x [..., H, W] with square windows: out
+  // [..., OH, OW] in x's dtype. Backward: dx like x from dout like out (x: the forward input for max,
+  // undefined for avg).
+  virtual void pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                              std::int64_t padding, bool is_max) const = 0;
+  virtual void pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel,
+                               std::int64_t stride, std::int64_t padding, bool is_max) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -58,6 +58,10 @@ class CpuBackend : public detail::Backend {
                           bool causal) const override;
   void dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const override;
   void dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const override;
+  void pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                      std::int64_t padding, bool is_max) const override;
+  void pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                       std::int64_t padding, bool is_max) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };
