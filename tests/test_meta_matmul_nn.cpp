@@ -272,5 +272,28 @@ TEST(MetaPool, MatchesCpuBytesForwardAndBackward) {
   }
 }
 
+TEST(MetaConv, MatchesCpuBytesForwardAndBackward) {
+  for (const DType dtype : kDtypes) {
+    for (const bool with_bias : {true, false}) {
+      const std::string what = "conv2d " + std::string(dtype_name(dtype)) + (with_bias ? " bias" : " no bias");
+      expect_same_footprint(what, [&](Device dev) {
+        Tensor w, b;
+        {
+          CategoryGuard params(MemoryCategory::parameters);
+          w = randn({6, 2, 3, 3}, dtype, dev).set_requires_grad(true);
+          if (with_bias) b = randn({6}, dtype, dev).set_requires_grad(true);
+        }
+        CategoryGuard acts(MemoryCategory::activations);
+        Tensor x = randn({2, 4, 9, 7}, dtype, dev).set_requires_grad(true);
+        // A transposed (non-contiguous) input, two groups, stride and padding.
+        const Tensor y = ops::conv2d(x.transpose(2, 3), w, b, 2, 1, 2);
+        backward_ones(y, dev);
+        EXPECT_TRUE(x.grad().defined() && w.grad().defined());
+        if (with_bias) EXPECT_EQ(b.grad().dtype(), dtype);
+      });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memtrain

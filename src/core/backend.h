@@ -114,6 +114,14 @@ class Backend {
                               std::int64_t padding, bool is_max) const = 0;
   virtual void pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel,
                                std::int64_t stride, std::int64_t padding, bool is_max) const = 0;
+  // conv2d (NCHW): out [B, Cout, OH, OW] = conv(x [B, Cin, H, W], weight [Cout, Cin/groups, KH, KW]) + bias
+  // [Cout] (undefined: none). Backward: dx, dw, db (undefined: not wanted) from dout; x is defined when dw is
+  // wanted, weight when dx is; x_shape / w_shape give the geometry whatever is saved.
+  virtual void conv2d_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
+  virtual void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                               const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
+                               std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

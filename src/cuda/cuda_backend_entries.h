@@ -59,6 +59,11 @@ class CudaBackend final : public ::memtrain::detail::Backend {
                       std::int64_t padding, bool is_max) const override;
   void pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel, std::int64_t stride,
                        std::int64_t padding, bool is_max) const override;
+  void conv2d_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      std::int64_t stride, std::int64_t padding, std::int64_t groups) const override;
+  void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
+                       const Tensor& weight, const Shape& x_shape, const Shape& w_shape, std::int64_t stride,
+                       std::int64_t padding, std::int64_t groups) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -3,6 +3,7 @@
 // one dtype), naming the op; index operands are copied to the host once to be range-checked like the CPU's.
 #include "cuda/cuda_backend_entries.h"
 
+#include "memtrain/cuda/conv.h"
 #include "memtrain/cuda/nn.h"
 #include "memtrain/cuda/nn_spatial.h"
 #include "ops/nn_common.h"
@@ -113,6 +114,53 @@ void CudaBackend::pool2d_backward(const Tensor& dx, const Tensor& dout, const Te
   } else {
     cuda::avg_pool2d_backward(dx.data_ptr(), g.data_ptr(), dx.dtype(), s, g.device().index);
   }
+}
+
+// ---- conv2d ----
+
+namespace {
+
+Conv2dShape conv_shape(const Shape& x, const Shape& w, std::int64_t stride, std::int64_t padding, std::int64_t groups) {
+  const auto out_size = [&](std::int64_t in, std::int64_t k) { return (in + 2 * padding - k) / stride + 1; };
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, padding, groups, out_size(x[2], w[2]), out_size(x[3], w[3])};
+}
+
+// An operand of the conv kernels: the dtype of `ref` (f32, bf16 or f16), packed contiguous when it is not.
+Tensor conv_operand(const char* op, const char* what, const Tensor& t, const Tensor& ref) {
+  nd::check_same_device(op, "input", ref, what, t);
+  nd::check_cuda_same_dtype(op, what, t, "input", ref);
+  const Tensor c = t.detach().contiguous();
+  nd::check_cuda_data(op, what, c);
+  return c;
+}
+
+}  // namespace
+
+void CudaBackend::conv2d_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 std::int64_t stride, std::int64_t padding, std::int64_t groups) const {
+  const char* op = "conv2d";
+  MT_CHECK(nd::is_cuda_kernel_dtype(x.dtype()), op,
+           "input of dtype {} on {} is not supported yet: the CUDA kernels take f32, bf16 or f16", dtype_name(x.dtype()),
+           x.device().str());
+  const Tensor xc = conv_operand(op, "input", x, x), wc = conv_operand(op, "weight", weight, x);
+  const Tensor bc = bias.defined() ? conv_operand(op, "bias", bias, x) : Tensor();
+  cuda::conv2d_forward(out.data_ptr(), xc.data_ptr(), wc.data_ptr(), ptr_or_null(bc), x.dtype(),
+                       conv_shape(x.shape(), weight.shape(), stride, padding, groups), x.device().index);
+}
+
+void CudaBackend::conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                  const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
+                                  std::int64_t stride, std::int64_t padding, std::int64_t groups) const {
+  const char* op = "conv2d_backward";
+  const bool want_dx = dx.defined(), want_dw = dw.defined();
+  // A saved tensor holds the forward's dtype and device (none is saved when only db is wanted).
+  const Tensor& ref = want_dw ? x : (want_dx ? weight : dout);
+  const Tensor g = conv_operand(op, "output gradient", dout, ref);
+  const Tensor xc = want_dw ? conv_operand(op, "input", x, ref) : Tensor();
+  const Tensor wc = want_dx ? conv_operand(op, "weight", weight, ref) : Tensor();
+  cuda::conv2d_backward(out_or_null(dx), out_or_null(dw), out_or_null(db), g.data_ptr(), ptr_or_null(xc),
+                        ptr_or_null(wc), g.dtype(), conv_shape(x_shape, w_shape, stride, padding, groups),
+                        g.device().index);
 }
 
 // ---- softmax ----
