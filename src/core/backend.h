@@ -132,6 +132,62 @@ class Backend {
   virtual void eq(const Tensor& out, const Tensor& a, const Tensor& b) const = 0;
 
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
+  // out [batch..., m, n] = a [batch..., m, k] x b [batch..., k, n] or b [k, n] (shared by the batch); one dtype
+  // for a, b and out; a and b in any strides. Narrow dtypes accumulate in f32 and round once.
+  virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b) const = 0;
+  // out [N, out] = x [N, in] weight[out, in]^T + bias [out]; one dtype for all four; the bias is added to the
+  // product before it is rounded where the backend can (CPU: in the f32 accumulator).
+  virtual void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const = 0;
+  // out [..., C] (weight's dtype) = rows of weight [V, C] gathered by indices [...] (i32 or i64); dweight [V, C]
+  // = dout rows scattered by index (summed). Indices are range-checked where their data is (not on meta).
+  virtual void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const = 0;
+  virtual void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const = 0;
+  // softmax (log: log_softmax) of x over `dim`; out like x (contiguous). Backward: dx like out from the output
+  // gradient and the forward output.
+  virtual void softmax_forward(const Tensor& out, const Tensor& x, std::int64_t dim, bool log) const = 0;
+  virtual void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& out, std::int64_t dim,
+                                bool log) const = 0;
+  // Fused log-softmax + NLL over logits [N, V] with targets [N] (i32 or i64; ignore_index rows count 0). lse [N]
+  // in loss_stats_dtype. out [N] (logits' dtype): the per-row losses; out []: their sum in double, divided by
+  // the count of non-ignored targets when `mean` (NaN when that is 0). Returns that count (meta: the targets
+  // read as zeros). Targets are range-checked where their data is. Backward: dlogits like logits from dloss
+  // ([N] when per_row, else [] divided by `divisor`).
+  virtual DType loss_stats_dtype(DType logits) const = 0;
+  virtual std::int64_t cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits,
+                                             const Tensor& targets, std::int64_t ignore_index, bool mean) const = 0;
+  virtual void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                                      const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
+                                      bool per_row, std::int64_t divisor) const = 0;
+  // Flash attention over q, k, v [B, H, T, D] (one dtype; any strides the backend reads, checked there), scale
+  // 1/sqrt(D). out [B, H, T, D] (any strides, e.g. a [B, T, H, D] buffer's transpose); lse [B, H, T] in
+  // attention_stats_dtype. Backward: dq, dk, dv like q; attention_fused_grads says whether the backend wants
+  // them as the [B, H, T, D] slices of one [B, T, 3, H, D] buffer (else three contiguous tensors).
+  virtual DType attention_stats_dtype(DType q) const = 0;
+  virtual bool attention_fused_grads(const Tensor& q, const Tensor& k, const Tensor& v) const = 0;
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, bool causal) const = 0;
+  virtual void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                  const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, bool causal) const = 0;
+  // Dropout with the mask of cpu/dropout.h drawn from the Philox blocks the caller reserved at `state`
+  // (cpu::dropout_rng_blocks(numel)): out like x. Backward: dx like dout, the same mask and scale.
+  virtual void dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const = 0;
+  virtual void dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const = 0;
+  // Max (is_max) or average pooling over the last two dims of x [..., H, W] with square windows: out
+  // [..., OH, OW] in x's dtype. Backward: dx like x from dout like out (x: the forward input for max,
+  // undefined for avg).
+  virtual void pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                              std::int64_t padding, bool is_max) const = 0;
+  virtual void pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel,
+                               std::int64_t stride, std::int64_t padding, bool is_max) const = 0;
+  // conv2d (NCHW): out [B, Cout, OH, OW] = conv(x [B, Cin, H, W], weight [Cout, Cin/groups, KH, KW]) + bias
+  // [Cout] (undefined: none). Backward: dx, dw, db (undefined: not wanted) from dout; x is defined when dw is
+  // wanted, weight when dx is; x_shape / w_shape give the geometry whatever is saved.
+  virtual void conv2d_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
+  virtual void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                               const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
+                               std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -1,5 +1,8 @@
 #include "cpu/attention.h"
 
+#include "cpu/cpu_backend.h"
+#include "memtrain/core/allocator.h"
+
 #include "cpu/fast_exp.h"
 #include "cpu/gemm_typed.h"
 
@@ -155,5 +158,102 @@ void attention_backward(T* dq, const HeadLayout& ldq, T* dk, const HeadLayout& l
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(double)
 #undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+namespace {
+
+// t detached in its compute dtype, copied only when its last dim is not unit-stride.
+Tensor head_input(const Tensor& t) {
+  Tensor c = t.detach().to(compute_dtype(t.dtype()));
+  return c.stride(3) == 1 || c.size(3) == 1 ? c : c.contiguous();
+}
+
+HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// Score tiles: scratch on `device`, counted as workspace.
+Tensor attention_workspace(std::int64_t elems, DType dtype, Device device) {
+  CategoryGuard guard(MemoryCategory::workspace);
+  return Tensor::empty({elems}, dtype, device);
+}
+
+// The kernel on f32/f64 operands: y [B, H, T, D] (any layout_of strides) and lse [B, H, T] written.
+void attention_forward_kernel(const Tensor& y, const Tensor& lse, const Tensor& qc, const Tensor& kc, const Tensor& vc,
+                              bool causal, bool run) {
+  const std::int64_t B = qc.size(0), H = qc.size(1), T_len = qc.size(2), D = qc.size(3);
+  const int nthreads = omp_get_max_threads();
+  const Tensor ws = attention_workspace(attention_forward_workspace(T_len, D, nthreads), qc.dtype(), qc.device());
+  if (!run) return;
+  dispatch_compute("scaled_dot_product_attention", qc.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    attention_forward<T>(y.data<T>(), layout_of(y), lse.data<T>(), qc.data<T>(), layout_of(qc), kc.data<T>(),
+                         layout_of(kc), vc.data<T>(), layout_of(vc), B, H, T_len, D,
+                         1.0 / std::sqrt(static_cast<double>(D)), causal, ws.data<T>(), nthreads);
+  });
+}
+
+}  // namespace
+
+DType CpuBackend::attention_stats_dtype(DType q) const { return compute_dtype(q); }
+
+// f32/f64: one [B, T, 3, H, D] buffer (split(qkv)'s backward takes it over); narrow: three gradients rounded from
+// that f32 buffer.
+bool CpuBackend::attention_fused_grads(const Tensor& q, const Tensor&, const Tensor&) const {
+  return compute_dtype(q.dtype()) == q.dtype();
+}
+
+void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, bool causal) const {
+  const bool run = runs_kernels();
+  if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
+    // Narrow q, k, v: widened one batch element at a time, so the f32 copies of q, k, v and of the output are
+    // 1/B of their full size (mixed precision halves activations; full f32 copies would give that back at the
+    // forward's peak). The kernel sees the same rows either way: the same bits as widening everything.
+    const std::int64_t T_len = q.size(2), H = q.size(1), D = q.size(3);
+    const Tensor yb_bthd = Tensor::empty({1, T_len, H, D}, DType::f32, q.device());
+    const Tensor yb = yb_bthd.transpose(1, 2);
+    for (std::int64_t b = 0; b < q.size(0); ++b) {
+      attention_forward_kernel(yb, lse.narrow(0, b, 1), head_input(q.narrow(0, b, 1)), head_input(k.narrow(0, b, 1)),
+                               head_input(v.narrow(0, b, 1)), causal, run);
+      out.narrow(0, b, 1).copy_(yb);
+    }
+    return;
+  }
+  attention_forward_kernel(out, lse, head_input(q), head_input(k), head_input(v), causal, run);
+}
+
+void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, bool causal) const {
+  const Tensor g = head_input(dout), qc = head_input(q), kc = head_input(k), vc = head_input(v), oc = head_input(out);
+  const std::int64_t B = q.size(0), H = q.size(1), T_len = q.size(2), D = q.size(3);
+  // Narrow gradients are computed in one f32 [B, T, 3, H, D] buffer and rounded into dq, dk, dv.
+  const bool direct = dq.dtype() == qc.dtype();
+  const Tensor grads = direct ? Tensor() : Tensor::empty({B, T_len, 3, H, D}, qc.dtype(), q.device());
+  const Tensor dqc = direct ? dq : grads.select(2, 0).transpose(1, 2),
+               dkc = direct ? dk : grads.select(2, 1).transpose(1, 2),
+               dvc = direct ? dv : grads.select(2, 2).transpose(1, 2);
+  const int nthreads = omp_get_max_threads();
+  const Tensor ws = attention_workspace(attention_backward_workspace(T_len, D, nthreads), qc.dtype(), q.device());
+  if (runs_kernels()) {
+    dispatch_compute("scaled_dot_product_attention_backward", qc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::attention_backward<T>(dqc.data<T>(), layout_of(dqc), dkc.data<T>(), layout_of(dkc), dvc.data<T>(),
+                                 layout_of(dvc), g.data<T>(), layout_of(g), qc.data<T>(), layout_of(qc), kc.data<T>(),
+                                 layout_of(kc), vc.data<T>(), layout_of(vc), oc.data<T>(), layout_of(oc),
+                                 lse.data<T>(), B, H, T_len, D, 1.0 / std::sqrt(static_cast<double>(D)), causal,
+                                 ws.data<T>(), nthreads);
+    });
+  }
+  if (!direct) {
+    Tensor(dq).copy_(dqc);
+    Tensor(dk).copy_(dkc);
+    Tensor(dv).copy_(dvc);
+  }
+}
 
 }  // namespace memtrain::cpu

@@ -1,5 +1,8 @@
 #include "cpu/conv.h"
 
+#include "cpu/cpu_backend.h"
+#include "memtrain/core/allocator.h"
+
 #include "cpu/gemm_typed.h"
 
 #include <omp.h>
@@ -164,5 +167,68 @@ void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, con
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(double)
 #undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+namespace {
+
+Conv2dShape conv_shape(const Shape& x, const Shape& w, std::int64_t stride, std::int64_t padding, std::int64_t groups) {
+  Conv2dShape s{x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, padding, groups, 0, 0};
+  s.OH = conv_out_size(s.H, s.KH, stride, padding);
+  s.OW = conv_out_size(s.W, s.KW, stride, padding);
+  return s;
+}
+
+// Column buffers: scratch on `device`, counted as workspace.
+Tensor conv_workspace(std::int64_t elems, DType dtype, Device device) {
+  CategoryGuard guard(MemoryCategory::workspace);
+  return Tensor::empty({elems}, dtype, device);
+}
+
+}  // namespace
+
+void CpuBackend::conv2d_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                std::int64_t stride, std::int64_t padding, std::int64_t groups) const {
+  const Conv2dShape s = conv_shape(x.shape(), weight.shape(), stride, padding, groups);
+  const Tensor xc = compute_operand(x), wc = compute_operand(weight), bc = compute_operand(bias);
+  const Tensor y = compute_result(out, xc.dtype());
+  const int nthreads = omp_get_max_threads();
+  const Tensor ws =
+      conv_workspace(std::max<std::int64_t>(conv2d_forward_workspace(s, nthreads), 1), xc.dtype(), x.device());
+  if (runs_kernels()) {
+    dispatch_compute("conv2d", xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::conv2d_forward<T>(y.data<T>(), xc.data<T>(), wc.data<T>(), data_or_null<T>(bc), s, ws.data<T>(), nthreads);
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                 const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
+                                 std::int64_t stride, std::int64_t padding, std::int64_t groups) const {
+  const Conv2dShape s = conv_shape(x_shape, w_shape, stride, padding, groups);
+  const Tensor g = compute_operand(dout);
+  const Tensor xc = dw.defined() ? compute_operand(x) : Tensor();
+  const Tensor wc = dx.defined() ? compute_operand(weight) : Tensor();
+  const DType ct = g.dtype();
+  const Tensor dxc = compute_result(dx, ct), dwc = compute_result(dw, ct), dbc = compute_result(db, ct);
+  const int nthreads = omp_get_max_threads();
+  const Tensor ws = conv_workspace(conv2d_backward_workspace(s, nthreads), ct, dout.device());
+  if (runs_kernels()) {
+    dispatch_compute("conv2d_backward", ct, [&](auto zero) {
+      using T = decltype(zero);
+      cpu::conv2d_backward<T>(data_or_null<T>(dxc), data_or_null<T>(dwc), data_or_null<T>(dbc), g.data<T>(),
+                              data_or_null<T>(xc), data_or_null<T>(wc), s, ws.data<T>(), nthreads);
+    });
+  }
+  finish_result(dx, dxc);
+  finish_result(dw, dwc);
+  finish_result(db, dbc);
+}
 
 }  // namespace memtrain::cpu

@@ -44,6 +44,37 @@ class CpuBackend : public detail::Backend {
   void eq(const Tensor& out, const Tensor& a, const Tensor& b) const override;
 
   // ---- matmul, attention, softmax, losses, embedding, dropout, conv, pool (src/ops/linalg.cpp, nn_*.cpp) ----
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b) const override;
+  void linear_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) const override;
+  void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const override;
+  void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const override;
+  void softmax_forward(const Tensor& out, const Tensor& x, std::int64_t dim, bool log) const override;
+  void softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& out, std::int64_t dim,
+                        bool log) const override;
+  DType loss_stats_dtype(DType logits) const override;
+  std::int64_t cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits, const Tensor& targets,
+                                     std::int64_t ignore_index, bool mean) const override;
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                              const Tensor& lse, std::int64_t ignore_index, bool per_row,
+                              std::int64_t divisor) const override;
+  DType attention_stats_dtype(DType q) const override;
+  bool attention_fused_grads(const Tensor& q, const Tensor& k, const Tensor& v) const override;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         bool causal) const override;
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          bool causal) const override;
+  void dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const override;
+  void dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const override;
+  void pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                      std::int64_t padding, bool is_max) const override;
+  void pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                       std::int64_t padding, bool is_max) const override;
+  void conv2d_forward(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      std::int64_t stride, std::int64_t padding, std::int64_t groups) const override;
+  void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
+                       const Tensor& weight, const Shape& x_shape, const Shape& w_shape, std::int64_t stride,
+                       std::int64_t padding, std::int64_t groups) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

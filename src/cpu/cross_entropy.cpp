@@ -1,5 +1,8 @@
 #include "cpu/cross_entropy.h"
 
+#include "cpu/cpu_backend.h"
+#include "ops/nn_common.h"
+
 #include "cpu/fast_exp.h"
 
 #include <algorithm>
@@ -51,5 +54,73 @@ MEMTRAIN_INSTANTIATE(float, int64_t)
 MEMTRAIN_INSTANTIATE(double, int32_t)
 MEMTRAIN_INSTANTIATE(double, int64_t)
 #undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+DType CpuBackend::loss_stats_dtype(DType logits) const { return compute_dtype(logits); }
+
+std::int64_t CpuBackend::cross_entropy_forward(const Tensor& out, const Tensor& lse, const Tensor& logits,
+                                               const Tensor& targets, std::int64_t ignore_index, bool mean) const {
+  const char* op = "cross_entropy";
+  const std::int64_t N = logits.size(0), V = logits.size(1);
+  const Tensor t = targets.is_contiguous() ? targets.detach() : targets.detach().contiguous();
+  const Tensor x = compute_operand(logits);
+  // Per-row losses in the compute dtype: out itself when it is per-row and in that dtype.
+  const bool per_row = out.dim() == 1;
+  const Tensor losses = per_row ? compute_result(out, x.dtype()) : Tensor::empty({N}, x.dtype(), x.device());
+  // Meta has no targets to check or count: they read as zeros.
+  std::int64_t count = ignore_index != 0 ? N : 0;
+  double total = 0;
+  if (runs_kernels()) {
+    count = 0;
+    ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+      using I = decltype(izero);
+      const I* tp = t.data<I>();
+      ops::detail::check_index_range(op, "target", tp, N, V, true, ignore_index, targets.shape());
+      for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
+      dispatch_compute(op, x.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        cpu::cross_entropy_forward<T, I>(losses.data<T>(), lse.data<T>(), x.data<T>(), tp, N, V, ignore_index);
+        // Summed in double, in row order.
+        if (!per_row)
+          for (std::int64_t i = 0; i < N; ++i) total += static_cast<double>(losses.data<T>()[i]);
+      });
+    });
+  }
+  if (per_row) {
+    finish_result(out, losses);
+  } else {
+    fill(out, !mean ? total : count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN());
+  }
+  return count;
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                                        const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
+                                        bool per_row, std::int64_t divisor) const {
+  const Tensor x = compute_operand(logits), gc = compute_operand(dloss);
+  const Tensor t = targets.is_contiguous() ? targets.detach() : targets.detach().contiguous();
+  const Tensor dx = compute_result(dlogits, x.dtype());
+  const std::int64_t N = x.size(0), V = x.size(1);
+  if (runs_kernels()) {
+    dispatch_compute("cross_entropy_backward", x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      T scale = per_row ? T(0) : gc.data<T>()[0];
+      if (!per_row) scale /= static_cast<T>(divisor);
+      const T* dl = per_row ? gc.data<T>() : &scale;
+      const std::int64_t stride = per_row ? 1 : 0;
+      ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+        using I = decltype(izero);
+        cpu::cross_entropy_backward<T, I>(dx.data<T>(), dl, stride, x.data<T>(), lse.data<T>(), t.data<I>(), N, V,
+                                          ignore_index);
+      });
+    });
+  }
+  finish_result(dlogits, dx);
+}
 
 }  // namespace memtrain::cpu

@@ -1,5 +1,7 @@
 #include "cpu/dropout.h"
 
+#include "cpu/cpu_backend.h"
+
 #include "memtrain/core/philox.h"
 
 #include <algorithm>
@@ -42,5 +44,35 @@ template void dropout_forward<float>(float*, const float*, int64_t, double, RngS
 template void dropout_forward<double>(double*, const double*, int64_t, double, RngState);
 template void dropout_backward<float>(float*, const float*, int64_t, double, RngState);
 template void dropout_backward<double>(double*, const double*, int64_t, double, RngState);
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+void CpuBackend::dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const {
+  const Tensor xc = compute_operand(x);
+  const Tensor y = compute_result(out, xc.dtype());
+  if (runs_kernels()) {
+    dispatch_compute("dropout", xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::dropout_forward<T>(y.data<T>(), xc.data<T>(), xc.numel(), p, state);
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const {
+  const Tensor g = compute_operand(dout);
+  const Tensor d = compute_result(dx, g.dtype());
+  if (runs_kernels()) {
+    dispatch_compute("dropout_backward", g.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      cpu::dropout_backward<T>(d.data<T>(), g.data<T>(), g.numel(), p, state);
+    });
+  }
+  finish_result(dx, d);
+}
 
 }  // namespace memtrain::cpu

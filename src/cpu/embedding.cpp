@@ -1,5 +1,8 @@
 #include "cpu/embedding.h"
 
+#include "cpu/cpu_backend.h"
+#include "ops/nn_common.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -36,5 +39,47 @@ MEMTRAIN_INSTANTIATE(float, int64_t)
 MEMTRAIN_INSTANTIATE(double, int32_t)
 MEMTRAIN_INSTANTIATE(double, int64_t)
 #undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+void CpuBackend::embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const {
+  const char* op = "embedding";
+  const std::int64_t V = weight.size(0), C = weight.size(1);
+  const Tensor idx = indices.is_contiguous() ? indices.detach() : indices.detach().contiguous();
+  const Tensor wc = compute_operand(weight);
+  const Tensor y = compute_result(out, wc.dtype());
+  if (runs_kernels()) {
+    ops::detail::dispatch_index(idx.dtype(), [&](auto izero) {
+      using I = decltype(izero);
+      ops::detail::check_index_range(op, "index", idx.data<I>(), idx.numel(), V, false, 0, indices.shape());
+      dispatch_compute(op, wc.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        cpu::embedding_forward<T, I>(y.data<T>(), wc.data<T>(), idx.data<I>(), idx.numel(), C);
+      });
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const {
+  const Tensor g = compute_operand(dout);
+  const Tensor idx = indices.is_contiguous() ? indices.detach() : indices.detach().contiguous();
+  const Tensor dw = compute_result(dweight, g.dtype());
+  fill(dw, 0.0);  // the kernel accumulates into it
+  if (runs_kernels()) {
+    dispatch_compute("embedding_backward", g.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      ops::detail::dispatch_index(idx.dtype(), [&](auto izero) {
+        using I = decltype(izero);
+        cpu::embedding_backward<T, I>(dw.data<T>(), g.data<T>(), idx.data<I>(), idx.numel(), dweight.size(1));
+      });
+    });
+  }
+  finish_result(dweight, dw);
+}
 
 }  // namespace memtrain::cpu

@@ -1,5 +1,7 @@
 #include "cpu/pool.h"
 
+#include "cpu/cpu_backend.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -116,5 +118,60 @@ void avg_pool2d_backward(T* dx, const T* dout, const Pool2dShape& s) {
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(double)
 #undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+namespace {
+
+// The kernels' view of input [..., H, W] -> output [..., OH, OW].
+Pool2dShape pool_shape(const Tensor& in, const Tensor& out, std::int64_t kernel, std::int64_t stride,
+                       std::int64_t padding) {
+  std::int64_t planes = 1;
+  for (std::int64_t d = 0; d < in.dim() - 2; ++d) planes *= in.size(d);
+  return {planes, in.size(-2), in.size(-1), kernel, stride, padding, out.size(-2), out.size(-1)};
+}
+
+}  // namespace
+
+void CpuBackend::pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
+                                std::int64_t padding, bool is_max) const {
+  const Pool2dShape s = pool_shape(x, out, kernel, stride, padding);
+  const Tensor xc = compute_operand(x);
+  const Tensor y = compute_result(out, xc.dtype());
+  if (runs_kernels()) {
+    dispatch_compute(is_max ? "max_pool2d" : "avg_pool2d", xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (is_max) {
+        cpu::max_pool2d_forward<T>(y.data<T>(), xc.data<T>(), s);
+      } else {
+        cpu::avg_pool2d_forward<T>(y.data<T>(), xc.data<T>(), s);
+      }
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel,
+                                 std::int64_t stride, std::int64_t padding, bool is_max) const {
+  const Pool2dShape s = pool_shape(dx, dout, kernel, stride, padding);
+  const Tensor g = compute_operand(dout);
+  const Tensor xc = is_max ? compute_operand(x) : Tensor();
+  const Tensor d = compute_result(dx, g.dtype());
+  if (runs_kernels()) {
+    dispatch_compute(is_max ? "max_pool2d" : "avg_pool2d", g.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (is_max) {
+        cpu::max_pool2d_backward<T>(d.data<T>(), g.data<T>(), xc.data<T>(), s);
+      } else {
+        cpu::avg_pool2d_backward<T>(d.data<T>(), g.data<T>(), s);
+      }
+    });
+  }
+  finish_result(dx, d);
+}
 
 }  // namespace memtrain::cpu

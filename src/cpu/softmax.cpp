@@ -3,6 +3,8 @@
 // read in order.
 #include "cpu/softmax.h"
 
+#include "cpu/cpu_backend.h"
+
 #include "cpu/fast_exp.h"
 
 #include <cmath>
@@ -128,5 +130,65 @@ void log_softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int
 MEMTRAIN_INSTANTIATE(float)
 MEMTRAIN_INSTANTIATE(double)
 #undef MEMTRAIN_INSTANTIATE
+
+}  // namespace memtrain::cpu
+
+// ---- the CPU backend's entries ----
+
+namespace memtrain::cpu {
+
+namespace {
+
+struct Layout {
+  std::int64_t outer = 1, C = 1, inner = 1;
+};
+
+// shape viewed as (outer, C, inner) around dim.
+Layout layout_of(const Shape& shape, std::int64_t dim) {
+  Layout l;
+  for (std::int64_t d = 0; d < static_cast<std::int64_t>(shape.size()); ++d) {
+    if (d < dim) l.outer *= shape[d];
+    if (d == dim) l.C = shape[d];
+    if (d > dim) l.inner *= shape[d];
+  }
+  return l;
+}
+
+}  // namespace
+
+void CpuBackend::softmax_forward(const Tensor& out, const Tensor& x, std::int64_t dim, bool log) const {
+  const Tensor xc = compute_operand(x);
+  const Tensor y = compute_result(out, xc.dtype());
+  const Layout l = layout_of(xc.shape(), dim);
+  if (runs_kernels()) {
+    dispatch_compute(log ? "log_softmax" : "softmax", xc.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (log) {
+        cpu::log_softmax_forward<T>(y.data<T>(), xc.data<T>(), l.outer, l.C, l.inner);
+      } else {
+        cpu::softmax_forward<T>(y.data<T>(), xc.data<T>(), l.outer, l.C, l.inner);
+      }
+    });
+  }
+  finish_result(out, y);
+}
+
+void CpuBackend::softmax_backward(const Tensor& dx, const Tensor& dout, const Tensor& out, std::int64_t dim,
+                                  bool log) const {
+  const Tensor g = compute_operand(dout), y = compute_operand(out);
+  const Tensor dxc = compute_result(dx, y.dtype());
+  const Layout l = layout_of(y.shape(), dim);
+  if (runs_kernels()) {
+    dispatch_compute(log ? "log_softmax_backward" : "softmax_backward", y.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (log) {
+        cpu::log_softmax_backward<T>(dxc.data<T>(), g.data<T>(), y.data<T>(), l.outer, l.C, l.inner);
+      } else {
+        cpu::softmax_backward<T>(dxc.data<T>(), g.data<T>(), y.data<T>(), l.outer, l.C, l.inner);
+      }
+    });
+  }
+  finish_result(dx, dxc);
+}
 
 }  // namespace memtrain::cpu
