@@ -60,7 +60,7 @@ void CudaBackend::linear_forward(const Tensor& out, const Tensor& x, const Tenso
   if (out.numel() == 0) return;
   const Shape shape = out.shape();
   const Shape bias_strides{0, bias.stride(0)};
-  elementwise_binary(BinaryOp::add, out.data_ptr(), out.data_ptr(), out.strides().data(), bias.data_ptr(),
+  elementwise_binary(cuda::BinaryOp::add, out.data_ptr(), out.data_ptr(), out.strides().data(), bias.data_ptr(),
                      bias_strides.data(), shape.data(), 2, out.dtype(), 0.0, 0.0, out.device().index);
 }
 
