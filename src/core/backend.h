@@ -188,6 +188,19 @@ class Backend {
   virtual void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
                                const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
                                std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
+  // Linear + cross-entropy in chunks of chunk_rows rows, never holding the [N, V] logits
+  // (src/ops/fused_linear_cross_entropy.cpp). x [N, C] f32/bf16/f16; weight [V, C] and bias [V] (or undefined)
+  // f32; targets [N] i32/i64. Forward writes losses and lse [N] f32 and returns how many targets are not
+  // ignore_index (range-checked where the targets' data is; meta reads zeros: every target is class 0).
+  // Backward recomputes each chunk's logits: dloss f32, [1] (stride 0: one scale) or [N] (stride 1); dx like x;
+  // dw [V, C] and db [V] f32 zero-filled by the caller, each undefined when not wanted.
+  virtual std::int64_t fused_linear_ce_forward(const Tensor& losses, const Tensor& lse, const Tensor& x,
+                                               const Tensor& weight, const Tensor& bias, const Tensor& targets,
+                                               std::int64_t ignore_index, std::int64_t chunk_rows) const = 0;
+  virtual void fused_linear_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dloss,
+                                        std::int64_t dloss_stride, const Tensor& x, const Tensor& weight,
+                                        const Tensor& bias, const Tensor& targets, const Tensor& lse,
+                                        std::int64_t ignore_index, std::int64_t chunk_rows) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };

@@ -75,6 +75,13 @@ class CpuBackend : public detail::Backend {
   void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
                        const Tensor& weight, const Shape& x_shape, const Shape& w_shape, std::int64_t stride,
                        std::int64_t padding, std::int64_t groups) const override;
+  std::int64_t fused_linear_ce_forward(const Tensor& losses, const Tensor& lse, const Tensor& x, const Tensor& weight,
+                                       const Tensor& bias, const Tensor& targets, std::int64_t ignore_index,
+                                       std::int64_t chunk_rows) const override;
+  void fused_linear_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dloss,
+                                std::int64_t dloss_stride, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
+                                std::int64_t chunk_rows) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
 };
