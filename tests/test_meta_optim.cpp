@@ -7,7 +7,10 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
+#include "memtrain/optim/adafactor.h"
 #include "memtrain/optim/adamw.h"
+#include "memtrain/optim/adamw8bit.h"
+#include "memtrain/optim/lion8bit.h"
 #include "memtrain/optim/lion.h"
 #include "memtrain/optim/sgd.h"
 #include "memtrain/train/trainer.h"
@@ -210,6 +213,30 @@ TEST(MetaOptim, GradNormMatchesCpuBytesAndIsZeroOnMeta) {
   Tensor w = zeros({8}, DType::f32, Device::meta()).set_requires_grad(true);
   w.set_grad(full({8}, 1e6, DType::f32, Device::meta()));
   EXPECT_EQ(train::clip_grad_norm({w}, 1.0), 0.0);
+}
+
+// Optimizers whose step is not behind the contract yet refuse a meta parameter at its first step, naming
+// themselves and meta, instead of failing on a data pointer halfway through.
+TEST(MetaOptim, OptimizersWithoutAMetaStepSayWhy) {
+  const std::vector<OptimCase> not_moved = {
+      {"AdamW8bit", [](auto g) { return std::make_unique<optim::AdamW8bit>(std::move(g)); }, 0},
+      {"Lion8bit", [](auto g) { return std::make_unique<optim::Lion8bit>(std::move(g)); }, 0},
+      {"Adafactor", [](auto g) { return std::make_unique<optim::Adafactor>(std::move(g)); }, 0},
+  };
+  for (const OptimCase& oc : not_moved) {
+    Tensor w = zeros({64, 80}, DType::f32, Device::meta()).set_requires_grad(true);
+    w.set_grad(zeros({64, 80}, DType::f32, Device::meta()));
+    auto opt = oc.make({optim::ParamGroup{{w}}});
+    try {
+      opt->step();
+      ADD_FAILURE() << oc.name << " must refuse a meta parameter";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(oc.name), std::string::npos) << m;
+      EXPECT_NE(m.find("meta"), std::string::npos) << m;
+    }
+    EXPECT_EQ(opt->state_bytes(), 0u) << oc.name;
+  }
 }
 
 }  // namespace
