@@ -203,6 +203,26 @@ class Backend {
                                         std::int64_t ignore_index, std::int64_t chunk_rows) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
+  // Fused optimizer steps on one parameter, in place (src/optim/: the optimizer allocates the state and
+  // keeps the step count). param f32, contiguous; its state tensors f32, param's shape, contiguous, on
+  // param's device, zeros before the first step (SGD's momentum buffer is written, not read, at step 1).
+  // grad: param's shape, finite (the optimizer checked it), any float dtype and layout: the backend makes
+  // the f32 contiguous copy its kernel reads. step: 1-based, counting this step. The update rules are
+  // those of optim::AdamW, SGD, Lion (memtrain/optim/*.h).
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                          double lr, double beta1, double beta2, double eps, double weight_decay,
+                          std::int64_t step) const = 0;
+  // momentum_buffer: undefined for plain SGD (momentum == 0).
+  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
+                        double momentum, double weight_decay, bool nesterov, std::int64_t step) const = 0;
+  virtual void lion_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, double lr, double beta1,
+                         double beta2, double weight_decay) const = 0;
+  // True when no element of g (any float dtype, any layout) is NaN or Inf, as read in f32: the optimizers'
+  // gate. On meta always true (it reads as zeros).
+  virtual bool all_finite(const Tensor& g) const = 0;
+  // The sum over `tensors` (defined, all on this device, any float dtype and layout) of their squared
+  // elements, in double: the gradient norm's reduction. On meta 0.
+  virtual double sum_of_squares(const std::vector<Tensor>& tensors) const = 0;
 };
 
 // The backend of a device; throws naming the device and why when none can serve it (a build without CUDA,

@@ -82,6 +82,14 @@ class CudaBackend final : public ::memtrain::detail::Backend {
                                 std::int64_t chunk_rows) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, std::int64_t step) const override;
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double momentum,
+                double weight_decay, bool nesterov, std::int64_t step) const override;
+  void lion_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, double lr, double beta1, double beta2,
+                 double weight_decay) const override;
+  bool all_finite(const Tensor& g) const override;
+  double sum_of_squares(const std::vector<Tensor>& tensors) const override;
 };
 
 // ---- helpers of the entries ----

@@ -28,6 +28,8 @@ Adafactor::Adafactor(std::vector<ParamGroup> groups, AdafactorOptions options)
 
 void Adafactor::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
   check_f32_contiguous(param, "Adafactor", /*cuda_ok=*/true);
+  // Its step is not behind the backend contract yet, so it has no meta (dry-run) step.
+  MT_CHECK(!param.device().is_meta(), "Adafactor", "has no step on meta yet (AdamW, SGD and Lion do)");
   const Shape& s = param.shape();
   const Device device = param.device();
   if (s.size() >= 2) {

@@ -222,6 +222,8 @@ AdamW8bit::AdamW8bit(std::vector<ParamGroup> groups, std::int64_t block_size, st
 
 void AdamW8bit::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
   check_f32_contiguous(param, "AdamW8bit", /*cuda_ok=*/true);
+  // Its step is not behind the backend contract yet, so it has no meta (dry-run) step.
+  MT_CHECK(!param.device().is_meta(), "AdamW8bit", "has no step on meta yet (AdamW, SGD and Lion do)");
   CategoryGuard guard(MemoryCategory::optimizer_state);
   const std::int64_t n = param.numel();
   const Device device = param.device();

@@ -1,7 +1,7 @@
-// Lion: one fused pass per parameter on raw float pointers.
+// Lion: the hyper-parameter checks and the state; the step is the backend's lion_step (src/cpu/optim_step.cpp).
 #include "memtrain/optim/lion.h"
 
-#include "memtrain/cuda/optim.h"
+#include "core/backend.h"
 
 namespace memtrain::optim {
 
@@ -19,28 +19,8 @@ void Lion::init_state(const Tensor& param, const ParamGroup&, ParamState& state)
 }
 
 void Lion::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g32 = grad_f32(grad, param.device());
-  if (param.device().is_cuda()) {
-    const cuda::LionHyper hyper{group.lr, group.weight_decay, group.beta1, group.beta2, /*skip_nonfinite=*/false};
-    cuda::lion_step(param.data<float>(), g32.data<float>(), state.tensors.at("exp_avg").data<float>(),
-                    static_cast<std::size_t>(param.numel()), hyper, param.device().index);
-    return;
-  }
-  const float* __restrict g = g32.data<float>();
-  float* __restrict p = param.data<float>();
-  float* __restrict m = state.tensors.at("exp_avg").data<float>();
-  const std::int64_t n = param.numel();
-  const float decay = static_cast<float>(1.0 - group.lr * group.weight_decay);
-  const float lr = static_cast<float>(group.lr);
-  const float b1 = static_cast<float>(group.beta1), one_minus_b1 = static_cast<float>(1.0 - group.beta1);
-  const float b2 = static_cast<float>(group.beta2), one_minus_b2 = static_cast<float>(1.0 - group.beta2);
-#pragma omp parallel for simd if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float c = b1 * m[i] + one_minus_b1 * g[i];
-    const float s = static_cast<float>((c > 0.0f) - (c < 0.0f));
-    p[i] = p[i] * decay - lr * s;
-    m[i] = b2 * m[i] + one_minus_b2 * g[i];
-  }
+  ::memtrain::detail::backend_for(param.device())
+      .lion_step(param, grad, state.tensors.at("exp_avg"), group.lr, group.beta1, group.beta2, group.weight_decay);
 }
 
 }  // namespace memtrain::optim

@@ -156,6 +156,8 @@ Lion8bit::Lion8bit(std::vector<ParamGroup> groups, std::int64_t block_size, std:
 
 void Lion8bit::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
   check_f32_contiguous(param, "Lion8bit", /*cuda_ok=*/true);
+  // Its step is not behind the backend contract yet, so it has no meta (dry-run) step.
+  MT_CHECK(!param.device().is_meta(), "Lion8bit", "has no step on meta yet (AdamW, SGD and Lion do)");
   CategoryGuard guard(MemoryCategory::optimizer_state);
   const std::int64_t n = param.numel();
   const Device device = param.device();

@@ -1,12 +1,11 @@
 // Optimizer base: parameter slots over groups, lazy state, finite-gradient gate, state_dict round trip.
 #include "memtrain/optim/optimizer.h"
 
+#include "core/backend.h"
 #include "memtrain/autograd/engine.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
-#include "memtrain/cuda/optim.h"
 
-#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -24,21 +23,9 @@ std::string key_of(const std::string& prefix, const std::string& name) { return 
 
 }  // namespace
 
-// True when every element of `g` is finite. Works on an f32 view (converting other dtypes once).
-bool Optimizer::is_finite(const Tensor& g) {
-  if (g.device().is_cuda() && g.dtype() == DType::f32 && g.is_contiguous()) {
-    return cuda::grad_is_finite(g.data<float>(), static_cast<std::size_t>(g.numel()), g.device().index);
-  }
-  const Tensor f = g.dtype() == DType::f32 && g.is_contiguous() && g.device().type == DeviceType::cpu
-                       ? g
-                       : g.to(Device::cpu()).to(DType::f32).contiguous();
-  const float* x = f.data<float>();
-  const std::int64_t n = f.numel();
-  int bad = 0;
-#pragma omp parallel for reduction(| : bad) if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
-  return bad == 0;
-}
+// True when every element of `g` is finite, read in f32: the backend's all_finite (on meta always true:
+// it reads as zeros).
+bool Optimizer::is_finite(const Tensor& g) { return ::memtrain::detail::backend_for(g.device()).all_finite(g); }
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
   std::size_t index = 0;
@@ -214,7 +201,8 @@ std::size_t Optimizer::state_bytes() const {
 }
 
 void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who, bool cuda_ok) {
-  const bool device_ok = param.device().is_cpu() || (cuda_ok && param.device().is_cuda());
+  // Meta runs the CPU's code without data: a step there accounts the CPU step's bytes.
+  const bool device_ok = param.device().is_cpu() || param.device().is_meta() || (cuda_ok && param.device().is_cuda());
   MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous() && device_ok, who,
            "needs contiguous f32 parameters on {}, got shape {} dtype {} on {}{}", cuda_ok ? "CPU or CUDA" : "the CPU",
            shape_str(param.shape()), dtype_name(param.dtype()), param.device().str(),

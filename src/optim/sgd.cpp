@@ -1,7 +1,8 @@
-// SGD: one fused pass per parameter on raw float pointers.
+// SGD: the hyper-parameter checks and the momentum buffer; the step is the backend's sgd_step
+// (src/cpu/optim_step.cpp).
 #include "memtrain/optim/sgd.h"
 
-#include "memtrain/cuda/optim.h"
+#include "core/backend.h"
 
 namespace memtrain::optim {
 
@@ -19,36 +20,9 @@ void SGD::init_state(const Tensor& param, const ParamGroup& group, ParamState& s
 }
 
 void SGD::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const Tensor g32 = grad_f32(grad, param.device());
-  if (param.device().is_cuda()) {
-    const cuda::SgdHyper hyper{group.lr, group.weight_decay, group.beta1, nesterov_, state.step,
-                               /*skip_nonfinite=*/false};
-    float* momentum = group.beta1 > 0.0 ? state.tensors.at("momentum_buffer").data<float>() : nullptr;
-    cuda::sgd_step(param.data<float>(), g32.data<float>(), momentum, static_cast<std::size_t>(param.numel()), hyper,
-                   param.device().index);
-    return;
-  }
-  const float* g = g32.data<float>();
-  float* p = param.data<float>();
-  const std::int64_t n = param.numel();
-  const float lr = static_cast<float>(group.lr);
-  const float wd = static_cast<float>(group.weight_decay);
-  if (group.beta1 == 0.0) {
-#pragma omp parallel for simd if (n > 32768)
-    for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-    return;
-  }
-  float* buf = state.tensors.at("momentum_buffer").data<float>();
-  const float m = static_cast<float>(group.beta1);
-  const bool first = state.step == 1;
-  const bool nesterov = nesterov_;
-#pragma omp parallel for simd if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float d = g[i] + wd * p[i];
-    const float b = first ? d : m * buf[i] + d;
-    buf[i] = b;
-    p[i] -= lr * (nesterov ? d + m * b : b);
-  }
+  const Tensor momentum_buffer = group.beta1 > 0.0 ? state.tensors.at("momentum_buffer") : Tensor();
+  ::memtrain::detail::backend_for(param.device())
+      .sgd_step(param, grad, momentum_buffer, group.lr, group.beta1, group.weight_decay, nesterov_, state.step);
 }
 
 }  // namespace memtrain::optim

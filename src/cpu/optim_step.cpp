@@ -1,0 +1,102 @@
+// Optimizer steps and gradient utilities on the CPU (the contract's sgd_step, lion_step, all_finite,
+// sum_of_squares; adamw_step is in optim_adamw.cpp, whose rounding needs fp-contract off). Each kernel is
+// one fused pass over raw float pointers, OpenMP over elements for large tensors, SIMD within a thread.
+// Every entry converts a gradient it cannot read in place to f32 on the gradient's own device, so meta
+// allocates that copy as the CPU does, and runs its kernel only under runs_kernels().
+#include "cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace memtrain::cpu {
+namespace {
+
+// p, g: [n]. SGD without momentum; weight decay is added to the gradient (d = g + wd p), as optim::SGD.
+void sgd_step_plain(float* p, const float* g, std::int64_t n, float lr, float wd) {
+#pragma omp parallel for simd if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+}
+
+// p, g, buf: [n]. buf = d on the first step (its old contents are not read), else m buf + d.
+void sgd_step_momentum(float* p, const float* g, float* buf, std::int64_t n, float lr, float wd, float m, bool first,
+                       bool nesterov) {
+#pragma omp parallel for simd if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float d = g[i] + wd * p[i];
+    const float b = first ? d : m * buf[i] + d;
+    buf[i] = b;
+    p[i] -= lr * (nesterov ? d + m * b : b);
+  }
+}
+
+// p, g, m: [n]. p = p (1 - lr wd) - lr sign(b1 m + (1 - b1) g); m = b2 m + (1 - b2) g.
+void lion_step_kernel(float* __restrict p, const float* __restrict g, float* __restrict m, std::int64_t n,
+                      float decay, float lr, float b1, float one_minus_b1, float b2, float one_minus_b2) {
+#pragma omp parallel for simd if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float c = b1 * m[i] + one_minus_b1 * g[i];
+    const float s = static_cast<float>((c > 0.0f) - (c < 0.0f));
+    p[i] = p[i] * decay - lr * s;
+    m[i] = b2 * m[i] + one_minus_b2 * g[i];
+  }
+}
+
+bool all_finite_kernel(const float* x, std::int64_t n) {
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+  return bad == 0;
+}
+
+// In double: over ~1e8 fp32 terms a float accumulator would lose the small gradients entirely.
+template <typename T>
+double sum_of_squares_kernel(const T* p, std::int64_t n) {
+  double acc = 0.0;
+#pragma omp parallel for reduction(+ : acc) schedule(static) if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+  return acc;
+}
+
+}  // namespace
+
+void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
+                          double momentum, double weight_decay, bool nesterov, std::int64_t step) const {
+  const Tensor g32 = grad.to(DType::f32).contiguous();
+  if (!runs_kernels()) return;
+  const float flr = static_cast<float>(lr), wd = static_cast<float>(weight_decay);
+  if (momentum == 0.0) {
+    sgd_step_plain(param.data<float>(), g32.data<float>(), param.numel(), flr, wd);
+    return;
+  }
+  sgd_step_momentum(param.data<float>(), g32.data<float>(), momentum_buffer.data<float>(), param.numel(), flr, wd,
+                    static_cast<float>(momentum), step == 1, nesterov);
+}
+
+void CpuBackend::lion_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, double lr, double beta1,
+                           double beta2, double weight_decay) const {
+  const Tensor g32 = grad.to(DType::f32).contiguous();
+  if (!runs_kernels()) return;
+  lion_step_kernel(param.data<float>(), g32.data<float>(), exp_avg.data<float>(), param.numel(),
+                   static_cast<float>(1.0 - lr * weight_decay), static_cast<float>(lr), static_cast<float>(beta1),
+                   static_cast<float>(1.0 - beta1), static_cast<float>(beta2), static_cast<float>(1.0 - beta2));
+}
+
+bool CpuBackend::all_finite(const Tensor& g) const {
+  const Tensor f = g.to(DType::f32).contiguous();
+  return runs_kernels() ? all_finite_kernel(f.data<float>(), f.numel()) : true;
+}
+
+double CpuBackend::sum_of_squares(const std::vector<Tensor>& tensors) const {
+  double total = 0.0;
+  for (const Tensor& t : tensors) {
+    // f64 contiguous is read in place; anything else (other dtype, layout) through a contiguous f32 copy.
+    const bool in_place = t.is_contiguous() && t.dtype() == DType::f64;
+    const Tensor c = in_place ? t : t.to(DType::f32).contiguous();
+    if (!runs_kernels()) continue;
+    total += in_place ? sum_of_squares_kernel(c.data<double>(), c.numel())
+                      : sum_of_squares_kernel(c.data<float>(), c.numel());
+  }
+  return total;
+}
+
+}  // namespace memtrain::cpu

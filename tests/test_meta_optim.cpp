@@ -1,0 +1,243 @@
+// Optimizer steps and gradient utilities on the meta device: a few steps of each optimizer whose step runs
+// behind the backend contract (AdamW, SGD, Lion), the finite-gradient gate and the gradient norm must
+// allocate, per memory category, exactly the bytes they allocate on the CPU (src/meta/, src/cpu/optim_*.cpp).
+// Meta reads as zeros: a gradient norm is 0 there (no clipping) and every gradient is finite.
+#include <gtest/gtest.h>
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/core/tensor.h"
+#include "memtrain/optim/adafactor.h"
+#include "memtrain/optim/adamw.h"
+#include "memtrain/optim/adamw8bit.h"
+#include "memtrain/optim/lion8bit.h"
+#include "memtrain/optim/lion.h"
+#include "memtrain/optim/sgd.h"
+#include "memtrain/train/trainer.h"
+
+#include <array>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+
+namespace memtrain {
+namespace {
+
+// Per category: bytes above what was live before fn, at their peak and at the end.
+struct Footprint {
+  std::array<std::size_t, kNumMemoryCategories> peak{}, live{};
+  std::size_t total_peak = 0;
+};
+
+Footprint measure(Device device, const std::function<void(Device)>& fn) {
+  Allocator& alloc = Allocator::get(device);
+  const MemoryStats before = alloc.stats();
+  alloc.reset_peak();
+  fn(device);
+  const MemoryStats after = alloc.stats();
+  Footprint f;
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    f.peak[c] = after.by_category[c].peak_bytes - before.by_category[c].live_bytes;
+    f.live[c] = after.by_category[c].live_bytes - before.by_category[c].live_bytes;
+  }
+  f.total_peak = after.peak_bytes - before.live_bytes;
+  return f;
+}
+
+// Runs fn on the CPU and on meta (same seed) and expects the same bytes in every category; returns the CPU's.
+Footprint expect_same_footprint(const std::string& what, const std::function<void(Device)>& fn) {
+  manual_seed(11);
+  const Footprint cpu = measure(Device::cpu(), fn);
+  const RngState after_cpu = get_rng_state();
+  manual_seed(11);
+  const Footprint meta = measure(Device::meta(), fn);
+  EXPECT_EQ(get_rng_state(), after_cpu) << what << ": meta must consume the RNG stream as the CPU does";
+  EXPECT_GT(cpu.total_peak, 0u) << what << ": the case allocates nothing, so it proves nothing";
+  EXPECT_EQ(meta.total_peak, cpu.total_peak) << what;
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    const auto name = category_name(static_cast<MemoryCategory>(c));
+    EXPECT_EQ(meta.peak[c], cpu.peak[c]) << what << ": peak " << name;
+    EXPECT_EQ(meta.live[c], cpu.live[c]) << what << ": live " << name;
+  }
+  return cpu;
+}
+
+std::size_t at(const std::array<std::size_t, kNumMemoryCategories>& a, MemoryCategory c) {
+  return a[static_cast<std::size_t>(c)];
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+
+struct OptimCase {
+  std::string name;
+  MakeOptimizer make;
+  int state_per_param;  // f32 state tensors of the parameter's shape
+};
+
+std::vector<OptimCase> optimizer_cases() {
+  return {
+      {"AdamW", [](auto g) { return std::make_unique<optim::AdamW>(std::move(g)); }, 2},
+      {"SGD momentum", [](auto g) { return std::make_unique<optim::SGD>(std::move(g)); }, 1},
+      {"SGD nesterov", [](auto g) { return std::make_unique<optim::SGD>(std::move(g), /*nesterov=*/true); }, 1},
+      {"SGD plain",
+       [](auto g) {
+         for (auto& group : g) group.beta1 = 0.0;
+         return std::make_unique<optim::SGD>(std::move(g));
+       },
+       0},
+      {"Lion", [](auto g) { return std::make_unique<optim::Lion>(std::move(g)); }, 1},
+  };
+}
+
+// The gradient of a [64, 48] parameter: contiguous in `dtype`, or a transposed view.
+Tensor make_grad(DType dtype, bool transposed, Device dev) {
+  return transposed ? randn({48, 64}, dtype, dev).t() : randn({64, 48}, dtype, dev);
+}
+
+// Three steps of each optimizer, state created lazily at the first: f32 parameters with f32, bf16, f16 and
+// f64 gradients, contiguous or transposed (the backend converts them to the f32 its kernel reads).
+TEST(MetaOptim, StepsMatchCpuBytes) {
+  for (const OptimCase& oc : optimizer_cases()) {
+    for (const DType gdtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+      for (const bool transposed : {false, true}) {
+        const std::string what = oc.name + " grad " + std::string(dtype_name(gdtype)) + (transposed ? " transposed" : "");
+        const Footprint cpu = expect_same_footprint(what, [&](Device dev) {
+          Tensor w, b;
+          {
+            CategoryGuard params(MemoryCategory::parameters);
+            w = randn({64, 48}, DType::f32, dev).set_requires_grad(true);
+            b = randn({48}, DType::f32, dev).set_requires_grad(true);
+          }
+          auto opt = oc.make({optim::ParamGroup{{w, b}, 1e-3, 0.1}});
+          EXPECT_EQ(opt->state_bytes(), 0u) << what << ": state is created at the first step";
+          for (int step = 0; step < 3; ++step) {
+            {
+              CategoryGuard grads(MemoryCategory::gradients);
+              w.set_grad(make_grad(gdtype, transposed, dev));
+              b.set_grad(randn({48}, gdtype, dev));
+            }
+            const optim::StepReport report = opt->step();
+            EXPECT_EQ(report.updated, 2) << what;
+            EXPECT_EQ(report.skipped_nonfinite, 0) << what;
+          }
+          EXPECT_EQ(opt->state_bytes(), static_cast<std::size_t>(oc.state_per_param) * 4 * (64 * 48 + 48)) << what;
+        });
+        EXPECT_EQ(at(cpu.peak, MemoryCategory::optimizer_state),
+                  static_cast<std::size_t>(oc.state_per_param) * 4 * (64 * 48 + 48))
+            << what << ": the state is allocated under optimizer_state on the parameter's device";
+        if (gdtype != DType::f32 || transposed) {
+          EXPECT_GT(at(cpu.peak, MemoryCategory::workspace), 0u) << what << ": the f32 copy of the gradient";
+        }
+      }
+    }
+  }
+}
+
+// Only f32 parameters have a step kernel: a bf16 parameter is refused on meta exactly as on the CPU.
+TEST(MetaOptim, RefusesBf16ParametersAsTheCpuDoes) {
+  for (const OptimCase& oc : optimizer_cases()) {
+    std::string messages[2];
+    int i = 0;
+    for (const Device dev : {Device::cpu(), Device::meta()}) {
+      Tensor w = randn({8, 4}, DType::bf16, dev).set_requires_grad(true);
+      w.set_grad(randn({8, 4}, DType::bf16, dev));
+      auto opt = oc.make({optim::ParamGroup{{w}}});
+      try {
+        opt->step();
+        ADD_FAILURE() << oc.name << " on " << dev.str() << " must refuse a bf16 parameter";
+      } catch (const Error& e) {
+        messages[i] = e.what();
+      }
+      ++i;
+    }
+    EXPECT_NE(messages[0].find("bf16"), std::string::npos) << messages[0];
+    EXPECT_NE(messages[0].find(std::string(oc.name.substr(0, oc.name.find(' ')))), std::string::npos) << messages[0];
+    // The same message but for the device's name.
+    EXPECT_EQ(messages[1].find("needs contiguous f32 parameters"), messages[0].find("needs contiguous f32 parameters"))
+        << messages[1];
+  }
+}
+
+// The finite gate reads the gradient: on the CPU a NaN gradient is skipped with no state made; on meta the
+// gradient reads as zeros, so it is finite and the step runs (the documented answer for data).
+TEST(MetaOptim, FiniteGateReadsZerosOnMeta) {
+  for (const Device dev : {Device::cpu(), Device::meta()}) {
+    Tensor w = zeros({16}, DType::f32, dev).set_requires_grad(true);
+    w.set_grad(full({16}, std::numeric_limits<double>::quiet_NaN(), DType::bf16, dev));
+    optim::AdamW opt({optim::ParamGroup{{w}}});
+    const optim::StepReport report = opt.step();
+    EXPECT_EQ(report.skipped_nonfinite, dev.is_cpu() ? 1 : 0) << dev.str();
+    EXPECT_EQ(report.updated, dev.is_cpu() ? 0 : 1) << dev.str();
+    EXPECT_EQ(opt.state_bytes(), dev.is_cpu() ? 0u : 2u * 4u * 16u) << dev.str();
+  }
+  expect_same_footprint("finite gate on a bf16 gradient", [](Device dev) {
+    Tensor w = zeros({300}, DType::f32, dev).set_requires_grad(true);
+    CategoryGuard grads(MemoryCategory::gradients);
+    w.set_grad(randn({300}, DType::bf16, dev));
+    optim::SGD opt({optim::ParamGroup{{w}, 0.1}});
+    EXPECT_EQ(opt.step().updated, 1);
+  });
+}
+
+// The global gradient norm over f32, bf16, f64 and transposed gradients: the same converted copies on meta,
+// where the norm is 0, so clip_grad_norm returns 0 and scales nothing.
+TEST(MetaOptim, GradNormMatchesCpuBytesAndIsZeroOnMeta) {
+  const Footprint cpu = expect_same_footprint("global_grad_norm", [](Device dev) {
+    std::vector<Tensor> params;
+    {
+      CategoryGuard p(MemoryCategory::parameters);
+      for (const DType dtype : {DType::f32, DType::bf16, DType::f64, DType::f16})
+        params.push_back(zeros({64, 48}, dtype, dev).set_requires_grad(true));
+      params.push_back(zeros({64, 48}, DType::f32, dev).set_requires_grad(true));
+      params.push_back(zeros({5}, DType::f32, dev).set_requires_grad(true));  // no gradient
+    }
+    {
+      CategoryGuard g(MemoryCategory::gradients);
+      for (std::size_t i = 0; i + 2 < params.size(); ++i) params[i].set_grad(randn({64, 48}, params[i].dtype(), dev));
+      params[4].set_grad(randn({48, 64}, DType::f32, dev).t());
+    }
+    const double norm = train::global_grad_norm(params);
+    const double clipped = train::clip_grad_norm(params, 1e30);  // large: the CPU does not scale either
+    EXPECT_EQ(norm, clipped);
+    if (dev.is_meta()) {
+      EXPECT_EQ(norm, 0.0);
+    } else {
+      EXPECT_GT(norm, 100.0);  // ~sqrt(5 * 3072)
+    }
+  });
+  EXPECT_GT(at(cpu.peak, MemoryCategory::workspace), 0u) << "the f32 copies of the bf16, f16 and transposed grads";
+
+  // On meta a norm of 0 never exceeds max_norm: no clipping.
+  Tensor w = zeros({8}, DType::f32, Device::meta()).set_requires_grad(true);
+  w.set_grad(full({8}, 1e6, DType::f32, Device::meta()));
+  EXPECT_EQ(train::clip_grad_norm({w}, 1.0), 0.0);
+}
+
+// Optimizers whose step is not behind the contract yet refuse a meta parameter at its first step, naming
+// themselves and meta, instead of failing on a data pointer halfway through.
+TEST(MetaOptim, OptimizersWithoutAMetaStepSayWhy) {
+  const std::vector<OptimCase> not_moved = {
+      {"AdamW8bit", [](auto g) { return std::make_unique<optim::AdamW8bit>(std::move(g)); }, 0},
+      {"Lion8bit", [](auto g) { return std::make_unique<optim::Lion8bit>(std::move(g)); }, 0},
+      {"Adafactor", [](auto g) { return std::make_unique<optim::Adafactor>(std::move(g)); }, 0},
+  };
+  for (const OptimCase& oc : not_moved) {
+    Tensor w = zeros({64, 80}, DType::f32, Device::meta()).set_requires_grad(true);
+    w.set_grad(zeros({64, 80}, DType::f32, Device::meta()));
+    auto opt = oc.make({optim::ParamGroup{{w}}});
+    try {
+      opt->step();
+      ADD_FAILURE() << oc.name << " must refuse a meta parameter";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(oc.name), std::string::npos) << m;
+      EXPECT_NE(m.find("meta"), std::string::npos) << m;
+    }
+    EXPECT_EQ(opt->state_bytes(), 0u) << oc.name;
+  }
+}
+
+}  // namespace
+}  // namespace memtrain
