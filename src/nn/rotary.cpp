@@ -39,17 +39,24 @@ RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len
   sin_ = from_buffer(s.data(), {max_seq_len, D}, DType::f64, dtype);
 }
 
+std::pair<Tensor, Tensor> RotaryEmbedding::tables_on(Device device) const {
+  if (device == cos_.device()) return {cos_, sin_};
+  // The tables are derived data, not buffers, so Module::to leaves them on the CPU; each other device gets
+  // its own copy once, instead of the rows in use travelling there on every call.
+  std::lock_guard lock(mutex_);
+  for (const auto& [c, s] : copies_)
+    if (c.device() == device) return {c, s};
+  CategoryGuard guard(MemoryCategory::other);
+  copies_.emplace_back(cos_.to(device), sin_.to(device));
+  return copies_.back();
+}
+
 Tensor RotaryEmbedding::apply(const Tensor& x) const {
   MT_CHECK(x.dim() == 4 && x.size(3) == head_dim_ && x.size(2) <= max_seq_len_, "nn::RotaryEmbedding",
            "expected x [B, H, T <= {}, {}], got {}", max_seq_len_, head_dim_, shape_str(x.shape()));
   const std::int64_t T = x.size(2);
-  Tensor c = cos_.slice(0, 0, T), s = sin_.slice(0, 0, T);  // (T,D), broadcast over B and H
-  if (x.device() != c.device()) {
-    // The tables are derived data, not buffers, so Module::to leaves them on the CPU: the T rows in use
-    // travel to x's device per call (T x D elements, small beside the activations).
-    c = c.to(x.device());
-    s = s.to(x.device());
-  }
+  const auto [cos_here, sin_here] = tables_on(x.device());
+  Tensor c = cos_here.slice(0, 0, T), s = sin_here.slice(0, 0, T);  // (T,D), broadcast over B and H
   if (x.dtype() != c.dtype()) {
     // Under autocast q and k arrive in the compute dtype: the rows in use are rounded to it, as HF casts
     // cos/sin to the activations' dtype (elementwise ops take one dtype).

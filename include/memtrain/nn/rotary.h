@@ -7,7 +7,9 @@
 // checkpoints load here unchanged.)
 //
 // The tables are computed in double and stored in the model dtype. They are derived data, neither
-// parameters nor buffers, so they are not in state_dict (HF's inv_freq is a non-persistent buffer too).
+// parameters nor buffers, so they are not in state_dict (HF's inv_freq is a non-persistent buffer too). On
+// another device than the CPU the tables are copied there once, at their first use on it, and kept (under
+// MemoryCategory::other), so a step allocates the same bytes on every device.
 // Applying them uses differentiable ops, so the gradient flows back through the rotation (its transpose).
 #pragma once
 
@@ -15,6 +17,9 @@
 #include "memtrain/core/tensor.h"
 
 #include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace memtrain::nn {
 
@@ -36,6 +41,10 @@ class RotaryEmbedding {
   std::int64_t max_seq_len_;
   Tensor cos_;
   Tensor sin_;
+  // cos/sin on each other device they were used on; made at the first use there.
+  std::pair<Tensor, Tensor> tables_on(Device device) const;
+  mutable std::mutex mutex_;
+  mutable std::vector<std::pair<Tensor, Tensor>> copies_;
 };
 
 }  // namespace memtrain::nn
