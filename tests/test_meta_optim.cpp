@@ -4,6 +4,8 @@
 // Meta reads as zeros: a gradient norm is 0 there (no clipping) and every gradient is finite.
 #include <gtest/gtest.h>
 
+#include "meta_footprint.h"
+
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
@@ -25,44 +27,8 @@
 namespace memtrain {
 namespace {
 
-// Per category: bytes above what was live before fn, at their peak and at the end.
-struct Footprint {
-  std::array<std::size_t, kNumMemoryCategories> peak{}, live{};
-  std::size_t total_peak = 0;
-};
-
-Footprint measure(Device device, const std::function<void(Device)>& fn) {
-  Allocator& alloc = Allocator::get(device);
-  const MemoryStats before = alloc.stats();
-  alloc.reset_peak();
-  fn(device);
-  const MemoryStats after = alloc.stats();
-  Footprint f;
-  for (int c = 0; c < kNumMemoryCategories; ++c) {
-    f.peak[c] = after.by_category[c].peak_bytes - before.by_category[c].live_bytes;
-    f.live[c] = after.by_category[c].live_bytes - before.by_category[c].live_bytes;
-  }
-  f.total_peak = after.peak_bytes - before.live_bytes;
-  return f;
-}
-
-// Runs fn on the CPU and on meta (same seed) and expects the same bytes in every category; returns the CPU's.
-Footprint expect_same_footprint(const std::string& what, const std::function<void(Device)>& fn) {
-  manual_seed(11);
-  const Footprint cpu = measure(Device::cpu(), fn);
-  const RngState after_cpu = get_rng_state();
-  manual_seed(11);
-  const Footprint meta = measure(Device::meta(), fn);
-  EXPECT_EQ(get_rng_state(), after_cpu) << what << ": meta must consume the RNG stream as the CPU does";
-  EXPECT_GT(cpu.total_peak, 0u) << what << ": the case allocates nothing, so it proves nothing";
-  EXPECT_EQ(meta.total_peak, cpu.total_peak) << what;
-  for (int c = 0; c < kNumMemoryCategories; ++c) {
-    const auto name = category_name(static_cast<MemoryCategory>(c));
-    EXPECT_EQ(meta.peak[c], cpu.peak[c]) << what << ": peak " << name;
-    EXPECT_EQ(meta.live[c], cpu.live[c]) << what << ": live " << name;
-  }
-  return cpu;
-}
+using test_support::expect_same_footprint;
+using test_support::Footprint;
 
 std::size_t at(const std::array<std::size_t, kNumMemoryCategories>& a, MemoryCategory c) {
   return a[static_cast<std::size_t>(c)];
