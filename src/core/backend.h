@@ -225,6 +225,21 @@ class Backend {
   virtual double sum_of_squares(const std::vector<Tensor>& tensors) const = 0;
 };
 
+// ---- helpers of the backends' entries ----
+
+// t without autograd history, contiguous (no copy when it already is); an undefined t stays undefined.
+inline Tensor dense(const Tensor& t) {
+  if (!t.defined()) return t;
+  const Tensor d = t.detach();
+  return d.is_contiguous() ? d : d.contiguous();
+}
+
+// Scratch of `elems` elements on `device`, counted as workspace; freed when the returned tensor dies.
+inline Tensor workspace_on(Device device, std::int64_t elems, DType dtype) {
+  CategoryGuard guard(MemoryCategory::workspace);
+  return Tensor::empty({elems}, dtype, device);
+}
+
 // The backend of a device; throws naming the device and why when none can serve it (a build without CUDA,
 // no usable GPU, an index past the machine's devices).
 const Backend& backend_for(Device device);

@@ -18,17 +18,11 @@ namespace {
 
 constexpr const char* kOp = "fused_linear_cross_entropy";
 
-// t without history, contiguous (no copy when it already is); undefined stays undefined.
-Tensor dense(const Tensor& t) {
-  if (!t.defined()) return t;
-  const Tensor d = t.detach();
-  return d.is_contiguous() ? d : d.contiguous();
-}
+using ::memtrain::detail::dense;
 
 // Scratch on `device`, counted as workspace.
 Tensor scratch(std::int64_t elems, DType dtype, Device device) {
-  CategoryGuard guard(MemoryCategory::workspace);
-  return Tensor::empty({elems}, dtype, device);
+  return ::memtrain::detail::workspace_on(device, elems, dtype);
 }
 
 // A (chunk, C) f32 scratch for widening narrow rows; undefined when x is f32 already.

@@ -19,16 +19,10 @@ namespace {
 
 constexpr const char* kOp = "fused_linear_cross_entropy";
 
-Tensor dense(const Tensor& t) {
-  if (!t.defined()) return t;
-  const Tensor d = t.detach();
-  return d.is_contiguous() ? d : d.contiguous();
-}
+using ::memtrain::detail::dense;
 
-// Scratch on the device: freed when the returned tensor dies, counted as workspace.
 Tensor device_workspace(std::int64_t elems, DType dtype, Device device) {
-  CategoryGuard guard(MemoryCategory::workspace);
-  return Tensor::empty({elems}, dtype, device);
+  return ::memtrain::detail::workspace_on(device, elems, dtype);
 }
 
 // n f32 ones on the device (workspace): the left factor of the bias GEMMs.
