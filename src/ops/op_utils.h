@@ -1,6 +1,7 @@
 // Shared helpers of the op front-ends: argument checks, broadcasting and dtype dispatch.
 #pragma once
 
+#include "cpu/cpu_backend.h"
 #include "memtrain/core/tensor.h"
 
 #include <cstdint>
@@ -22,8 +23,8 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
 // Strides that read `t` as if expanded to `shape` (0 on broadcast dims); shape must be broadcastable.
 Shape broadcast_strides(const Tensor& t, const Shape& shape);
 
-// The dtype a CPU kernel computes in: f64 stays f64, every other float type computes in f32.
-inline DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+// The dtype a CPU kernel computes in (the CPU backend's rule): f64 stays f64, other floats compute in f32.
+using ::memtrain::cpu::compute_dtype;
 // `t`, detached, in its compute dtype (no copy when it already is). For kernels: records nothing.
 Tensor to_compute(const Tensor& t);
 
