@@ -2,32 +2,43 @@
 
 #include "memtrain/core/error.h"
 
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
+
 namespace memtrain::nn {
 
+namespace {
+
+struct LlamaPreset {
+  const char* name;
+  std::int64_t vocab_size, block_size, n_layer, n_head, n_embd, intermediate_size;
+};
+
+// The sizes of the GaLore paper's LLaMA family (llama-60M ... llama-7B) and a tiny one for tests.
+constexpr LlamaPreset kPresets[] = {
+    {"llama-tiny", 512, 64, 2, 4, 64, 172},          {"llama-60M", 32000, 1024, 8, 8, 512, 1376},
+    {"llama-130M", 32000, 1024, 12, 12, 768, 2048},  {"llama-350M", 32000, 1024, 24, 16, 1024, 2736},
+    {"llama-1B", 32000, 1024, 24, 32, 2048, 5461},   {"llama-7B", 32000, 2048, 32, 32, 4096, 11008},
+};
+
+}  // namespace
+
 LlamaConfig LlamaConfig::preset(const std::string& name) {
-  LlamaConfig c;
-  if (name == "llama-tiny") {
-    c.vocab_size = 512, c.block_size = 64, c.n_layer = 2, c.n_head = 4, c.n_embd = 64, c.intermediate_size = 172;
-  } else if (name == "llama-60M") {
-    c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 8, c.n_head = 8, c.n_embd = 512;
-    c.intermediate_size = 1376;
-  } else if (name == "llama-130M") {
-    c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 12, c.n_head = 12, c.n_embd = 768;
-    c.intermediate_size = 2048;
-  } else if (name == "llama-350M") {
-    c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
-    c.intermediate_size = 2736;
-  } else if (name == "llama-1B") {
-    c.vocab_size = 32000, c.block_size = 1024, c.n_layer = 24, c.n_head = 32, c.n_embd = 2048;
-    c.intermediate_size = 5461;
-  } else if (name == "llama-7B") {
-    c.vocab_size = 32000, c.block_size = 2048, c.n_layer = 32, c.n_head = 32, c.n_embd = 4096;
-    c.intermediate_size = 11008;
-  } else {
-    MT_CHECK(false, "LlamaConfig::preset", "unknown preset '{}' (known: llama-tiny, llama-60M, llama-130M, llama-350M, "
-             "llama-1B, llama-7B)", name);
+  std::vector<std::string> known;
+  for (const LlamaPreset& p : kPresets) {
+    if (name != p.name) {
+      known.emplace_back(p.name);
+      continue;
+    }
+    LlamaConfig c;
+    c.vocab_size = p.vocab_size, c.block_size = p.block_size, c.n_layer = p.n_layer, c.n_head = p.n_head;
+    c.n_embd = p.n_embd, c.intermediate_size = p.intermediate_size;
+    return c;
   }
-  return c;
+  MT_CHECK(false, "LlamaConfig::preset", "unknown preset '{}' (known: {})", name, fmt::join(known, ", "));
+  return {};
 }
 
 void LlamaConfig::validate() const {

@@ -64,98 +64,65 @@ Tensor silu_backward(const Tensor& g, const Tensor& x) {
   return binary_kernel("silu_backward", g, x, BOp::silu_backward);
 }
 
-// Records a node whose gradient is backward(g, saved): the common shape of every op in this file.
+// The saved tensor of a rule: the forward's input x, or its output y where f' is cheaper from y.
+enum class Saves { input, output };
+
+// out = op(a), recording a node whose gradient is backward(g, saved): the shape of every op in this file.
 template <typename B>
-void record_unary(const char* name, const Tensor& a, const Tensor& out, const Tensor& saved, B backward) {
-  record(name, {a}, {out}, [s = SavedTensor(saved), backward](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{backward(g[0], s.unpack())};
-  });
-}
-
-}  // namespace
-
-Tensor abs(const Tensor& a) {
-  Tensor out = unary_kernel("abs", a, UOp::abs);
-  if (needs_grad({&a})) record_unary("abs", a, out, a, abs_backward);
-  return out;
-}
-
-Tensor exp(const Tensor& a) {
-  Tensor out = unary_kernel("exp", a, UOp::exp);
-  if (needs_grad({&a})) record_unary("exp", a, out, out, [](const Tensor& g, const Tensor& y) { return mul(g, y); });
-  return out;
-}
-
-Tensor log(const Tensor& a) {
-  Tensor out = unary_kernel("log", a, UOp::log);
-  if (needs_grad({&a})) record_unary("log", a, out, a, [](const Tensor& g, const Tensor& x) { return div(g, x); });
-  return out;
-}
-
-Tensor sqrt(const Tensor& a) {
-  Tensor out = unary_kernel("sqrt", a, UOp::sqrt);
-  if (needs_grad({&a})) record_unary("sqrt", a, out, out, sqrt_backward);
-  return out;
-}
-
-Tensor rsqrt(const Tensor& a) {
-  Tensor out = unary_kernel("rsqrt", a, UOp::rsqrt);
-  if (needs_grad({&a})) record_unary("rsqrt", a, out, out, rsqrt_backward);
-  return out;
-}
-
-Tensor pow(const Tensor& a, double exponent) {
-  Tensor out = unary_kernel("pow", a, UOp::pow, exponent);
+Tensor unary_op(const char* name, const Tensor& a, UOp op, Saves saves, B backward, double p0 = 0.0,
+                double p1 = 0.0) {
+  Tensor out = unary_kernel(name, a, op, p0, p1);
   if (needs_grad({&a})) {
-    record_unary("pow", a, out, a,
-                 [exponent](const Tensor& g, const Tensor& x) { return pow_backward(g, x, exponent); });
-  }
-  return out;
-}
-
-Tensor tanh(const Tensor& a) {
-  Tensor out = unary_kernel("tanh", a, UOp::tanh);
-  if (needs_grad({&a})) record_unary("tanh", a, out, out, tanh_backward);
-  return out;
-}
-
-Tensor sigmoid(const Tensor& a) {
-  Tensor out = unary_kernel("sigmoid", a, UOp::sigmoid);
-  if (needs_grad({&a})) record_unary("sigmoid", a, out, out, sigmoid_backward);
-  return out;
-}
-
-Tensor relu(const Tensor& a) {
-  Tensor out = unary_kernel("relu", a, UOp::relu);
-  if (needs_grad({&a})) record_unary("relu", a, out, out, relu_backward);
-  return out;
-}
-
-Tensor gelu(const Tensor& a, GeluApproximation approximation) {
-  detail::check_defined("gelu", a);
-  Tensor out = unary_kernel("gelu", a, approximation == GeluApproximation::tanh ? UOp::gelu_tanh : UOp::gelu_erf);
-  if (needs_grad({&a})) {
-    record_unary("gelu", a, out, a, [approximation](const Tensor& g, const Tensor& x) {
-      return gelu_backward(g, x, approximation);
+    record(name, {a}, {out}, [s = SavedTensor(saves == Saves::output ? out : a), backward](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{backward(g[0], s.unpack())};
     });
   }
   return out;
 }
 
-Tensor silu(const Tensor& a) {
-  Tensor out = unary_kernel("silu", a, UOp::silu);
-  if (needs_grad({&a})) record_unary("silu", a, out, a, silu_backward);
-  return out;
+}  // namespace
+
+Tensor abs(const Tensor& a) { return unary_op("abs", a, UOp::abs, Saves::input, abs_backward); }
+
+Tensor exp(const Tensor& a) {
+  return unary_op("exp", a, UOp::exp, Saves::output, [](const Tensor& g, const Tensor& y) { return mul(g, y); });
 }
+
+Tensor log(const Tensor& a) {
+  return unary_op("log", a, UOp::log, Saves::input, [](const Tensor& g, const Tensor& x) { return div(g, x); });
+}
+
+Tensor sqrt(const Tensor& a) { return unary_op("sqrt", a, UOp::sqrt, Saves::output, sqrt_backward); }
+
+Tensor rsqrt(const Tensor& a) { return unary_op("rsqrt", a, UOp::rsqrt, Saves::output, rsqrt_backward); }
+
+Tensor pow(const Tensor& a, double exponent) {
+  return unary_op(
+      "pow", a, UOp::pow, Saves::input,
+      [exponent](const Tensor& g, const Tensor& x) { return pow_backward(g, x, exponent); }, exponent);
+}
+
+Tensor tanh(const Tensor& a) { return unary_op("tanh", a, UOp::tanh, Saves::output, tanh_backward); }
+
+Tensor sigmoid(const Tensor& a) { return unary_op("sigmoid", a, UOp::sigmoid, Saves::output, sigmoid_backward); }
+
+Tensor relu(const Tensor& a) { return unary_op("relu", a, UOp::relu, Saves::output, relu_backward); }
+
+Tensor gelu(const Tensor& a, GeluApproximation approximation) {
+  detail::check_defined("gelu", a);
+  return unary_op("gelu", a, approximation == GeluApproximation::tanh ? UOp::gelu_tanh : UOp::gelu_erf,
+                  Saves::input,
+                  [approximation](const Tensor& g, const Tensor& x) { return gelu_backward(g, x, approximation); });
+}
+
+Tensor silu(const Tensor& a) { return unary_op("silu", a, UOp::silu, Saves::input, silu_backward); }
 
 Tensor clamp(const Tensor& a, double lo, double hi) {
   detail::check_floating("clamp", a);
   MT_CHECK(!(lo > hi), "clamp", "lower bound {} above upper bound {} (input {})", lo, hi, shape_str(a.shape()));
-  Tensor out = unary_kernel("clamp", a, UOp::clamp, lo, hi);
-  if (needs_grad({&a})) {
-    record_unary("clamp", a, out, a, [lo, hi](const Tensor& g, const Tensor& x) { return clamp_backward(g, x, lo, hi); });
-  }
-  return out;
+  return unary_op(
+      "clamp", a, UOp::clamp, Saves::input,
+      [lo, hi](const Tensor& g, const Tensor& x) { return clamp_backward(g, x, lo, hi); }, lo, hi);
 }
 
 }  // namespace memtrain::ops

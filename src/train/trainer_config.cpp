@@ -55,124 +55,145 @@ LrDecay lr_decay_from_name(const std::string& name) {
 
 // ---- TrainerConfig <-> JSON ----------------------------------------------------------------------------
 
+namespace {
+
+// Every setting of TrainerConfig, named once: to_json writes and from_json reads through this one list, so
+// a setting cannot be written under one key and read under another. Config is TrainerConfig or its const.
+template <typename Config, typename Visitor>
+void visit_settings(Config& c, Visitor& v) {
+  v.section("model", [&](auto& s) {
+    s.field("preset", c.model.preset);
+    s.field("seq_len", c.model.seq_len);
+    s.field("dropout", c.model.dropout);
+    s.field("init_from", c.model.init_from);
+  });
+  v.section("data", [&](auto& s) {
+    s.field("train", c.data.train);
+    s.field("val", c.data.val);
+    s.field("prefetch", c.data.prefetch);
+    s.field("shuffle", c.data.shuffle);
+    s.field("drop_last", c.data.drop_last);
+  });
+  v.custom("optimizer", c.optimizer, optim::spec_to_json, optim::spec_from_json);
+  v.section("schedule", [&](auto& s) {
+    s.field("warmup_steps", c.schedule.warmup_steps);
+    s.field("min_lr_ratio", c.schedule.min_lr_ratio);
+    s.named("decay", c.schedule.decay, lr_decay_name, lr_decay_from_name);
+  });
+  v.field("grad_clip", c.grad_clip);
+  v.field("micro_batch", c.micro_batch);
+  v.field("grad_accum", c.grad_accum);
+  v.field("world_size", c.world_size);
+  v.named("device", c.device, [](Device d) { return d.str(); },
+          [](const std::string& n) { return device_from_name(n, kWhere); });
+  v.named("precision", c.precision, amp::precision_name, amp::parse_precision);
+  v.section("loss_scaler", [&](auto& s) {
+    s.field("init_scale", c.loss_scaler.init_scale);
+    s.field("growth_factor", c.loss_scaler.growth_factor);
+    s.field("backoff_factor", c.loss_scaler.backoff_factor);
+    s.field("growth_interval", c.loss_scaler.growth_interval);
+    s.field("min_scale", c.loss_scaler.min_scale);
+    s.field("max_scale", c.loss_scaler.max_scale);
+  });
+  v.named("fp8_scaling", c.fp8_scaling, amp::fp8_scaling_name, amp::fp8_scaling_from_name);
+  v.field("fp8_amax_history", c.fp8_amax_history);
+  v.field("fp8_margin", c.fp8_margin);
+  v.named("activation_checkpointing", c.activation_checkpointing,
+          [](const ckpt::Policy& p) { return p.to_string(); }, ckpt::Policy::parse);
+  v.field("galore_rank", c.galore_rank);
+  v.field("galore_update_gap", c.galore_update_gap);
+  v.field("galore_scale", c.galore_scale);
+  v.named("galore_proj_type", c.galore_proj_type, optim::galore_proj_type_name, optim::galore_proj_type_from_name);
+  v.named("galore_svd", c.galore_svd, optim::galore_svd_name, optim::galore_svd_from_name);
+  v.field("layerwise_update", c.layerwise_update);
+  v.field("max_steps", c.max_steps);
+  v.field("eval_interval", c.eval_interval);
+  v.field("eval_batches", c.eval_batches);
+  v.field("log_interval", c.log_interval);
+  v.field("checkpoint_interval", c.checkpoint_interval);
+  v.field("checkpoint_dir", c.checkpoint_dir);
+  v.field("keep_checkpoints", c.keep_checkpoints);
+  v.field("seed", c.seed);
+  v.field("memory_budget_bytes", c.memory_budget_bytes);
+  v.field("metrics_path", c.metrics_path);
+  v.field("summary_path", c.summary_path);
+}
+
+// Writes each setting under its key (named settings by name; an unset optional as null).
+struct JsonWriter {
+  json& j;
+
+  template <typename T>
+  void field(const char* key, const T& value) {
+    j[key] = value;
+  }
+  void field(const char* key, const std::optional<std::size_t>& value) {
+    j[key] = value ? json(*value) : json(nullptr);
+  }
+  template <typename T, typename Name, typename Parse>
+  void named(const char* key, const T& value, Name name, Parse) {
+    j[key] = name(value);
+  }
+  template <typename T, typename Write, typename Read>
+  void custom(const char* key, const T& value, Write write, Read) {
+    j[key] = write(value);
+  }
+  template <typename Body>
+  void section(const char* key, Body body) {
+    JsonWriter inner{j[key]};
+    body(inner);
+  }
+};
+
+// Reads each setting present, strictly: an unknown key, a wrong type or a bad name is an error naming the
+// key with its path ("schedule.decay").
+struct JsonReader {
+  ::memtrain::detail::JsonObjectReader& r;
+  std::string path;  // "" or "schedule."
+
+  template <typename T>
+  void field(const char* key, T& value) {
+    r.get(key, value);
+  }
+  template <typename T, typename Name, typename Parse>
+  void named(const char* key, T& value, Name, Parse parse) {
+    read_named(r, key, (path + key).c_str(), value, parse);
+  }
+  template <typename T, typename Write, typename Read>
+  void custom(const char* key, T& value, Write, Read read) {
+    const json* v = r.find(key);
+    if (v == nullptr) return;
+    try {
+      value = read(*v);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", kWhere, e.what()));
+    }
+  }
+  template <typename Body>
+  void section(const char* key, Body body) {
+    const json* v = r.find(key);
+    if (v == nullptr) return;
+    ::memtrain::detail::JsonObjectReader inner_reader(*v, path + key, kWhere);
+    JsonReader inner{inner_reader, path + key + "."};
+    body(inner);
+    inner_reader.finish();
+  }
+};
+
+}  // namespace
+
 json TrainerConfig::to_json() const {
   json j;
-  j["model"] = {{"preset", model.preset}, {"seq_len", model.seq_len}, {"dropout", model.dropout},
-                {"init_from", model.init_from}};
-  j["data"] = {{"train", data.train},       {"val", data.val},          {"prefetch", data.prefetch},
-               {"shuffle", data.shuffle},   {"drop_last", data.drop_last}};
-  j["optimizer"] = optim::spec_to_json(optimizer);
-  j["schedule"] = {{"warmup_steps", schedule.warmup_steps},
-                   {"min_lr_ratio", schedule.min_lr_ratio},
-                   {"decay", lr_decay_name(schedule.decay)}};
-  j["grad_clip"] = grad_clip;
-  j["micro_batch"] = micro_batch;
-  j["grad_accum"] = grad_accum;
-  j["world_size"] = world_size;
-  j["device"] = device.str();
-  j["precision"] = amp::precision_name(precision);
-  j["loss_scaler"] = {{"init_scale", loss_scaler.init_scale},
-                      {"growth_factor", loss_scaler.growth_factor},
-                      {"backoff_factor", loss_scaler.backoff_factor},
-                      {"growth_interval", loss_scaler.growth_interval},
-                      {"min_scale", loss_scaler.min_scale},
-                      {"max_scale", loss_scaler.max_scale}};
-  j["fp8_scaling"] = amp::fp8_scaling_name(fp8_scaling);
-  j["fp8_amax_history"] = fp8_amax_history;
-  j["fp8_margin"] = fp8_margin;
-  j["activation_checkpointing"] = activation_checkpointing.to_string();
-  j["galore_rank"] = galore_rank;
-  j["galore_update_gap"] = galore_update_gap;
-  j["galore_scale"] = galore_scale;
-  j["galore_proj_type"] = optim::galore_proj_type_name(galore_proj_type);
-  j["galore_svd"] = optim::galore_svd_name(galore_svd);
-  j["layerwise_update"] = layerwise_update;
-  j["max_steps"] = max_steps;
-  j["eval_interval"] = eval_interval;
-  j["eval_batches"] = eval_batches;
-  j["log_interval"] = log_interval;
-  j["checkpoint_interval"] = checkpoint_interval;
-  j["checkpoint_dir"] = checkpoint_dir;
-  j["keep_checkpoints"] = keep_checkpoints;
-  j["seed"] = seed;
-  j["memory_budget_bytes"] = memory_budget_bytes ? json(*memory_budget_bytes) : json(nullptr);
-  j["metrics_path"] = metrics_path;
-  j["summary_path"] = summary_path;
+  JsonWriter writer{j};
+  visit_settings(*this, writer);
   return j;
 }
 
 TrainerConfig TrainerConfig::from_json(const json& j) {
   TrainerConfig c;
   ::memtrain::detail::JsonObjectReader r(j, "", kWhere);
-  if (const json* m = r.find("model")) {
-    ::memtrain::detail::JsonObjectReader mr(*m, "model", kWhere);
-    mr.get("preset", c.model.preset);
-    mr.get("seq_len", c.model.seq_len);
-    mr.get("dropout", c.model.dropout);
-    mr.get("init_from", c.model.init_from);
-    mr.finish();
-  }
-  if (const json* d = r.find("data")) {
-    ::memtrain::detail::JsonObjectReader dr(*d, "data", kWhere);
-    dr.get("train", c.data.train);
-    dr.get("val", c.data.val);
-    dr.get("prefetch", c.data.prefetch);
-    dr.get("shuffle", c.data.shuffle);
-    dr.get("drop_last", c.data.drop_last);
-    dr.finish();
-  }
-  if (const json* o = r.find("optimizer")) {
-    try {
-      c.optimizer = optim::spec_from_json(*o);
-    } catch (const Error& e) {
-      throw Error(fmt::format("{}: {}", kWhere, e.what()));
-    }
-  }
-  if (const json* s = r.find("schedule")) {
-    ::memtrain::detail::JsonObjectReader sr(*s, "schedule", kWhere);
-    sr.get("warmup_steps", c.schedule.warmup_steps);
-    sr.get("min_lr_ratio", c.schedule.min_lr_ratio);
-    read_named(sr, "decay", "schedule.decay", c.schedule.decay, lr_decay_from_name);
-    sr.finish();
-  }
-  r.get("grad_clip", c.grad_clip);
-  r.get("micro_batch", c.micro_batch);
-  r.get("grad_accum", c.grad_accum);
-  r.get("world_size", c.world_size);
-  read_named(r, "device", "device", c.device, [](const std::string& n) { return device_from_name(n, kWhere); });
-  read_named(r, "precision", "precision", c.precision, amp::parse_precision);
-  if (const json* l = r.find("loss_scaler")) {
-    ::memtrain::detail::JsonObjectReader lr(*l, "loss_scaler", kWhere);
-    lr.get("init_scale", c.loss_scaler.init_scale);
-    lr.get("growth_factor", c.loss_scaler.growth_factor);
-    lr.get("backoff_factor", c.loss_scaler.backoff_factor);
-    lr.get("growth_interval", c.loss_scaler.growth_interval);
-    lr.get("min_scale", c.loss_scaler.min_scale);
-    lr.get("max_scale", c.loss_scaler.max_scale);
-    lr.finish();
-  }
-  read_named(r, "fp8_scaling", "fp8_scaling", c.fp8_scaling, amp::fp8_scaling_from_name);
-  r.get("fp8_amax_history", c.fp8_amax_history);
-  r.get("fp8_margin", c.fp8_margin);
-  read_named(r, "activation_checkpointing", "activation_checkpointing", c.activation_checkpointing,
-             ckpt::Policy::parse);
-  r.get("galore_rank", c.galore_rank);
-  r.get("galore_update_gap", c.galore_update_gap);
-  r.get("galore_scale", c.galore_scale);
-  read_named(r, "galore_proj_type", "galore_proj_type", c.galore_proj_type, optim::galore_proj_type_from_name);
-  read_named(r, "galore_svd", "galore_svd", c.galore_svd, optim::galore_svd_from_name);
-  r.get("layerwise_update", c.layerwise_update);
-  r.get("max_steps", c.max_steps);
-  r.get("eval_interval", c.eval_interval);
-  r.get("eval_batches", c.eval_batches);
-  r.get("log_interval", c.log_interval);
-  r.get("checkpoint_interval", c.checkpoint_interval);
-  r.get("checkpoint_dir", c.checkpoint_dir);
-  r.get("keep_checkpoints", c.keep_checkpoints);
-  r.get("seed", c.seed);
-  r.get("memory_budget_bytes", c.memory_budget_bytes);
-  r.get("metrics_path", c.metrics_path);
-  r.get("summary_path", c.summary_path);
+  JsonReader reader{r, ""};
+  visit_settings(c, reader);
   r.finish();
   return c;
 }
