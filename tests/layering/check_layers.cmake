@@ -1,5 +1,5 @@
-# The layering rule of DESIGN.md ("Layers: lower never includes higher"), checked on the include lines of
-# every file under src/, include/memtrain/ and kernels/ of ROOT:
+# The layering rule of docs/architecture.md (DESIGN.md "Layers": lower never includes higher), checked on the
+# include lines of every file under src/, include/memtrain/ and kernels/ of ROOT:
 #
 #   cmake -DROOT=<source tree> -P tests/layering/check_layers.cmake
 #
@@ -18,8 +18,8 @@ if(NOT DEFINED ROOT OR NOT IS_DIRECTORY "${ROOT}")
   message(FATAL_ERROR "check_layers: pass -DROOT=<source tree>")
 endif()
 
-# ---- the layers, lowest first (DESIGN.md; io/ is not in its table: file formats and atomic writes over core
-# only, used by models, data and training, so it sits right above core) ----
+# ---- the layers, lowest first (docs/architecture.md; io/, absent from DESIGN.md's table, is file formats and
+# atomic writes over core only, used by models, data and training, so it sits right above core) ----
 set(layer_names core io backends ops+autograd techniques models data training distributed planning)
 set(rank_core 0)
 set(rank_io 1)
@@ -75,7 +75,7 @@ foreach(file IN LISTS files)
     continue()
   endif()
   if(NOT DEFINED rank_${folder})
-    list(APPEND violations "${file}: folder '${folder}' has no layer: add it to DESIGN.md and to this check")
+    list(APPEND violations "${file}: folder '${folder}' has no layer: add it to docs/architecture.md and to this check")
     continue()
   endif()
   set(rank ${rank_${folder}})
@@ -137,6 +137,6 @@ endforeach()
 list(LENGTH violations count)
 if(count GREATER 0)
   list(JOIN violations "\n  " text)
-  message(FATAL_ERROR "layering: ${count} violations in ${ROOT} (DESIGN.md, \"Layers\"):\n  ${text}\n")
+  message(FATAL_ERROR "layering: ${count} violations in ${ROOT} (docs/architecture.md):\n  ${text}\n")
 endif()
 message(STATUS "layering: ${checked} files checked, no file includes a header of a layer above its own")
