@@ -32,6 +32,7 @@
 #include "memtrain/data/token_shard.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/nn/nn.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/linalg.h"

@@ -1,12 +1,17 @@
-// amp::Autocast: a thread-local compute dtype and the cache of parameter copies for the outermost guard.
+// amp::Autocast: a CastMode (ops/dispatch_modes.h) per guard, holding the compute dtype and the cache of
+// parameter copies it shares with the guards around it.
 #include "memtrain/amp/autocast.h"
 
-#include "amp/autocast_state.h"
 #include "memtrain/amp/fp8_state.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
+#include "memtrain/ops/dispatch_modes.h"
 
+#include <memory>
+#include <optional>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace memtrain::amp {
 
@@ -26,17 +31,40 @@ struct WeightCache {
   std::unordered_map<const TensorImpl*, Fp8Entry> fp8_entries;
 };
 
-struct State {
-  AutocastMode mode;
-  std::shared_ptr<WeightCache> cache;
-};
-
-thread_local State t_state;
-
 bool is_parameter(const Tensor& t) { return t.requires_grad() && t.is_leaf(); }
 
-Tensor cast_parameter(const Tensor& p, DType dtype) {
-  WeightCache& cache = *t_state.cache;
+// What an Autocast guard installs as the ops' CastMode (ops/dispatch_modes.h): its mode and the parameter
+// copies it shares with the guards around it that set the same mode.
+class AutocastCastMode final : public ops::CastMode {
+ public:
+  AutocastCastMode(const AutocastMode& mode, std::shared_ptr<WeightCache> cache)
+      : mode_(mode), cache_(std::move(cache)) {}
+
+  const AutocastMode& mode() const { return mode_; }
+  const std::shared_ptr<WeightCache>& cache() const { return cache_; }
+
+  // Floating tensors cast to the compute dtype (parameters through the guard's cache); others unchanged.
+  std::optional<std::vector<Tensor>> to_compute(const std::vector<Tensor>& inputs) override {
+    return cast_floating(inputs, mode_.dtype, true);
+  }
+  // Floating tensors of another dtype cast to f32.
+  std::optional<std::vector<Tensor>> to_f32(const std::vector<Tensor>& inputs) override {
+    return cast_floating(inputs, DType::f32, false);
+  }
+  // Under the fp8 policy: amp::fp8_linear of x (cast to bf16) with the guard's FP8 copy of weight.
+  std::optional<Tensor> linear(const Tensor& x, const Tensor& weight, const Tensor& bias) override;
+
+ private:
+  Tensor cast_parameter(const Tensor& p, DType dtype);
+  const Fp8Weight& fp8_weight(const Tensor& w);
+  std::optional<std::vector<Tensor>> cast_floating(const std::vector<Tensor>& inputs, DType dtype, bool use_cache);
+
+  AutocastMode mode_;
+  std::shared_ptr<WeightCache> cache_;
+};
+
+Tensor AutocastCastMode::cast_parameter(const Tensor& p, DType dtype) {
+  WeightCache& cache = *cache_;
   auto it = cache.entries.find(&p.impl());
   if (it != cache.entries.end() && it->second.copy.dtype() == dtype) return it->second.copy;
   CategoryGuard category(MemoryCategory::compute_weights);
@@ -45,17 +73,19 @@ Tensor cast_parameter(const Tensor& p, DType dtype) {
   return copy;
 }
 
-const Fp8Weight& fp8_weight(const Tensor& w) {
-  WeightCache& cache = *t_state.cache;
+const Fp8Weight& AutocastCastMode::fp8_weight(const Tensor& w) {
+  WeightCache& cache = *cache_;
   auto it = cache.fp8_entries.find(&w.impl());
   if (it != cache.fp8_entries.end()) return it->second.copy;
-  Fp8State& fp8 = *t_state.mode.fp8;
+  Fp8State& fp8 = *mode_.fp8;
   CategoryGuard category(MemoryCategory::compute_weights);
   Fp8Weight q = quantize_weight(w.detach(), fp8.recipe(), fp8.meta_for(w));
   return cache.fp8_entries.emplace(&w.impl(), WeightCache::Fp8Entry{w, std::move(q)}).first->second.copy;
 }
 
-std::optional<std::vector<Tensor>> cast_floating(const std::vector<Tensor>& inputs, DType dtype, bool use_cache) {
+// nullopt when nothing needed a cast, so the op runs as called.
+std::optional<std::vector<Tensor>> AutocastCastMode::cast_floating(const std::vector<Tensor>& inputs, DType dtype,
+                                                                   bool use_cache) {
   bool changed = false;
   for (const Tensor& t : inputs) changed |= t.defined() && is_floating(t.dtype()) && t.dtype() != dtype;
   if (!changed) return std::nullopt;
@@ -69,57 +99,64 @@ std::optional<std::vector<Tensor>> cast_floating(const std::vector<Tensor>& inpu
   return out;
 }
 
-}  // namespace
-
-struct Autocast::Saved {
-  State state;
-};
-
-Autocast::Autocast(const AutocastMode& mode) : previous_(std::make_unique<Saved>(Saved{t_state})) {
-  MT_CHECK(mode.dtype == DType::bf16 || mode.dtype == DType::f16 || mode.dtype == DType::f32, "amp::Autocast",
-           "the compute dtype must be bf16 or f16 (or f32 to turn autocast off), got {}", dtype_name(mode.dtype));
-  MT_CHECK(mode.fp8 == nullptr || mode.dtype == DType::bf16, "amp::Autocast", "the fp8 policy computes in bf16, not {}",
-           dtype_name(mode.dtype));
-  // A guard that changes the mode starts its own cache; one that repeats it shares the outer cache.
-  const bool same = mode.dtype == t_state.mode.dtype && mode.fp8 == t_state.mode.fp8;
-  if (!same || !t_state.cache) t_state = State{mode, std::make_shared<WeightCache>()};
-}
-
-Autocast::Autocast(DType dtype) : Autocast(AutocastMode{dtype, nullptr}) {}
-
-Autocast::Autocast(Fp8State& fp8) : Autocast(AutocastMode{DType::bf16, &fp8}) {}
-
-Autocast::~Autocast() { t_state = std::move(previous_->state); }
-
-DType autocast_dtype() { return t_state.mode.dtype; }
-
-AutocastMode autocast_mode() { return t_state.mode; }
-
-namespace detail {
-
-std::optional<std::vector<Tensor>> autocast_to_compute(const std::vector<Tensor>& inputs) {
-  if (t_state.mode.dtype == DType::f32) return std::nullopt;
-  return cast_floating(inputs, t_state.mode.dtype, true);
-}
-
-std::optional<Tensor> autocast_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (t_state.mode.fp8 == nullptr) return std::nullopt;
+std::optional<Tensor> AutocastCastMode::linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (mode_.fp8 == nullptr) return std::nullopt;
   // Checked before the weight is quantized and cached: fp8_linear runs on the CPU or on one CUDA device.
   MT_CHECK(x.device() == weight.device(), "linear",
            "the fp8 policy needs the input and the weight on one device (input on {}, weight on {})", x.device().str(),
            weight.device().str());
-  Fp8State& fp8 = *t_state.mode.fp8;
+  Fp8State& fp8 = *mode_.fp8;
   const Fp8Weight& wq = fp8_weight(weight);
   const Tensor xb = x.dtype() == DType::bf16 ? x : x.to(DType::bf16);
   Autocast off(DType::f32);  // fp8_linear computes its products in f32 itself
   return fp8_linear(xb, weight, wq, bias, fp8.recipe(), fp8.meta_for(weight));
 }
 
-std::optional<std::vector<Tensor>> autocast_to_f32(const std::vector<Tensor>& inputs) {
-  if (t_state.mode.dtype == DType::f32) return std::nullopt;
-  return cast_floating(inputs, DType::f32, false);
+// The innermost guard's mode when it is an Autocast's; nullptr when casting is off or another CastMode is
+// installed.
+const AutocastCastMode* current() { return dynamic_cast<const AutocastCastMode*>(ops::detail::current_cast_mode()); }
+
+}  // namespace
+
+// An autocast-off guard (f32) installs no mode: the ops then run as called, exactly as with no guard.
+struct Autocast::Installed {
+  std::unique_ptr<ops::CastMode> mode;  // declared first: outlives the guard that installs it
+  ops::CastModeGuard guard;
+  explicit Installed(std::unique_ptr<ops::CastMode> m) : mode(std::move(m)), guard(mode.get()) {}
+};
+
+namespace {
+
+// A guard that repeats the innermost guard's mode shares its cache (a tied embedding and head cast once per
+// outermost guard); one that changes the mode starts its own.
+std::unique_ptr<ops::CastMode> make_mode(const AutocastMode& mode) {
+  if (mode.dtype == DType::f32) return nullptr;
+  const AutocastCastMode* outer = current();
+  const bool same = outer && mode.dtype == outer->mode().dtype && mode.fp8 == outer->mode().fp8;
+  return std::make_unique<AutocastCastMode>(mode, same ? outer->cache() : std::make_shared<WeightCache>());
 }
 
-}  // namespace detail
+}  // namespace
+
+Autocast::Autocast(const AutocastMode& mode) {
+  MT_CHECK(mode.dtype == DType::bf16 || mode.dtype == DType::f16 || mode.dtype == DType::f32, "amp::Autocast",
+           "the compute dtype must be bf16 or f16 (or f32 to turn autocast off), got {}", dtype_name(mode.dtype));
+  MT_CHECK(mode.fp8 == nullptr || mode.dtype == DType::bf16, "amp::Autocast", "the fp8 policy computes in bf16, not {}",
+           dtype_name(mode.dtype));
+  installed_ = std::make_unique<Installed>(make_mode(mode));
+}
+
+Autocast::Autocast(DType dtype) : Autocast(AutocastMode{dtype, nullptr}) {}
+
+Autocast::Autocast(Fp8State& fp8) : Autocast(AutocastMode{DType::bf16, &fp8}) {}
+
+Autocast::~Autocast() = default;
+
+AutocastMode autocast_mode() {
+  const AutocastCastMode* mode = current();
+  return mode ? mode->mode() : AutocastMode{};
+}
+
+DType autocast_dtype() { return autocast_mode().dtype; }
 
 }  // namespace memtrain::amp

@@ -1,9 +1,9 @@
 // Backward engine. See include/memtrain/autograd/engine.h.
 #include "memtrain/autograd/engine.h"
 
-#include "memtrain/amp/autocast.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/elementwise.h"
 
 #include <queue>
@@ -29,7 +29,7 @@ void accumulate(Tensor& slot, const Tensor& g) {
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   MT_CHECK(roots.size() == grads.size(), "backward", "{} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;
-  amp::Autocast autocast_off(DType::f32);  // gradients keep the dtypes the forward gave them
+  ops::CastModeGuard no_cast(nullptr);  // no autocast: gradients keep the dtypes the forward gave them
   CategoryGuard category(MemoryCategory::gradients);
 
   // Dependencies: how many edges point at each node reachable from the roots.

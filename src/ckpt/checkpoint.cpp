@@ -7,6 +7,7 @@
 #include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/ops/dispatch_modes.h"
 
 #include <fmt/format.h>
 
@@ -159,19 +160,31 @@ struct Handle {
   }
 };
 
-class RegionHooks final : public autograd::SavedTensorHooks {
+// A region's forward or re-run: the saved-tensor hooks its ops' saves go through, and the RecomputeMode
+// (ops/dispatch_modes.h) its expensive ops hand their forwards to. Both are installed for the same scope.
+class RegionHooks final : public autograd::SavedTensorHooks, public ops::RecomputeMode {
  public:
   RegionHooks(std::shared_ptr<Frame> frame, bool rerun) : frame_(std::move(frame)), rerun_(rerun) {}
   std::shared_ptr<void> pack(const Tensor& tensor) override { return rerun_ ? pack_rerun(tensor) : pack_forward(tensor); }
   Tensor unpack(const std::shared_ptr<void>& handle) override;
-  Frame& frame() const { return *frame_; }
-  bool rerun() const { return rerun_; }
+  std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
+                                        const std::function<std::vector<Tensor>()>& compute) override;
 
  private:
   std::shared_ptr<void> pack_forward(const Tensor& tensor);
   std::shared_ptr<void> pack_rerun(const Tensor& tensor);
   std::shared_ptr<Frame> frame_;
   bool rerun_;
+};
+
+// Installs `hooks` as this thread's saved-tensor hooks and RecomputeMode for the scope.
+class RegionScope {
+ public:
+  explicit RegionScope(const std::shared_ptr<RegionHooks>& hooks) : saves_(hooks), recompute_(hooks.get()) {}
+
+ private:
+  autograd::SavedTensorHooksGuard saves_;
+  ops::RecomputeModeGuard recompute_;
 };
 
 std::shared_ptr<void> RegionHooks::pack_forward(const Tensor& tensor) {
@@ -261,7 +274,7 @@ void Frame::rerun() {
   rerun_cursor = 0;
   replay_cursor = 0;
   try {
-    autograd::SavedTensorHooksGuard hooks(std::make_shared<RegionHooks>(shared_from_this(), true));
+    const RegionScope scope(std::make_shared<RegionHooks>(shared_from_this(), true));
     fn(args);
   } catch (const StopRerun&) {
   } catch (...) {
@@ -278,8 +291,56 @@ void Frame::rerun() {
            rerun_cursor, slots.size());
 }
 
-std::shared_ptr<RegionHooks> innermost_region() {
-  return std::dynamic_pointer_cast<RegionHooks>(autograd::current_saved_tensor_hooks());
+std::vector<Tensor> RegionHooks::compute_or_replay(std::string_view op, double flops,
+                                                   const std::function<std::vector<Tensor>()>& compute) {
+  // Only while this region's hooks take the saves (as when the ops found the region through them): other hooks
+  // installed inside the region take the saves of their scope, and the region then neither notes nor replays.
+  if (autograd::current_saved_tensor_hooks().get() != this) return compute();
+  Frame& f = *frame_;
+  const std::string_view label = current_op_label();
+  const bool keep = covers(f.keep_ops, op, label);
+  if (rerun_) {
+    const auto recompute = [&] {
+      g_recomputed_flops.fetch_add(flops, std::memory_order_relaxed);
+      return compute();
+    };
+    if (!keep) return recompute();
+    const std::string name = op_str(op, label);
+    MT_CHECK(f.replay_cursor < f.kept.size() && f.kept[f.replay_cursor].op == name, kOp,
+             "the re-run of a region reached {} where its forward kept {}: the region's function must run the same "
+             "ops in the same order every time",
+             name, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
+    const KeptOutputs& kept = f.kept[f.replay_cursor++];
+    if (kept.tensors.empty()) return recompute();  // released after the forward: nothing saved it
+    std::vector<Tensor> out;
+    for (const Tensor& t : kept.tensors) out.push_back(t.detach());
+    return out;
+  }
+  const std::size_t saves_before = f.slots.size();
+  std::vector<Tensor> out = compute();
+  if (covers(f.expensive_ops(), op, label)) {
+    f.profile.expensive_flops += flops;
+    ExpensiveOp& e = f.expensive_op_list.emplace_back();
+    e.flops = flops;
+    e.saves_before = saves_before;
+    if (keep) e.kept = static_cast<std::ptrdiff_t>(f.kept.size());
+    for (const Tensor& t : out) {
+      if (!t.defined()) continue;
+      f.expensive.add(t.storage());
+      e.outputs.push_back(t.storage());
+      e.nbytes += t.storage()->nbytes();
+      f.expensive_op_of[t.storage().get()] = f.expensive_op_list.size() - 1;
+    }
+  }
+  if (keep) {
+    KeptOutputs& k = f.kept.emplace_back();
+    k.op = op_str(op, label);
+    for (const Tensor& t : out) {
+      k.tensors.push_back(t.defined() ? t.detach() : Tensor());
+      if (t.defined()) f.kept_storages.insert(t.storage().get());
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -314,7 +375,7 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
 
   std::vector<Tensor> outputs;
   {
-    autograd::SavedTensorHooksGuard hooks(std::make_shared<RegionHooks>(frame, false));
+    const RegionScope scope(std::make_shared<RegionHooks>(frame, false));
     outputs = fn(inputs);
   }
 
@@ -363,53 +424,7 @@ namespace detail {
 
 std::vector<Tensor> compute_or_replay(std::string_view op, double flops,
                                       const std::function<std::vector<Tensor>()>& compute) {
-  const std::shared_ptr<RegionHooks> region = innermost_region();
-  if (!region) return compute();
-  Frame& f = region->frame();
-  const std::string_view label = current_op_label();
-  const bool keep = covers(f.keep_ops, op, label);
-  if (region->rerun()) {
-    const auto recompute = [&] {
-      g_recomputed_flops.fetch_add(flops, std::memory_order_relaxed);
-      return compute();
-    };
-    if (!keep) return recompute();
-    const std::string name = op_str(op, label);
-    MT_CHECK(f.replay_cursor < f.kept.size() && f.kept[f.replay_cursor].op == name, kOp,
-             "the re-run of a region reached {} where its forward kept {}: the region's function must run the same "
-             "ops in the same order every time",
-             name, f.replay_cursor < f.kept.size() ? f.kept[f.replay_cursor].op : std::string("nothing more"));
-    const KeptOutputs& kept = f.kept[f.replay_cursor++];
-    if (kept.tensors.empty()) return recompute();  // released after the forward: nothing saved it
-    std::vector<Tensor> out;
-    for (const Tensor& t : kept.tensors) out.push_back(t.detach());
-    return out;
-  }
-  const std::size_t saves_before = f.slots.size();
-  std::vector<Tensor> out = compute();
-  if (covers(f.expensive_ops(), op, label)) {
-    f.profile.expensive_flops += flops;
-    ExpensiveOp& e = f.expensive_op_list.emplace_back();
-    e.flops = flops;
-    e.saves_before = saves_before;
-    if (keep) e.kept = static_cast<std::ptrdiff_t>(f.kept.size());
-    for (const Tensor& t : out) {
-      if (!t.defined()) continue;
-      f.expensive.add(t.storage());
-      e.outputs.push_back(t.storage());
-      e.nbytes += t.storage()->nbytes();
-      f.expensive_op_of[t.storage().get()] = f.expensive_op_list.size() - 1;
-    }
-  }
-  if (keep) {
-    KeptOutputs& k = f.kept.emplace_back();
-    k.op = op_str(op, label);
-    for (const Tensor& t : out) {
-      k.tensors.push_back(t.defined() ? t.detach() : Tensor());
-      if (t.defined()) f.kept_storages.insert(t.storage().get());
-    }
-  }
-  return out;
+  return ops::detail::compute_or_replay(op, flops, compute);
 }
 
 }  // namespace detail

@@ -1,8 +1,11 @@
-// Operand checks shared by op front-ends and the backends whose kernels limit the layouts they take.
+// Operand checks shared by op front-ends and the backends whose kernels limit the layouts they take, and the
+// integer index helpers of the gather/scatter kernels (embedding, cross-entropy).
 #pragma once
 
 #include "memtrain/core/error.h"
 #include "memtrain/core/tensor.h"
+
+#include <cstdint>
 
 namespace memtrain::detail {
 
@@ -25,6 +28,27 @@ inline void check_cuda_same_dtype(const char* op, const char* what, const Tensor
            "{} {} {} with {} {} {} on {} is not supported yet: the CUDA kernel takes one dtype for all of them",
            what, dtype_name(t.dtype()), shape_str(t.shape()), ref_what, dtype_name(ref.dtype()),
            shape_str(ref.shape()), ref.device().str());
+}
+
+// Calls f(std::int32_t{}) or f(std::int64_t{}) for an integer index dtype (i32 or i64, checked by the caller).
+template <typename F>
+decltype(auto) dispatch_index(DType t, F&& f) {
+  if (t == DType::i32) return f(std::int32_t{});
+  return f(std::int64_t{});
+}
+
+// Throws naming the op, the offending value and its (flat) position when an index lies outside [0, n)
+// and is not `ignore` (only consulted when has_ignore).
+template <typename I>
+void check_index_range(const char* op, const char* what, const I* idx, std::int64_t count, std::int64_t n,
+                       bool has_ignore, std::int64_t ignore, const Shape& shape) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t v = static_cast<std::int64_t>(idx[i]);
+    if ((v < 0 || v >= n) && !(has_ignore && v == ignore)) {
+      MT_CHECK(false, op, "{} {} at flat position {} of {} is out of range [0, {})", what, v, i, shape_str(shape),
+               n);
+    }
+  }
 }
 
 }  // namespace memtrain::detail

@@ -3,7 +3,7 @@
 #include "memtrain/core/tensor.h"
 
 #include "core/backend.h"
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "memtrain/core/rng.h"
 
 #include <algorithm>
@@ -167,7 +167,7 @@ std::string Tensor::to_string() const {
       out += "..., ";
       i = n - kShow;
     }
-    out += fmt::format("{:.6g}", cpu::read_as_double(base + i * static_cast<std::int64_t>(element_size()), dtype()));
+    out += fmt::format("{:.6g}", detail::read_as_double(base + i * static_cast<std::int64_t>(element_size()), dtype()));
     if (i + 1 < n) out += ", ";
   }
   out += "])";
@@ -193,7 +193,7 @@ Tensor arange(double start, double end, double step, DType dtype) {
   Tensor t = Tensor::empty({n}, dtype);
   auto* p = static_cast<char*>(t.data_ptr());
   for (std::int64_t i = 0; i < n; ++i)
-    cpu::write_from_double(p + i * static_cast<std::int64_t>(dtype_size(dtype)), dtype, start + step * i);
+    detail::write_from_double(p + i * static_cast<std::int64_t>(dtype_size(dtype)), dtype, start + step * i);
   return t;
 }
 
@@ -212,7 +212,7 @@ Tensor rand(const Shape& shape, DType dtype, Device device) { return random_tens
 Tensor from_buffer(const void* data, const Shape& shape, DType src_dtype, DType dtype, Device device) {
   MT_CHECK(data != nullptr || shape_numel(shape) == 0, "from_buffer", "null data for shape {}", shape_str(shape));
   Tensor host = Tensor::empty(shape, dtype);
-  cpu::convert(data, src_dtype, host.data_ptr(), dtype, static_cast<std::size_t>(host.numel()));
+  detail::convert(data, src_dtype, host.data_ptr(), dtype, static_cast<std::size_t>(host.numel()));
   if (device.is_cpu()) return host;
   Tensor out = Tensor::empty(shape, dtype, device);
   out.copy_(host);

@@ -1,7 +1,7 @@
 #include "cpu/cross_entropy.h"
 
+#include "core/operand_checks.h"
 #include "cpu/cpu_backend.h"
-#include "ops/nn_common.h"
 
 #include "cpu/fast_exp.h"
 
@@ -77,10 +77,10 @@ std::int64_t CpuBackend::cross_entropy_forward(const Tensor& out, const Tensor& 
   double total = 0;
   if (runs_kernels()) {
     count = 0;
-    ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+    ::memtrain::detail::dispatch_index(t.dtype(), [&](auto izero) {
       using I = decltype(izero);
       const I* tp = t.data<I>();
-      ops::detail::check_index_range(op, "target", tp, N, V, true, ignore_index, targets.shape());
+      ::memtrain::detail::check_index_range(op, "target", tp, N, V, true, ignore_index, targets.shape());
       for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
       dispatch_compute(op, x.dtype(), [&](auto zero) {
         using T = decltype(zero);
@@ -113,7 +113,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& dlo
       if (!per_row) scale /= static_cast<T>(divisor);
       const T* dl = per_row ? gc.data<T>() : &scale;
       const std::int64_t stride = per_row ? 1 : 0;
-      ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+      ::memtrain::detail::dispatch_index(t.dtype(), [&](auto izero) {
         using I = decltype(izero);
         cpu::cross_entropy_backward<T, I>(dx.data<T>(), dl, stride, x.data<T>(), lse.data<T>(), t.data<I>(), N, V,
                                           ignore_index);

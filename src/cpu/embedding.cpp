@@ -1,7 +1,7 @@
 #include "cpu/embedding.h"
 
+#include "core/operand_checks.h"
 #include "cpu/cpu_backend.h"
-#include "ops/nn_common.h"
 
 #include <algorithm>
 #include <cstring>
@@ -53,9 +53,9 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& weight, cons
   const Tensor wc = compute_operand(weight);
   const Tensor y = compute_result(out, wc.dtype());
   if (runs_kernels()) {
-    ops::detail::dispatch_index(idx.dtype(), [&](auto izero) {
+    ::memtrain::detail::dispatch_index(idx.dtype(), [&](auto izero) {
       using I = decltype(izero);
-      ops::detail::check_index_range(op, "index", idx.data<I>(), idx.numel(), V, false, 0, indices.shape());
+      ::memtrain::detail::check_index_range(op, "index", idx.data<I>(), idx.numel(), V, false, 0, indices.shape());
       dispatch_compute(op, wc.dtype(), [&](auto zero) {
         using T = decltype(zero);
         cpu::embedding_forward<T, I>(y.data<T>(), wc.data<T>(), idx.data<I>(), idx.numel(), C);
@@ -73,7 +73,7 @@ void CpuBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, c
   if (runs_kernels()) {
     dispatch_compute("embedding_backward", g.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      ops::detail::dispatch_index(idx.dtype(), [&](auto izero) {
+      ::memtrain::detail::dispatch_index(idx.dtype(), [&](auto izero) {
         using I = decltype(izero);
         cpu::embedding_backward<T, I>(dw.data<T>(), g.data<T>(), idx.data<I>(), idx.numel(), dweight.size(1));
       });

@@ -4,11 +4,11 @@
 // dlogits = dloss * (softmax - onehot), then dx_chunk = dlogits W, dW += dlogits^T x_chunk and
 // db += column sums of dlogits in double. bf16/f16 rows of x are widened to f32 a chunk at a time and dx is
 // rounded back once, so the saved x stays narrow while the head and the loss are computed in f32.
+#include "core/operand_checks.h"
 #include "cpu/convert.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cross_entropy.h"
 #include "cpu/gemm.h"
-#include "ops/nn_common.h"
 
 #include <algorithm>
 
@@ -62,15 +62,15 @@ std::int64_t CpuBackend::fused_linear_ce_forward(const Tensor& losses, const Ten
   const Tensor wide = chunk > 0 ? widening_buffer(xc, chunk) : Tensor();
   if (!runs_kernels()) return ignore_index == 0 ? 0 : N;  // meta targets read as class 0
   std::int64_t count = 0;
-  ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+  ::memtrain::detail::dispatch_index(t.dtype(), [&](auto izero) {
     using I = decltype(izero);
     const I* tp = t.data<I>();
-    ops::detail::check_index_range(kOp, "target", tp, N, V, true, ignore_index, targets.shape());
+    ::memtrain::detail::check_index_range(kOp, "target", tp, N, V, true, ignore_index, targets.shape());
     for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
   });
   if (chunk == 0) return count;
   float* logits = buf.data<float>();
-  ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+  ::memtrain::detail::dispatch_index(t.dtype(), [&](auto izero) {
     using I = decltype(izero);
     const I* tp = t.data<I>();
     for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {
@@ -104,7 +104,7 @@ void CpuBackend::fused_linear_ce_backward(const Tensor& dx, const Tensor& dw, co
       const float* bp = data_or_null<float>(b);
       const float* dlp = dloss.data<float>();
       double* acc = data_or_null<double>(db_acc);
-      ops::detail::dispatch_index(t.dtype(), [&](auto izero) {
+      ::memtrain::detail::dispatch_index(t.dtype(), [&](auto izero) {
         using I = decltype(izero);
         const I* tp = t.data<I>();
         for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {

@@ -7,11 +7,10 @@
 // means the re-run stops before that GEMM instead of after it.
 #include "memtrain/ops/linalg.h"
 
-#include "amp/autocast_state.h"
 #include "core/backend.h"
-#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "ops/op_utils.h"
@@ -64,7 +63,7 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const bool grad = needs_grad({&x2, &weight, &bias});
   const SavedTensor sx(grad && weight.requires_grad() ? x2 : Tensor());
   const SavedTensor sw(grad && x2.requires_grad() ? weight : Tensor());
-  Tensor out = ckpt::detail::compute_or_replay("linear", flops, [&] {
+  Tensor out = detail::compute_or_replay("linear", flops, [&] {
                  Tensor y = Tensor::empty({N, out_features}, x.dtype(), x.device());  // (N, out)
                  ::memtrain::detail::backend_for(x.device()).linear_forward(y, x2, weight, bias);
                  return std::vector<Tensor>{y};
@@ -86,12 +85,12 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (auto c = amp::detail::autocast_to_compute({a, b})) return matmul((*c)[0], (*c)[1]);
+  if (auto c = detail::cast_mode_to_compute(a, b)) return matmul((*c)[0], (*c)[1]);
   const double flops = 2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.dim() >= 2 ? b.size(-1) : 0);
   // Saved before the product: see save_then_compute at the top.
   const bool grad = needs_grad({&a, &b});
   const SavedTensor sa(grad && b.requires_grad() ? a : Tensor()), sb(grad && a.requires_grad() ? b : Tensor());
-  Tensor out = ckpt::detail::compute_or_replay("matmul", flops, [&] { return std::vector<Tensor>{matmul_forward(a, b)}; })[0];
+  Tensor out = detail::compute_or_replay("matmul", flops, [&] { return std::vector<Tensor>{matmul_forward(a, b)}; })[0];
   if (grad) {
     // A 2-D B stored transposed is a Linear weight seen through .t(): its gradient is computed as
     // (dC^T A)^T, i.e. stored in the weight's own [out, in] layout, so the .t() backward hands the weight a
@@ -120,8 +119,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_defined("linear", x);
   detail::check_defined("linear", weight);
-  if (auto y = amp::detail::autocast_linear(x, weight, bias)) return *y;
-  if (auto c = amp::detail::autocast_to_compute({x, weight, bias})) return linear((*c)[0], (*c)[1], (*c)[2]);
+  if (auto y = detail::cast_mode_linear(x, weight, bias)) return *y;
+  if (auto c = detail::cast_mode_to_compute(x, weight, bias)) return linear((*c)[0], (*c)[1], (*c)[2]);
   MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
            "input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
   Shape out_shape = x.shape();

@@ -12,11 +12,10 @@
 // Kernels: the device's backend (src/core/backend.h; src/cpu/attention.cpp, src/cuda/cuda_attention_backend.cpp),
 // which also says whether it wants the fused gradient buffer (CUDA: only when q, k and v are distinct views of
 // one storage, the split(qkv) case; otherwise three contiguous gradients, which a leaf can take over).
-#include "amp/autocast_state.h"
 #include "core/backend.h"
-#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -75,7 +74,7 @@ std::vector<Tensor> attention_forward(const Tensor& q, const Tensor& k, const Te
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   const char* op = "scaled_dot_product_attention";
-  if (auto c = amp::detail::autocast_to_compute({q, k, v})) return scaled_dot_product_attention((*c)[0], (*c)[1], (*c)[2], causal);
+  if (auto c = detail::cast_mode_to_compute(q, k, v)) return scaled_dot_product_attention((*c)[0], (*c)[1], (*c)[2], causal);
   detail::check_floating(op, q);
   detail::check_same(op, q, k);
   detail::check_same(op, q, v);
@@ -87,7 +86,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const double T_len = static_cast<double>(q.size(2));
   const double flops = 4.0 * static_cast<double>(q.size(0) * q.size(1)) * T_len * T_len *
                        static_cast<double>(q.size(3)) * (causal ? 0.5 : 1.0);
-  const std::vector<Tensor> r = ckpt::detail::compute_or_replay(op, flops, [&] {
+  const std::vector<Tensor> r = detail::compute_or_replay(op, flops, [&] {
     return attention_forward(q, k, v, causal);
   });
   record_attention(op, q, k, v, r[0], r[1], causal);

@@ -68,24 +68,8 @@ inline Tensor convert_via_host(const Tensor& t, DType dtype) {
   return t.detach().to(Device::cpu()).to(dtype).to(t.device());
 }
 
-template <typename F>
-decltype(auto) dispatch_index(DType t, F&& f) {
-  if (t == DType::i32) return f(std::int32_t{});
-  return f(std::int64_t{});
-}
-
-// Throws naming the op, the offending value and its (flat) position when an index lies outside [0, n)
-// and is not `ignore` (only consulted when has_ignore).
-template <typename I>
-void check_index_range(const char* op, const char* what, const I* idx, std::int64_t count, std::int64_t n,
-                       bool has_ignore, std::int64_t ignore, const Shape& shape) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::int64_t v = static_cast<std::int64_t>(idx[i]);
-    if ((v < 0 || v >= n) && !(has_ignore && v == ignore)) {
-      MT_CHECK(false, op, "{} {} at flat position {} of {} is out of range [0, {})", what, v, i, shape_str(shape),
-               n);
-    }
-  }
-}
+// The index helpers live with the operand checks in core, where the backends' kernels reach them too.
+using ::memtrain::detail::check_index_range;
+using ::memtrain::detail::dispatch_index;
 
 }  // namespace memtrain::ops::detail

@@ -3,12 +3,11 @@
 // workspace, freed on return. Kernels: the device's backend (src/core/backend.h; src/cpu/conv.cpp,
 // src/cuda/cuda_nn_backend.cpp: cuDNN or its im2col fallback; f32, bf16 or f16, one dtype for x, weight, bias
 // and the gradients).
-#include "amp/autocast_state.h"
 #include "core/backend.h"
 #include "cpu/conv.h"  // Conv2dShape and conv_out_size: the output size rule
-#include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -40,7 +39,7 @@ ConvGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& wei
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,
               std::int64_t groups) {
   const char* op = "conv2d";
-  if (auto c = amp::detail::autocast_to_compute({x, weight, bias}))
+  if (auto c = detail::cast_mode_to_compute(x, weight, bias))
     return conv2d((*c)[0], (*c)[1], (*c)[2], stride, padding, groups);
   detail::check_floating(op, x);
   detail::check_same(op, x, weight);
@@ -74,7 +73,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
   const bool grad = autograd::needs_grad(inputs);
   const bool want_dx = grad && x.requires_grad(), want_dw = grad && weight.requires_grad();
   const SavedTensor sx(want_dw ? x : Tensor()), sw(want_dx ? weight : Tensor());
-  const Tensor out = ckpt::detail::compute_or_replay(op, flops, [&] {
+  const Tensor out = detail::compute_or_replay(op, flops, [&] {
     const Tensor y = Tensor::empty({s.B, s.Cout, s.OH, s.OW}, x.dtype(), x.device());
     ::memtrain::detail::backend_for(x.device()).conv2d_forward(y, x, weight, bias, stride, padding, groups);
     return std::vector<Tensor>{y};

@@ -1,10 +1,10 @@
 // embedding: gathers rows of weight [V, C] by integer indices. Saves only the indices; the backward op
 // scatters the output gradient into a zero [V, C] gradient. Kernels: the device's backend (src/core/backend.h;
 // src/cpu/embedding.cpp, src/cuda/cuda_nn_backend.cpp), which range-checks the indices where their data is.
-#include "amp/autocast_state.h"
 #include "core/backend.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -40,7 +40,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                      });
   }
   // Under autocast the lookup stays exact and its output is stored in the compute dtype (amp/autocast.h).
-  if (auto c = amp::detail::autocast_to_compute({out})) return (*c)[0];
+  if (auto c = detail::cast_mode_to_compute(out)) return (*c)[0];
   return out;
 }
 

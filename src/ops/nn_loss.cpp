@@ -4,10 +4,10 @@
 // PyTorch); per-row losses are summed in double.
 // Kernels: the device's backend (src/core/backend.h; src/cpu/cross_entropy.cpp, src/cuda/cuda_nn_backend.cpp),
 // which range-checks and counts the targets where their data is (CUDA: on a host copy).
-#include "amp/autocast_state.h"
 #include "core/backend.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -33,7 +33,7 @@ Tensor cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tenso
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction, std::int64_t ignore_index) {
   const char* op = "cross_entropy";
-  if (auto c = amp::detail::autocast_to_f32({logits})) return cross_entropy((*c)[0], targets, reduction, ignore_index);
+  if (auto c = detail::cast_mode_to_f32(logits)) return cross_entropy((*c)[0], targets, reduction, ignore_index);
   detail::check_floating(op, logits);
   detail::check_index(op, "targets", targets);
   detail::check_same_device(op, "logits", logits, "targets", targets);

@@ -1,10 +1,10 @@
 // softmax and log_softmax along any dim. The input is viewed as (outer, C, inner) around `dim`; the
 // forward saves only its output, which is all either backward needs. Kernels: the device's backend
 // (src/core/backend.h; src/cpu/softmax.cpp, src/cuda/cuda_nn_backend.cpp).
-#include "amp/autocast_state.h"
 #include "core/backend.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "memtrain/ops/nn.h"
 #include "ops/nn_common.h"
 
@@ -39,11 +39,11 @@ Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim_arg, bool 
 }  // namespace
 
 Tensor softmax(const Tensor& x, std::int64_t dim) {
-  if (auto c = amp::detail::autocast_to_f32({x})) return softmax((*c)[0], dim);
+  if (auto c = detail::cast_mode_to_f32(x)) return softmax((*c)[0], dim);
   return softmax_impl("softmax", x, dim, false);
 }
 Tensor log_softmax(const Tensor& x, std::int64_t dim) {
-  if (auto c = amp::detail::autocast_to_f32({x})) return log_softmax((*c)[0], dim);
+  if (auto c = detail::cast_mode_to_f32(x)) return log_softmax((*c)[0], dim);
   return softmax_impl("log_softmax", x, dim, true);
 }
 

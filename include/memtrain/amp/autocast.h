@@ -21,8 +21,10 @@
 // MemoryCategory::compute_weights, and shared by every use inside it (a tied embedding and head cast once);
 // the guard's end drops the cache, so a copy lives on only where backward saved it. Gradients flow back
 // through the cast: a parameter's .grad() is f32.
-// Backward runs with autocast off (autograd::backward turns it off); an activation-checkpoint re-run
-// restores the dtype its region's forward ran with.
+// Backward runs with autocast off (autograd::backward suspends the ops' CastMode); an activation-checkpoint
+// re-run restores the dtype its region's forward ran with.
+// How: a guard installs an ops::CastMode (ops/dispatch_modes.h) for its scope, on its own thread only; the
+// ops consult the innermost one and know nothing of amp.
 #pragma once
 
 #include "memtrain/core/tensor.h"
@@ -53,8 +55,8 @@ class Autocast {
   Autocast& operator=(const Autocast&) = delete;
 
  private:
-  struct Saved;
-  std::unique_ptr<Saved> previous_;
+  struct Installed;
+  std::unique_ptr<Installed> installed_;  // the CastMode this guard installed (none when f32) and its guard
 };
 
 // The compute dtype of the innermost active guard; f32 when autocast is off.

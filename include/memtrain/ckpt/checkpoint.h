@@ -18,8 +18,9 @@
 // op inside the region saved (an output nothing saved, such as a projection feeding a residual add, is let go
 // after the forward: keeping it would hold bytes that no checkpointing would not). Kept outputs are also handed
 // back to the re-run in place of recomputing them: matmul, linear, attention and conv2d ask the region
-// (compute_or_replay, below) before they compute. A keep-list entry names an op ("linear"), an op under a label
-// that the calling module set ("linear@mlp.fc"), or any op under a label ("@mlp.fc"): see op_label.h.
+// (compute_or_replay, below; the region is their ops::RecomputeMode) before they compute. A keep-list entry
+// names an op ("linear"), an op under a label that the calling module set ("linear@mlp.fc"), or any op under
+// a label ("@mlp.fc"): see op_label.h.
 //
 // Contract on fn: it must run the same ops in the same order when called again with the same inputs and RNG
 // state (no data-dependent control flow on values that change in between, no in-place writes to its inputs or
@@ -88,7 +89,9 @@ struct Counters {
 Counters counters();
 
 namespace detail {
-// For ops with expensive forwards (matmul, linear, attention, conv2d). The op is matched against the keep and
+// For ops with expensive forwards (matmul, linear, attention, conv2d): a region installs itself as the ops'
+// RecomputeMode (ops/dispatch_modes.h) for its forward and its re-run, and the ops consult that; this function
+// is the same door for code above the ops (amp's fp8_linear, tests). The op is matched against the keep and
 // profile lists together with the current OpLabel (op_label.h). Inside the re-run of a region whose keep_ops
 // cover it, returns the outputs the forward kept (the next ones in order; a different op or label there throws)
 // without calling compute. Otherwise returns compute() and, in a region's forward, notes the outputs for the

@@ -2,7 +2,7 @@
 // (double for f64, float for f32 and the narrow floats, int32/int64 for the integer types and bool), then
 // written to the destination type with one rounding step. The 121 (src, dst) loops are instantiated from
 // templates; each inner loop is branch-free so the compiler vectorizes it.
-#include "cpu/convert.h"
+#include "core/convert.h"
 
 #include <algorithm>
 #include <bit>
@@ -15,7 +15,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
 
-namespace memtrain::cpu {
+namespace memtrain::detail {
 namespace {
 
 // A bool element: one byte, any nonzero value is true. Not `bool`, since loading a byte that is not 0/1
@@ -191,4 +191,4 @@ void write_from_double(void* p, DType type, double v) {
   });
 }
 
-}  // namespace memtrain::cpu
+}  // namespace memtrain::detail

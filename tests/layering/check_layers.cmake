@@ -1,0 +1,142 @@
+# The layering rule of docs/architecture.md (DESIGN.md "Layers": lower never includes higher), checked on the
+# include lines of every file under src/, include/memtrain/ and kernels/ of ROOT:
+#
+#   cmake -DROOT=<source tree> -P tests/layering/check_layers.cmake
+#
+# Rule 1: a file never includes a header of a layer above its own. A file's layer is its folder (src/<folder>/,
+#         include/memtrain/<folder>/, kernels/); an include's layer is the folder it names ("memtrain/amp/...",
+#         "core/backend.h", "kernels/x.cuh"). Includes naming no layer folder (system, third party, same folder)
+#         are not checked.
+# Rule 2: the raw CUDA entry points (memtrain/cuda/*.h, "to become private": docs/architecture.md) are included
+#         by the backends layer only; the rest reaches CUDA through the backend contract (src/core/backend.h).
+#         memtrain/cuda/cuda.h (device queries) is public.
+# Prints every violation and fails when there is one. tests/layering/fixture holds a tree with known
+# violations, to show the check finds them (the test layering_check_catches_violations).
+cmake_minimum_required(VERSION 3.20)
+
+if(NOT DEFINED ROOT OR NOT IS_DIRECTORY "${ROOT}")
+  message(FATAL_ERROR "check_layers: pass -DROOT=<source tree>")
+endif()
+
+# ---- the layers, lowest first (docs/architecture.md; io/, absent from DESIGN.md's table, is file formats and
+# atomic writes over core only, used by models, data and training, so it sits right above core) ----
+set(layer_names core io backends ops+autograd techniques models data training distributed planning)
+set(rank_core 0)
+set(rank_io 1)
+foreach(folder cpu cuda meta no_cuda kernels)  # no_cuda: the CUDA backend's stand-ins in a build without CUDA
+  set(rank_${folder} 2)
+endforeach()
+set(rank_ops 3)
+set(rank_autograd 3)
+set(rank_amp 4)
+set(rank_ckpt 4)
+set(rank_optim 4)
+set(rank_nn 5)
+set(rank_data 6)
+set(rank_train 7)
+set(rank_dist 8)
+set(rank_plan 9)
+set(backends_rank 2)
+
+# ---- exceptions: "<file regex>|<include regex>", each with the reason; the coordinator removes them once the
+# file is fixed (an entry that no longer matches anything is reported as stale) ----
+set(allowed
+  # being moved behind the contract
+  "^src/cuda/cuda_optim\\.cpp$|^(memtrain/)?optim/"
+  "^include/memtrain/amp/fp8\\.h$|^memtrain/cuda/"
+  "^src/amp/[^/]+$|^memtrain/cuda/"
+  "^src/optim/[^/]+$|^memtrain/cuda/"
+  "^src/ops/nn_norm\\.cpp$|^memtrain/cuda/"
+  # src/cuda belongs to another change in flight: these two need only the index helpers that now live in
+  # core/operand_checks.h, so their include of ops/nn_common.h can go
+  "^src/cuda/cuda_fused_linear_ce\\.cpp$|^ops/"
+  "^src/cuda/cuda_nn_backend\\.cpp$|^ops/"
+)
+set(allowed_used "")
+
+set(violations "")
+set(checked 0)
+file(GLOB_RECURSE files RELATIVE "${ROOT}" "${ROOT}/src/*" "${ROOT}/include/memtrain/*" "${ROOT}/kernels/*")
+foreach(file IN LISTS files)
+  if(NOT file MATCHES "\\.(h|hpp|cpp|cc|cu|cuh|inl)$")
+    continue()
+  endif()
+  if(file STREQUAL "include/memtrain/memtrain.h")
+    continue()  # the one-include umbrella: includes every layer by design
+  endif()
+  if(file MATCHES "^kernels/")
+    set(folder kernels)
+  elseif(file MATCHES "^src/([^/]+)/")
+    set(folder "${CMAKE_MATCH_1}")
+  elseif(file MATCHES "^include/memtrain/([^/]+)/")
+    set(folder "${CMAKE_MATCH_1}")
+  else()
+    list(APPEND violations "${file}: not inside a layer folder")
+    continue()
+  endif()
+  if(NOT DEFINED rank_${folder})
+    list(APPEND violations "${file}: folder '${folder}' has no layer: add it to docs/architecture.md and to this check")
+    continue()
+  endif()
+  set(rank ${rank_${folder}})
+  math(EXPR checked "${checked} + 1")
+
+  file(STRINGS "${ROOT}/${file}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
+  foreach(line IN LISTS lines)
+    if(NOT line MATCHES "#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"]")
+      continue()
+    endif()
+    set(inc "${CMAKE_MATCH_1}")
+    if(inc STREQUAL "memtrain/memtrain.h")
+      set(inc_rank 99)
+      set(inc_layer "the umbrella header")
+    elseif(inc MATCHES "^(memtrain/)?([^/]+)/")
+      if(NOT DEFINED rank_${CMAKE_MATCH_2})
+        continue()  # not a layer folder: third party ("fmt/format.h", "Eigen/Core")
+      endif()
+      set(inc_rank ${rank_${CMAKE_MATCH_2}})
+      list(GET layer_names ${inc_rank} inc_layer)
+    else()
+      continue()  # same folder or system header
+    endif()
+
+    set(problem "")
+    if(inc_rank GREATER rank)
+      list(GET layer_names ${rank} own_layer)
+      set(problem "${own_layer} includes ${inc_layer}, a layer above it")
+    elseif(inc MATCHES "^memtrain/cuda/" AND NOT inc STREQUAL "memtrain/cuda/cuda.h" AND NOT rank EQUAL backends_rank)
+      set(problem "a raw CUDA entry point outside the backends: go through the backend contract (core/backend.h)")
+    endif()
+    if(problem STREQUAL "")
+      continue()
+    endif()
+
+    set(exempt FALSE)
+    foreach(entry IN LISTS allowed)
+      string(REPLACE "|" ";" pair "${entry}")
+      list(GET pair 0 file_re)
+      list(GET pair 1 inc_re)
+      if(file MATCHES "${file_re}" AND inc MATCHES "${inc_re}")
+        set(exempt TRUE)
+        list(APPEND allowed_used "${entry}")
+      endif()
+    endforeach()
+    if(NOT exempt)
+      list(APPEND violations "${file} includes \"${inc}\": ${problem}")
+    endif()
+  endforeach()
+endforeach()
+
+foreach(entry IN LISTS allowed)
+  list(FIND allowed_used "${entry}" used_at)
+  if(used_at EQUAL -1)
+    message(STATUS "layering: stale exception (nothing matches it any more; remove it): ${entry}")
+  endif()
+endforeach()
+
+list(LENGTH violations count)
+if(count GREATER 0)
+  list(JOIN violations "\n  " text)
+  message(FATAL_ERROR "layering: ${count} violations in ${ROOT} (docs/architecture.md):\n  ${text}\n")
+endif()
+message(STATUS "layering: ${checked} files checked, no file includes a header of a layer above its own")
