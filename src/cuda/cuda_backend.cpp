@@ -23,9 +23,7 @@ using ::memtrain::detail::throw_error;
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
 struct Availability {
   int count = 0;       // usable devices; 0 when reason is set
@@ -90,14 +88,8 @@ const Availability& availability() {
   return a;
 }
 
-template <typename T>
-const T* in(const void* p) {
-  return static_cast<const T*>(p);
-}
-template <typename T>
-T* out(void* p) {
-  return static_cast<T*>(p);
-}
+using detail::in;
+using detail::out;
 
 // Checks shared by add and mul; false when there is nothing to do.
 bool prepare_binary(const char* op, const void* a, const void* b, void* c, DType dtype, std::size_t n,

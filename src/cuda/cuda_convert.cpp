@@ -9,6 +9,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 #include "cuda/cuda_common.h"
+#include "cuda/float_format.h"
 #include "kernels/convert.cuh"
 
 #include <cstdint>
@@ -21,21 +22,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
-std::optional<FloatFormat> float_format(DType t) {
-  switch (t) {
-    case DType::f64: return FloatFormat::f64;
-    case DType::f32: return FloatFormat::f32;
-    case DType::f16: return FloatFormat::f16;
-    case DType::bf16: return FloatFormat::bf16;
-    case DType::f8_e4m3: return FloatFormat::e4m3;
-    case DType::f8_e5m2: return FloatFormat::e5m2;
-    default: return std::nullopt;
-  }
-}
+using detail::float_format;
 
 bool is_fp8(DType t) { return t == DType::f8_e4m3 || t == DType::f8_e5m2; }
 bool is_f32_or_bf16(DType t) { return t == DType::f32 || t == DType::bf16; }

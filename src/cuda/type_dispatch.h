@@ -2,6 +2,7 @@
 // kernels take for a dtype the entry point has already checked. Shared so every file maps dtypes alike.
 #pragma once
 
+#include "cuda/cuda_common.h"
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/error.h"
 
@@ -33,6 +34,15 @@ void with_float_type(DType dtype, F&& f) {
   } else {
     f(Tag<__nv_bfloat16>{});
   }
+}
+
+// The tail of an entry point that launches kernels typed by a float dtype (checked): requires `device`,
+// makes it current and calls f(Tag<T>{}) as with_float_type does, under that device.
+template <typename F>
+void on_device_with_float_type(const char* op, int device, DType dtype, F&& f) {
+  require_device(op, device);
+  DeviceGuard guard(device, op);
+  with_float_type(dtype, f);
 }
 
 // T = std::int32_t for i32, std::int64_t otherwise.
