@@ -25,6 +25,7 @@
 // All math is f32 FMA (no tensor cores): bf16 operands are widened when staged into shared memory, and
 // the outputs are rounded once. Element offsets are 64-bit; in-head row indices (< T <= 2^30) are int.
 #include "attention.cuh"
+#include "device_math.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -41,15 +42,8 @@ __host__ __device__ constexpr int small_tile(int d) { return d >= 128 ? 32 : 64;
 
 constexpr float kInf = __builtin_huge_valf();
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ inline T from_f32(float x);
-template <>
-__device__ inline float from_f32<float>(float x) { return x; }
-template <>
-__device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using device::from_f32;
+using device::to_f32;
 
 __device__ inline float component(const float4& f, int u) { return u == 0 ? f.x : u == 1 ? f.y : u == 2 ? f.z : f.w; }
 

@@ -32,6 +32,7 @@
 // each region starts on a 128-byte boundary. Rows past T are staged as zeros so masked products stay finite.
 // Element offsets are 64-bit; in-head row indices (< T <= 2^30) are int.
 #include "attention_tc.cuh"
+#include "device_math.cuh"
 
 #include <mma.h>
 
@@ -63,14 +64,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 __host__ __device__ constexpr int step_rows(int d) { return d >= 128 ? 32 : 64; }
 __host__ __device__ constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
 
-template <typename T>
-__device__ inline T from_f32(float x);
-template <>
-__device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ inline __half from_f32<__half>(float x) { return __float2half_rn(x); }
-__device__ inline float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_f32(__half x) { return __half2float(x); }
+using device::from_f32;
+using device::to_f32;
 
 template <typename T>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;

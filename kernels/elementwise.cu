@@ -10,6 +10,8 @@
 // Precision: f16 and bf16 are widened to f32, combined, and rounded once (round to nearest even).
 #include "elementwise.cuh"
 
+#include "device_math.cuh"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -32,18 +34,8 @@ unsigned grid_for(std::size_t work) {
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, kMaxBlocks));
 }
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(__half x) { return __half2float(x); }
-__device__ inline float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ inline T from_f32(float x);
-template <>
-__device__ inline float from_f32<float>(float x) { return x; }
-template <>
-__device__ inline __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using device::from_f32;
+using device::to_f32;
 
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }

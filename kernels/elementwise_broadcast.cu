@@ -15,11 +15,14 @@
 // reads its element before writing it. No __restrict__ for that reason.
 #include "elementwise_broadcast.cuh"
 
+#include "device_math.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace memtrain::cuda {
 namespace {
@@ -50,21 +53,21 @@ struct ComputeOf<double> {
 template <typename T>
 using compute_t = typename ComputeOf<T>::type;
 
-__device__ __forceinline__ float load(float x) { return x; }
+// f64 stays f64; the other formats go through f32 (device_math.cuh).
 __device__ __forceinline__ double load(double x) { return x; }
-__device__ __forceinline__ float load(__half x) { return __half2float(x); }
-__device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ float load(T x) {
+  return device::to_f32(x);
+}
 
 template <typename T>
-__device__ __forceinline__ T store(compute_t<T> x);
-template <>
-__device__ __forceinline__ float store<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ double store<double>(double x) { return x; }
-template <>
-__device__ __forceinline__ __half store<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ T store(compute_t<T> x) {
+  if constexpr (std::is_same_v<T, double>) {
+    return x;
+  } else {
+    return device::from_f32<T>(x);
+  }
+}
 
 // ---- math in the compute type (explicit f/non-f names: no reliance on overload resolution) ----
 

@@ -14,6 +14,7 @@
 // All loops are grid-strided with 64-bit indices; loop bounds inside a warp/block depend only on the
 // warp/block index, so every lane reaches each shuffle and every thread each barrier.
 #include "reduce_dims.cuh"
+#include "device_math.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -65,26 +66,9 @@ __device__ inline S<Out> round_from_f64(double v) {
   return cvt::narrow_from_f64<Out>(static_cast<std::uint64_t>(__double_as_longlong(v)));
 }
 
-// A fixed butterfly: the same additions in the same order on every run.
-__device__ inline double warp_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over the block (blockDim.x == kThreads), valid in thread 0. Ends with a barrier, so callers may
-// loop and call again.
-__device__ inline double block_sum(double v, double* shared) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  double total = 0.0;
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kWarps; ++w) total += shared[w];
-  }
-  __syncthreads();
-  return total;
-}
+using device::warp_sum;
+// Sum over the block (blockDim.x == kThreads), valid in thread 0 (device_math.cuh).
+__device__ inline double block_sum(double v, double* shared) { return device::block_sum_to_thread0<kWarps>(v, shared); }
 
 // Item w of the row kernels is (row w / chunks, chunk w % chunks); with one chunk it is the output index,
 // with several it is the index of its partial in [outer, chunks, 1].
