@@ -98,6 +98,14 @@ double* sum_scratch(int device) {
   return p;
 }
 
+// The checks the blockwise fp8 entries share after their dtype checks; false when there are no elements.
+bool blockwise_has_work(const char* op, std::size_t n, const float* inv_scales, int device) {
+  if (n == 0) return false;
+  MT_CHECK(inv_scales != nullptr, op, "null inverse-scale pointer");
+  detail::require_device(op, device);
+  return true;
+}
+
 }  // namespace
 
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n, int device) {
@@ -147,9 +155,7 @@ void quantize_fp8_blockwise(const void* src, DType src_dtype, void* dst, DType d
   check_matrix(op, rows, cols);
   const auto n = static_cast<std::size_t>(rows * cols);
   check_quantize(op, src, src_dtype, dst, dst_dtype, n);
-  if (n == 0) return;
-  MT_CHECK(inv_scales != nullptr, op, "null inverse-scale pointer");
-  detail::require_device(op, device);
+  if (!blockwise_has_work(op, n, inv_scales, device)) return;
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_quantize_fp8_blockwise, src, *float_format(src_dtype), static_cast<std::uint8_t*>(dst),
                 dst_dtype == DType::f8_e4m3, inv_scales, rows, cols, static_cast<int>(fp8_tile_rows(tiling)),
@@ -162,9 +168,7 @@ void dequantize_fp8_blockwise(const void* src, DType src_dtype, const float* inv
   check_matrix(op, rows, cols);
   const auto n = static_cast<std::size_t>(rows * cols);
   check_dequantize(op, src, src_dtype, dst, dst_dtype, n);
-  if (n == 0) return;
-  MT_CHECK(inv_scales != nullptr, op, "null inverse-scale pointer");
-  detail::require_device(op, device);
+  if (!blockwise_has_work(op, n, inv_scales, device)) return;
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_dequantize_fp8_blockwise, static_cast<const std::uint8_t*>(src),
                 src_dtype == DType::f8_e4m3, inv_scales, dst, *float_format(dst_dtype), rows, cols,
