@@ -482,12 +482,9 @@ cudaError_t forward_any(T* out, AttentionStrides lo, float* lse, const T* q, Att
                         AttentionStrides lk, const T* v, AttentionStrides lv, std::int64_t BH, std::int64_t H,
                         std::int64_t T_len, int D, float scale, bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32: return forward_for<T, 32>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 64: return forward_for<T, 64>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 128: return forward_for<T, 128>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return forward_for<T, decltype(d)::value>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 template <typename T>
@@ -497,18 +494,10 @@ cudaError_t backward_any(T* dq, AttentionStrides ldq, T* dk, AttentionStrides ld
                          const float* lse, float* delta, std::int64_t BH, std::int64_t H, std::int64_t T_len, int D,
                          float scale, bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32:
-      return backward_for<T, 32>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 64:
-      return backward_for<T, 64>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 128:
-      return backward_for<T, 128>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                  H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return backward_for<T, decltype(d)::value>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse,
+                                               delta, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 }  // namespace

@@ -569,12 +569,9 @@ cudaError_t launch_attention_forward_tc(T* out, AttentionStrides lo, float* lse,
                                         std::int64_t BH, std::int64_t H, std::int64_t T_len, int D, float scale,
                                         bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32: return forward_for<T, 32>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 64: return forward_for<T, 64>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 128: return forward_for<T, 128>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return forward_for<T, decltype(d)::value>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 template <typename T>
@@ -585,18 +582,10 @@ cudaError_t launch_attention_backward_tc(T* dq, AttentionStrides ldq, T* dk, Att
                                          float* delta, std::int64_t BH, std::int64_t H, std::int64_t T_len, int D,
                                          float scale, bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32:
-      return backward_for<T, 32>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 64:
-      return backward_for<T, 64>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 128:
-      return backward_for<T, 128>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                  H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return backward_for<T, decltype(d)::value>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse,
+                                               delta, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 std::int64_t attention_tc_blocks(std::int64_t BH, std::int64_t T_len) { return BH * ceil_div(T_len, kRows); }

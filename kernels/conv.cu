@@ -125,45 +125,30 @@ __global__ void narrow_kernel(T* dst, const float* src, std::int64_t n) {
 
 template <typename T>
 cudaError_t launch_conv_im2col(float* col, const T* x, std::int64_t nb, const ConvGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.Cin * g.KH * g.KW * nb * g.OH * g.OW;
-  if (total <= 0) return cudaSuccess;
-  im2col_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(col, x, nb, g);
-  return cudaGetLastError();
+  return launch_flat(im2col_kernel<T>, g.Cin * g.KH * g.KW * nb * g.OH * g.OW, stream, col, x, nb, g);
 }
 
 template <typename T>
 cudaError_t launch_conv_col2im(T* dx, const float* col, std::int64_t nb, const ConvGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = nb * g.Cin * g.H * g.W;
-  if (total <= 0) return cudaSuccess;
-  col2im_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dx, col, nb, g);
-  return cudaGetLastError();
+  return launch_flat(col2im_kernel<T>, nb * g.Cin * g.H * g.W, stream, dx, col, nb, g);
 }
 
 template <typename T>
 cudaError_t launch_conv_to_channel_major(float* dst, const T* src, std::int64_t nb, std::int64_t C, std::int64_t L,
                                          cudaStream_t stream) {
-  const std::int64_t total = nb * C * L;
-  if (total <= 0) return cudaSuccess;
-  to_channel_major_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dst, src, nb, C, L);
-  return cudaGetLastError();
+  return launch_flat(to_channel_major_kernel<T>, nb * C * L, stream, dst, src, nb, C, L);
 }
 
 template <typename T>
 cudaError_t launch_conv_from_channel_major(T* dst, const float* src, const T* bias, std::int64_t nb, std::int64_t C,
                                            std::int64_t L, cudaStream_t stream) {
-  const std::int64_t total = nb * C * L;
-  if (total <= 0) return cudaSuccess;
-  from_channel_major_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dst, src, bias, nb, C, L);
-  return cudaGetLastError();
+  return launch_flat(from_channel_major_kernel<T>, nb * C * L, stream, dst, src, bias, nb, C, L);
 }
 
 template <typename T>
 cudaError_t launch_conv_bias_add(T* out, const T* bias, std::int64_t B, std::int64_t C, std::int64_t L,
                                  cudaStream_t stream) {
-  const std::int64_t total = B * C * L;
-  if (total <= 0) return cudaSuccess;
-  bias_add_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(out, bias, B, C, L);
-  return cudaGetLastError();
+  return launch_flat(bias_add_kernel<T>, B * C * L, stream, out, bias, B, C, L);
 }
 
 template <typename T>
@@ -177,16 +162,12 @@ cudaError_t launch_conv_bias_grad(T* dbias, const T* dout, std::int64_t B, std::
 
 template <typename T>
 cudaError_t launch_conv_widen(float* dst, const T* src, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  widen_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
-  return cudaGetLastError();
+  return launch_flat(widen_kernel<T>, n, stream, dst, src, n);
 }
 
 template <typename T>
 cudaError_t launch_conv_narrow(T* dst, const float* src, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  narrow_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
-  return cudaGetLastError();
+  return launch_flat(narrow_kernel<T>, n, stream, dst, src, n);
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                                     \

@@ -329,6 +329,18 @@ cudaError_t with_compare_type(EwCompareType type, F&& f) {
 
 bool valid_layout(int ndim) { return ndim >= 1 && ndim <= kElementwiseMaxDims; }
 
+// launch(Tag<I>{}) with the kernels' index type I: 32-bit arithmetic when n fits, else 64-bit; then the
+// launch's error.
+template <typename Launch>
+cudaError_t launch_indexed(std::uint64_t n, Launch&& launch) {
+  if (fits_u32(n)) {
+    launch(Tag<std::uint32_t>{});
+  } else {
+    launch(Tag<std::uint64_t>{});
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_elementwise_unary(EwUnary op, EwFormat format, void* out, const void* x,
@@ -340,12 +352,10 @@ cudaError_t launch_elementwise_unary(EwUnary op, EwFormat format, void* out, con
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out);
     const T* in = static_cast<const T*>(x);
-    if (fits_u32(n)) {
-      unary_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, in, layout, n, p0, p1);
-    } else {
-      unary_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, in, layout, n, p0, p1);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      unary_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(op, o, in, layout, n, p0, p1);
+    });
   });
 }
 
@@ -361,12 +371,10 @@ cudaError_t launch_elementwise_binary(EwBinary op, EwFormat format, void* out, c
     T* o = static_cast<T*>(out);
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
-    if (fits_u32(n)) {
-      binary_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, pa, pb, layout, n, p0, p1);
-    } else {
-      binary_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, pa, pb, layout, n, p0, p1);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      binary_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(op, o, pa, pb, layout, n, p0, p1);
+    });
   });
 }
 
@@ -380,12 +388,10 @@ cudaError_t launch_elementwise_where(void* out, const std::uint8_t* cond, const 
     U* o = static_cast<U*>(out);
     const U* pa = static_cast<const U*>(a);
     const U* pb = static_cast<const U*>(b);
-    if (fits_u32(n)) {
-      where_kernel<U, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(o, cond, pa, pb, layout, n);
-    } else {
-      where_kernel<U, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(o, cond, pa, pb, layout, n);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      where_kernel<U, I><<<grid_for(n), kThreads, 0, stream>>>(o, cond, pa, pb, layout, n);
+    });
   };
   switch (elem_size) {
     case 1: return launch(Tag<std::uint8_t>{});
@@ -406,12 +412,10 @@ cudaError_t launch_elementwise_compare_scalar(EwCompare op, EwCompareType type, 
   return with_compare_type(type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* in = static_cast<const T*>(x);
-    if (fits_u32(n)) {
-      compare_scalar_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, out, in, layout, n, s);
-    } else {
-      compare_scalar_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(op, out, in, layout, n, s);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      compare_scalar_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(op, out, in, layout, n, s);
+    });
   });
 }
 
@@ -424,12 +428,10 @@ cudaError_t launch_elementwise_eq(EwCompareType type, std::uint8_t* out, const v
     using T = typename decltype(tag)::type;
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
-    if (fits_u32(n)) {
-      eq_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(out, pa, pb, layout, n, as_truth);
-    } else {
-      eq_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(out, pa, pb, layout, n, as_truth);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      eq_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(out, pa, pb, layout, n, as_truth);
+    });
   });
 }
 

@@ -116,6 +116,13 @@ using device::warp_sum;
 
 }  // namespace memtrain::cuda::nn_device
 
+// The explicit instantiations of the nn_*.cu launchers: M(T) for every float type, M(T, I) for every float
+// type and index type.
+#define MEMTRAIN_NN_FOR_FLOAT_TYPES(M) M(float) M(__nv_bfloat16) M(__half)
+#define MEMTRAIN_NN_FOR_FLOAT_AND_INDEX_TYPES(M)                                                               \
+  M(float, std::int32_t) M(float, std::int64_t) M(__nv_bfloat16, std::int32_t) M(__nv_bfloat16, std::int64_t) \
+  M(__half, std::int32_t) M(__half, std::int64_t)
+
 namespace memtrain::cuda {
 // Threads for a block that owns one row of C elements: about 4 elements per thread, a whole number of
 // warps, 32 to 1024.

@@ -237,15 +237,8 @@ cudaError_t launch_embedding_backward(T* dweight, const T* dout, const I* indice
                                                       std::int64_t, cudaStream_t);                               \
   template cudaError_t launch_embedding_backward<T, I>(T*, const T*, const I*, std::int64_t, std::int64_t,       \
                                                        std::int64_t, void*, std::size_t, cudaStream_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(__nv_bfloat16)
-MEMTRAIN_INSTANTIATE(__half)
-MEMTRAIN_INSTANTIATE_EMB(float, std::int32_t)
-MEMTRAIN_INSTANTIATE_EMB(float, std::int64_t)
-MEMTRAIN_INSTANTIATE_EMB(__nv_bfloat16, std::int32_t)
-MEMTRAIN_INSTANTIATE_EMB(__nv_bfloat16, std::int64_t)
-MEMTRAIN_INSTANTIATE_EMB(__half, std::int32_t)
-MEMTRAIN_INSTANTIATE_EMB(__half, std::int64_t)
+MEMTRAIN_NN_FOR_FLOAT_TYPES(MEMTRAIN_INSTANTIATE)
+MEMTRAIN_NN_FOR_FLOAT_AND_INDEX_TYPES(MEMTRAIN_INSTANTIATE_EMB)
 #undef MEMTRAIN_INSTANTIATE_EMB
 #undef MEMTRAIN_INSTANTIATE
 

@@ -122,34 +122,22 @@ __global__ void avg_pool_backward_kernel(T* dx, const T* dout, PoolGeometry g) {
 
 template <typename T>
 cudaError_t launch_max_pool2d_forward(T* out, const T* x, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.OH * g.OW;
-  if (total <= 0) return cudaSuccess;
-  max_pool_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(out, x, g);
-  return cudaGetLastError();
+  return launch_flat(max_pool_forward_kernel<T>, g.planes * g.OH * g.OW, stream, out, x, g);
 }
 
 template <typename T>
 cudaError_t launch_avg_pool2d_forward(T* out, const T* x, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.OH * g.OW;
-  if (total <= 0) return cudaSuccess;
-  avg_pool_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(out, x, g);
-  return cudaGetLastError();
+  return launch_flat(avg_pool_forward_kernel<T>, g.planes * g.OH * g.OW, stream, out, x, g);
 }
 
 template <typename T>
 cudaError_t launch_max_pool2d_backward(T* dx, const T* dout, const T* x, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.H * g.W;
-  if (total <= 0) return cudaSuccess;
-  max_pool_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dx, dout, x, g);
-  return cudaGetLastError();
+  return launch_flat(max_pool_backward_kernel<T>, g.planes * g.H * g.W, stream, dx, dout, x, g);
 }
 
 template <typename T>
 cudaError_t launch_avg_pool2d_backward(T* dx, const T* dout, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.H * g.W;
-  if (total <= 0) return cudaSuccess;
-  avg_pool_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dx, dout, g);
-  return cudaGetLastError();
+  return launch_flat(avg_pool_backward_kernel<T>, g.planes * g.H * g.W, stream, dx, dout, g);
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                                   \

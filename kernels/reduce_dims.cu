@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace memtrain::cuda {
 namespace {
@@ -344,6 +345,20 @@ std::size_t storage_bytes(FloatFormat f) {
   }
 }
 
+// fn(std::integral_constant<FloatFormat, F>{}) for a format the reductions read (f64, f32, f16, bf16),
+// else cudaErrorInvalidValue.
+template <typename Fn>
+cudaError_t with_reduce_format(FloatFormat format, Fn&& fn) {
+  using F = FloatFormat;
+  switch (format) {
+    case F::f64: return fn(std::integral_constant<F, F::f64>{});
+    case F::f32: return fn(std::integral_constant<F, F::f32>{});
+    case F::f16: return fn(std::integral_constant<F, F::f16>{});
+    case F::bf16: return fn(std::integral_constant<F, F::bf16>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 SumPlan plan_sum_dim(std::int64_t outer, std::int64_t reduce, std::int64_t inner) {
@@ -376,36 +391,24 @@ cudaError_t launch_sum_dim(const void* src, FloatFormat src_format, void* out, F
   using F = FloatFormat;
   if (!square) {
     if (out_format != src_format) return cudaErrorInvalidValue;
-    switch (src_format) {
-      case F::f64: return sum_typed<F::f64, F::f64, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      case F::f32: return sum_typed<F::f32, F::f32, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      case F::f16: return sum_typed<F::f16, F::f16, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      case F::bf16: return sum_typed<F::bf16, F::bf16, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      default: return cudaErrorInvalidValue;
-    }
+    return with_reduce_format(src_format, [&](auto in) {
+      constexpr FloatFormat kIn = decltype(in)::value;
+      return sum_typed<kIn, kIn, false>(src, out, outer, reduce, inner, plan, partials, stream);
+    });
   }
   if (out_format != F::f64) return cudaErrorInvalidValue;
-  switch (src_format) {
-    case F::f64: return sum_typed<F::f64, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    case F::f32: return sum_typed<F::f32, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    case F::f16: return sum_typed<F::f16, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    case F::bf16: return sum_typed<F::bf16, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_reduce_format(src_format, [&](auto in) {
+    return sum_typed<decltype(in)::value, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
+  });
 }
 
 cudaError_t launch_max_dim(const void* src, FloatFormat src_format, void* values, std::int64_t* indices,
                            std::int64_t outer, std::int64_t reduce, std::int64_t inner, cudaStream_t stream) {
   if (outer * inner <= 0) return cudaSuccess;
   if (reduce <= 0) return cudaErrorInvalidValue;
-  using F = FloatFormat;
-  switch (src_format) {
-    case F::f64: return max_typed<F::f64>(src, values, indices, outer, reduce, inner, stream);
-    case F::f32: return max_typed<F::f32>(src, values, indices, outer, reduce, inner, stream);
-    case F::f16: return max_typed<F::f16>(src, values, indices, outer, reduce, inner, stream);
-    case F::bf16: return max_typed<F::bf16>(src, values, indices, outer, reduce, inner, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_reduce_format(src_format, [&](auto in) {
+    return max_typed<decltype(in)::value>(src, values, indices, outer, reduce, inner, stream);
+  });
 }
 
 }  // namespace memtrain::cuda

@@ -66,6 +66,13 @@ inline unsigned grid_for(std::int64_t n) {
   const std::int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
+// kernel<<<grid_for(total), kThreads, 0, stream>>>(args...) and its launch error; nothing when total <= 0.
+template <typename... Params, typename... Args>
+cudaError_t launch_flat(void (*kernel)(Params...), std::int64_t total, cudaStream_t stream, const Args&... args) {
+  if (total <= 0) return cudaSuccess;
+  kernel<<<grid_for(total), kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
 
 // The conversions and reductions of every kernel file (device_math.cuh).
 using device::block_sum;
