@@ -29,7 +29,7 @@ using detail::launch_stream;
 using detail::out;
 using detail::Tag;
 using detail::with_float_type;
-using detail::with_index_type;
+using detail::with_float_and_index_type;
 
 void check_index_dtype(const char* op, DType index_dtype) {
   MT_CHECK(index_dtype == DType::i32 || index_dtype == DType::i64, op, "index dtype {} is not supported (i32, i64)",
@@ -43,6 +43,14 @@ void check_shape(const char* op, const char* rows_name, std::int64_t rows, const
 }
 void check_eps(const char* op, double eps) {
   MT_CHECK(std::isfinite(eps) && eps >= 0.0, op, "eps={} must be finite and >= 0", eps);
+}
+
+// The dtype and size checks of embedding_forward and embedding_backward.
+void check_embedding(const char* op, DType dtype, DType index_dtype, std::int64_t N, std::int64_t V, std::int64_t C) {
+  check_float_dtype(op, dtype);
+  check_index_dtype(op, index_dtype);
+  check_shape(op, "N", N, "C", C);
+  check_shape(op, "V", V, "C", C);
 }
 
 // The checks of layer_norm_forward and rms_norm_forward; false when there are no rows.
@@ -205,13 +213,11 @@ void cross_entropy_forward(float* losses, float* lse, const void* logits, DType 
   MT_CHECK(V > 0, op, "V is 0: no classes for {} rows", N);
   MT_CHECK(losses != nullptr && logits != nullptr && targets != nullptr, op,
            "null pointer among losses, logits, targets for ({}, {}) logits", N, V);
-  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
+  detail::on_device_with_float_and_index_type(op, device, dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_cross_entropy_forward, losses, lse, in<T>(logits), in<I>(targets), N, V, ignore_index,
-                    launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_cross_entropy_forward, losses, lse, in<T>(logits), in<I>(targets), N, V, ignore_index,
+                  launch_stream());
   });
 }
 
@@ -228,13 +234,11 @@ void cross_entropy_backward(void* dlogits, const float* dloss, std::int64_t dlos
   if (N == 0 || V == 0) return;
   MT_CHECK(dlogits != nullptr && dloss != nullptr && logits != nullptr && lse != nullptr && targets != nullptr, op,
            "null pointer among dlogits, dloss, logits, lse, targets for ({}, {}) logits", N, V);
-  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
+  detail::on_device_with_float_and_index_type(op, device, dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_cross_entropy_backward, out<T>(dlogits), dloss, dloss_stride, in<T>(logits), lse,
-                    in<I>(targets), N, V, ignore_index, launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_cross_entropy_backward, out<T>(dlogits), dloss, dloss_stride, in<T>(logits), lse,
+                  in<I>(targets), N, V, ignore_index, launch_stream());
   });
 }
 
@@ -278,30 +282,22 @@ void dropout_backward(void* dx, const void* dout, DType dtype, std::size_t n, do
 void embedding_forward(void* y, const void* weight, const void* indices, DType dtype, DType index_dtype,
                        std::int64_t N, std::int64_t V, std::int64_t C, int device) {
   constexpr const char* op = "cuda::embedding_forward";
-  check_float_dtype(op, dtype);
-  check_index_dtype(op, index_dtype);
-  check_shape(op, "N", N, "C", C);
-  check_shape(op, "V", V, "C", C);
+  check_embedding(op, dtype, index_dtype, N, V, C);
   if (N == 0 || C == 0) return;
   MT_CHECK(V > 0, op, "V is 0: an empty table cannot be indexed by {} indices", N);
   MT_CHECK(y != nullptr && weight != nullptr && indices != nullptr, op,
            "null pointer among out, weight, indices for ({}, {}) elements", N, C);
-  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
+  detail::on_device_with_float_and_index_type(op, device, dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, launch_stream());
   });
 }
 
 void embedding_backward(void* dweight, const void* dout, const void* indices, DType dtype, DType index_dtype,
                         std::int64_t N, std::int64_t V, std::int64_t C, int device) {
   constexpr const char* op = "cuda::embedding_backward";
-  check_float_dtype(op, dtype);
-  check_index_dtype(op, index_dtype);
-  check_shape(op, "N", N, "C", C);
-  check_shape(op, "V", V, "C", C);
+  check_embedding(op, dtype, index_dtype, N, V, C);
   constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
   MT_CHECK(N <= kMax && V <= kMax, op, "N={} or V={} exceeds 2^31 - 1", N, V);
   if (N == 0 || C == 0) return;
@@ -313,13 +309,11 @@ void embedding_backward(void* dweight, const void* dout, const void* indices, DT
   std::size_t bytes = 0;
   MT_CUDA_CHECK(op, embedding_backward_scratch_bytes, N, V, &bytes);
   Scratch scratch(device, bytes);
-  with_float_type(dtype, [&](auto tag) {
+  with_float_and_index_type(dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
-                    scratch.get(), scratch.size(), launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
+                  scratch.get(), scratch.size(), launch_stream());
   });
 }
 

@@ -55,4 +55,17 @@ void with_index_type(DType index_dtype, F&& f) {
   }
 }
 
+// f(Tag<T>{}, Tag<I>{}): with_float_type and with_index_type together, for kernels typed by both.
+template <typename F>
+void with_float_and_index_type(DType dtype, DType index_dtype, F&& f) {
+  with_float_type(dtype, [&](auto tag) { with_index_type(index_dtype, [&](auto index_tag) { f(tag, index_tag); }); });
+}
+// on_device_with_float_type for kernels typed by a float and an index dtype: f(Tag<T>{}, Tag<I>{}).
+template <typename F>
+void on_device_with_float_and_index_type(const char* op, int device, DType dtype, DType index_dtype, F&& f) {
+  require_device(op, device);
+  DeviceGuard guard(device, op);
+  with_float_and_index_type(dtype, index_dtype, f);
+}
+
 }  // namespace memtrain::cuda::detail
