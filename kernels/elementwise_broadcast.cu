@@ -311,13 +311,19 @@ cudaError_t with_format(EwFormat format, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// The float compare types are the EwFormat of the same name and value.
+static_assert(static_cast<int>(EwCompareType::f32) == static_cast<int>(EwFormat::f32) &&
+              static_cast<int>(EwCompareType::f64) == static_cast<int>(EwFormat::f64) &&
+              static_cast<int>(EwCompareType::f16) == static_cast<int>(EwFormat::f16) &&
+              static_cast<int>(EwCompareType::bf16) == static_cast<int>(EwFormat::bf16));
+
 template <typename F>
 cudaError_t with_compare_type(EwCompareType type, F&& f) {
   switch (type) {
-    case EwCompareType::f32: return f(Tag<float>{});
-    case EwCompareType::f64: return f(Tag<double>{});
-    case EwCompareType::f16: return f(Tag<__half>{});
-    case EwCompareType::bf16: return f(Tag<__nv_bfloat16>{});
+    case EwCompareType::f32:
+    case EwCompareType::f64:
+    case EwCompareType::f16:
+    case EwCompareType::bf16: return with_format(static_cast<EwFormat>(static_cast<int>(type)), f);
     case EwCompareType::i8: return f(Tag<std::int8_t>{});
     case EwCompareType::u8:
     case EwCompareType::boolean: return f(Tag<std::uint8_t>{});
