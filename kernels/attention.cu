@@ -25,6 +25,7 @@
 // All math is f32 FMA (no tensor cores): bf16 operands are widened when staged into shared memory, and
 // the outputs are rounded once. Element offsets are 64-bit; in-head row indices (< T <= 2^30) are int.
 #include "attention.cuh"
+#include "device_math.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -41,15 +42,8 @@ __host__ __device__ constexpr int small_tile(int d) { return d >= 128 ? 32 : 64;
 
 constexpr float kInf = __builtin_huge_valf();
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ inline T from_f32(float x);
-template <>
-__device__ inline float from_f32<float>(float x) { return x; }
-template <>
-__device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using device::from_f32;
+using device::to_f32;
 
 __device__ inline float component(const float4& f, int u) { return u == 0 ? f.x : u == 1 ? f.y : u == 2 ? f.z : f.w; }
 
@@ -488,12 +482,9 @@ cudaError_t forward_any(T* out, AttentionStrides lo, float* lse, const T* q, Att
                         AttentionStrides lk, const T* v, AttentionStrides lv, std::int64_t BH, std::int64_t H,
                         std::int64_t T_len, int D, float scale, bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32: return forward_for<T, 32>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 64: return forward_for<T, 64>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 128: return forward_for<T, 128>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return forward_for<T, decltype(d)::value>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 template <typename T>
@@ -503,18 +494,10 @@ cudaError_t backward_any(T* dq, AttentionStrides ldq, T* dk, AttentionStrides ld
                          const float* lse, float* delta, std::int64_t BH, std::int64_t H, std::int64_t T_len, int D,
                          float scale, bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32:
-      return backward_for<T, 32>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 64:
-      return backward_for<T, 64>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 128:
-      return backward_for<T, 128>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                  H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return backward_for<T, decltype(d)::value>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse,
+                                               delta, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace memtrain::cuda {
 
@@ -20,6 +21,17 @@ struct AttentionStrides {
 
 // Head dims with a compiled kernel.
 constexpr bool attention_head_dim_compiled(std::int64_t d) { return d == 32 || d == 64 || d == 128; }
+// For the launchers: f(std::integral_constant<int, D>{}) for a compiled head dim D, else
+// cudaErrorInvalidValue.
+template <typename F>
+cudaError_t with_head_dim(int D, F&& f) {
+  switch (D) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 // out (B, H, T, D) through lo; lse: contiguous (B*H, T) f32, lse = log(sum_j exp(scale * q.k_j)).
 // BH = B * H; H splits a flat head index into (batch, head). D must be compiled (above).

@@ -32,6 +32,7 @@
 // each region starts on a 128-byte boundary. Rows past T are staged as zeros so masked products stay finite.
 // Element offsets are 64-bit; in-head row indices (< T <= 2^30) are int.
 #include "attention_tc.cuh"
+#include "device_math.cuh"
 
 #include <mma.h>
 
@@ -63,14 +64,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 __host__ __device__ constexpr int step_rows(int d) { return d >= 128 ? 32 : 64; }
 __host__ __device__ constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
 
-template <typename T>
-__device__ inline T from_f32(float x);
-template <>
-__device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ inline __half from_f32<__half>(float x) { return __float2half_rn(x); }
-__device__ inline float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_f32(__half x) { return __half2float(x); }
+using device::from_f32;
+using device::to_f32;
 
 template <typename T>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
@@ -574,12 +569,9 @@ cudaError_t launch_attention_forward_tc(T* out, AttentionStrides lo, float* lse,
                                         std::int64_t BH, std::int64_t H, std::int64_t T_len, int D, float scale,
                                         bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32: return forward_for<T, 32>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 64: return forward_for<T, 64>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    case 128: return forward_for<T, 128>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return forward_for<T, decltype(d)::value>(out, lo, lse, q, lq, k, lk, v, lv, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 template <typename T>
@@ -590,18 +582,10 @@ cudaError_t launch_attention_backward_tc(T* dq, AttentionStrides ldq, T* dk, Att
                                          float* delta, std::int64_t BH, std::int64_t H, std::int64_t T_len, int D,
                                          float scale, bool causal, cudaStream_t stream) {
   if (BH <= 0 || T_len <= 0) return cudaSuccess;
-  switch (D) {
-    case 32:
-      return backward_for<T, 32>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 64:
-      return backward_for<T, 64>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                 H, T_len, scale, causal, stream);
-    case 128:
-      return backward_for<T, 128>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse, delta, BH,
-                                  H, T_len, scale, causal, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, [&](auto d) {
+    return backward_for<T, decltype(d)::value>(dq, ldq, dk, ldk, dv, ldv, dout, ldo, q, lq, k, lk, v, lv, out, lo, lse,
+                                               delta, BH, H, T_len, scale, causal, stream);
+  });
 }
 
 std::int64_t attention_tc_blocks(std::int64_t BH, std::int64_t T_len) { return BH * ceil_div(T_len, kRows); }

@@ -17,7 +17,7 @@ using namespace spatial_device;
 
 namespace {
 
-constexpr int kBnThreads = 256;  // a multiple of 32 (block_sum_f64)
+constexpr int kBnThreads = 256;  // a multiple of 32 (block_sum)
 
 // Running-stat factors, computed on the host in f64 and rounded to f32 like the CPU's scalar arguments.
 struct RunningUpdate {
@@ -37,37 +37,37 @@ __global__ void batch_norm_forward_kernel(T* y, float* save_mean, float* save_in
       double s = 0.0;
       for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
         const std::int64_t b = j / HW, i = j - b * HW;
-        s += static_cast<double>(load(x[(b * C + c) * HW + i]));
+        s += static_cast<double>(to_f32(x[(b * C + c) * HW + i]));
       }
-      const double m = block_sum_f64(s, red) / static_cast<double>(n);
+      const double m = block_sum(s, red) / static_cast<double>(n);
       double v = 0.0;
       for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
         const std::int64_t b = j / HW, i = j - b * HW;
-        const double d = static_cast<double>(load(x[(b * C + c) * HW + i])) - m;
+        const double d = static_cast<double>(to_f32(x[(b * C + c) * HW + i])) - m;
         v += d * d;
       }
-      const double var = block_sum_f64(v, red) / static_cast<double>(n);  // biased: what normalises the batch
+      const double var = block_sum(v, red) / static_cast<double>(n);  // biased: what normalises the batch
       mean = static_cast<float>(m);
       invstd = static_cast<float>(1.0 / sqrt(var + eps));
       if (threadIdx.x == 0 && running_mean != nullptr) {
         const float vf = static_cast<float>(var);
-        running_mean[c] = store<T>(__fadd_rn(__fmul_rn(load(running_mean[c]), upd.keep), __fmul_rn(mean, upd.take_mean)));
-        running_var[c] = store<T>(__fadd_rn(__fmul_rn(load(running_var[c]), upd.keep), __fmul_rn(vf, upd.take_var)));
+        running_mean[c] = from_f32<T>(__fadd_rn(__fmul_rn(to_f32(running_mean[c]), upd.keep), __fmul_rn(mean, upd.take_mean)));
+        running_var[c] = from_f32<T>(__fadd_rn(__fmul_rn(to_f32(running_var[c]), upd.keep), __fmul_rn(vf, upd.take_var)));
       }
     } else {
-      mean = load(running_mean[c]);
-      invstd = static_cast<float>(1.0 / sqrt(static_cast<double>(load(running_var[c])) + eps));
+      mean = to_f32(running_mean[c]);
+      invstd = static_cast<float>(1.0 / sqrt(static_cast<double>(to_f32(running_var[c])) + eps));
     }
     if (threadIdx.x == 0) {
       save_mean[c] = mean;
       save_invstd[c] = invstd;
     }
-    const float scale = invstd * (weight != nullptr ? load(weight[c]) : 1.0f);
-    const float shift = bias != nullptr ? load(bias[c]) : 0.0f;
+    const float scale = invstd * (weight != nullptr ? to_f32(weight[c]) : 1.0f);
+    const float shift = bias != nullptr ? to_f32(bias[c]) : 0.0f;
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const std::int64_t b = j / HW, i = j - b * HW;
       const std::int64_t at = (b * C + c) * HW + i;
-      y[at] = store<T>((load(x[at]) - mean) * scale + shift);
+      y[at] = from_f32<T>((to_f32(x[at]) - mean) * scale + shift);
     }
   }
 }
@@ -84,25 +84,25 @@ __global__ void batch_norm_backward_kernel(T* dx, T* dweight, T* dbias, const T*
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const std::int64_t b = j / HW, i = j - b * HW;
       const std::int64_t at = (b * C + c) * HW + i;
-      const double g = static_cast<double>(load(dout[at]));
+      const double g = static_cast<double>(to_f32(dout[at]));
       sg += g;
-      sgx += g * static_cast<double>((load(x[at]) - mean) * invstd);
+      sgx += g * static_cast<double>((to_f32(x[at]) - mean) * invstd);
     }
-    sg = block_sum_f64(sg, red);
-    sgx = block_sum_f64(sgx, red);
+    sg = block_sum(sg, red);
+    sgx = block_sum(sgx, red);
     if (threadIdx.x == 0) {
-      if (dweight != nullptr) dweight[c] = store<T>(static_cast<float>(sgx));
-      if (dbias != nullptr) dbias[c] = store<T>(static_cast<float>(sg));
+      if (dweight != nullptr) dweight[c] = from_f32<T>(static_cast<float>(sgx));
+      if (dbias != nullptr) dbias[c] = from_f32<T>(static_cast<float>(sg));
     }
-    const float scale = invstd * (weight != nullptr ? load(weight[c]) : 1.0f);
+    const float scale = invstd * (weight != nullptr ? to_f32(weight[c]) : 1.0f);
     const float mean_g = training ? static_cast<float>(sg / static_cast<double>(n)) : 0.0f;
     const float mean_gx = training ? static_cast<float>(sgx / static_cast<double>(n)) : 0.0f;
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const std::int64_t b = j / HW, i = j - b * HW;
       const std::int64_t at = (b * C + c) * HW + i;
-      const float xhat = (load(x[at]) - mean) * invstd;
+      const float xhat = (to_f32(x[at]) - mean) * invstd;
       // Training: mean and var depend on x too, hence the two projections; eval: a per-channel affine map.
-      dx[at] = store<T>(scale * (load(dout[at]) - mean_g - xhat * mean_gx));
+      dx[at] = from_f32<T>(scale * (to_f32(dout[at]) - mean_g - xhat * mean_gx));
     }
   }
 }

@@ -27,7 +27,7 @@ __global__ void im2col_kernel(float* col, const T* x, std::int64_t nb, ConvGeome
     const std::int64_t bi = j / L, l = j - bi * L, oh = l / g.OW, ow = l - oh * g.OW;
     const std::int64_t ih = oh * g.stride - g.padding + kh, iw = ow * g.stride - g.padding + kw;
     float v = 0.0f;
-    if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) v = load(x[((bi * g.Cin + ci) * g.H + ih) * g.W + iw]);
+    if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) v = to_f32(x[((bi * g.Cin + ci) * g.H + ih) * g.W + iw]);
     col[i] = v;
   }
 }
@@ -54,7 +54,7 @@ __global__ void col2im_kernel(T* dx, const float* col, std::int64_t nb, ConvGeom
         s += col[(ci * KK + kh * g.KW + kw) * cols + bi * L + oh * g.OW + ow];
       }
     }
-    dx[i] = store<T>(s);
+    dx[i] = from_f32<T>(s);
   }
 }
 
@@ -64,7 +64,7 @@ __global__ void to_channel_major_kernel(float* dst, const T* src, std::int64_t n
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t c = i / cols, j = i - c * cols, bi = j / L, l = j - bi * L;
-    dst[i] = load(src[(bi * C + c) * L + l]);
+    dst[i] = to_f32(src[(bi * C + c) * L + l]);
   }
 }
 
@@ -75,8 +75,8 @@ __global__ void from_channel_major_kernel(T* dst, const float* src, const T* bia
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t l = i % L, c = (i / L) % C, bi = i / (L * C);
-    const float b = bias != nullptr ? load(bias[c]) : 0.0f;
-    dst[i] = store<T>(src[c * nb * L + bi * L + l] + b);
+    const float b = bias != nullptr ? to_f32(bias[c]) : 0.0f;
+    dst[i] = from_f32<T>(src[c * nb * L + bi * L + l] + b);
   }
 }
 
@@ -86,12 +86,12 @@ __global__ void bias_add_kernel(T* out, const T* bias, std::int64_t B, std::int6
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t c = (i / L) % C;
-    out[i] = store<T>(load(out[i]) + load(bias[c]));
+    out[i] = from_f32<T>(to_f32(out[i]) + to_f32(bias[c]));
   }
 }
 
 // blockDim.x == kThreads (a multiple of 32); c depends only on blockIdx.x, so every thread of a block runs
-// the same iterations and reaches the barriers of block_sum_f64.
+// the same iterations and reaches the barriers of block_sum.
 template <typename T>
 __global__ void bias_grad_kernel(T* dbias, const T* dout, std::int64_t B, std::int64_t C, std::int64_t L) {
   __shared__ double red[32];
@@ -100,10 +100,10 @@ __global__ void bias_grad_kernel(T* dbias, const T* dout, std::int64_t B, std::i
     double s = 0.0;
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const std::int64_t b = j / L, l = j - b * L;
-      s += static_cast<double>(load(dout[(b * C + c) * L + l]));
+      s += static_cast<double>(to_f32(dout[(b * C + c) * L + l]));
     }
-    s = block_sum_f64(s, red);
-    if (threadIdx.x == 0) dbias[c] = store<T>(static_cast<float>(s));
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) dbias[c] = from_f32<T>(static_cast<float>(s));
   }
 }
 
@@ -111,59 +111,44 @@ template <typename T>
 __global__ void widen_kernel(float* dst, const T* src, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = load(src[i]);
+    dst[i] = to_f32(src[i]);
 }
 
 template <typename T>
 __global__ void narrow_kernel(T* dst, const float* src, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = store<T>(src[i]);
+    dst[i] = from_f32<T>(src[i]);
 }
 
 }  // namespace
 
 template <typename T>
 cudaError_t launch_conv_im2col(float* col, const T* x, std::int64_t nb, const ConvGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.Cin * g.KH * g.KW * nb * g.OH * g.OW;
-  if (total <= 0) return cudaSuccess;
-  im2col_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(col, x, nb, g);
-  return cudaGetLastError();
+  return launch_flat(im2col_kernel<T>, g.Cin * g.KH * g.KW * nb * g.OH * g.OW, stream, col, x, nb, g);
 }
 
 template <typename T>
 cudaError_t launch_conv_col2im(T* dx, const float* col, std::int64_t nb, const ConvGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = nb * g.Cin * g.H * g.W;
-  if (total <= 0) return cudaSuccess;
-  col2im_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dx, col, nb, g);
-  return cudaGetLastError();
+  return launch_flat(col2im_kernel<T>, nb * g.Cin * g.H * g.W, stream, dx, col, nb, g);
 }
 
 template <typename T>
 cudaError_t launch_conv_to_channel_major(float* dst, const T* src, std::int64_t nb, std::int64_t C, std::int64_t L,
                                          cudaStream_t stream) {
-  const std::int64_t total = nb * C * L;
-  if (total <= 0) return cudaSuccess;
-  to_channel_major_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dst, src, nb, C, L);
-  return cudaGetLastError();
+  return launch_flat(to_channel_major_kernel<T>, nb * C * L, stream, dst, src, nb, C, L);
 }
 
 template <typename T>
 cudaError_t launch_conv_from_channel_major(T* dst, const float* src, const T* bias, std::int64_t nb, std::int64_t C,
                                            std::int64_t L, cudaStream_t stream) {
-  const std::int64_t total = nb * C * L;
-  if (total <= 0) return cudaSuccess;
-  from_channel_major_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dst, src, bias, nb, C, L);
-  return cudaGetLastError();
+  return launch_flat(from_channel_major_kernel<T>, nb * C * L, stream, dst, src, bias, nb, C, L);
 }
 
 template <typename T>
 cudaError_t launch_conv_bias_add(T* out, const T* bias, std::int64_t B, std::int64_t C, std::int64_t L,
                                  cudaStream_t stream) {
-  const std::int64_t total = B * C * L;
-  if (total <= 0) return cudaSuccess;
-  bias_add_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(out, bias, B, C, L);
-  return cudaGetLastError();
+  return launch_flat(bias_add_kernel<T>, B * C * L, stream, out, bias, B, C, L);
 }
 
 template <typename T>
@@ -177,16 +162,12 @@ cudaError_t launch_conv_bias_grad(T* dbias, const T* dout, std::int64_t B, std::
 
 template <typename T>
 cudaError_t launch_conv_widen(float* dst, const T* src, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  widen_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
-  return cudaGetLastError();
+  return launch_flat(widen_kernel<T>, n, stream, dst, src, n);
 }
 
 template <typename T>
 cudaError_t launch_conv_narrow(T* dst, const float* src, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  narrow_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
-  return cudaGetLastError();
+  return launch_flat(narrow_kernel<T>, n, stream, dst, src, n);
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                                     \

@@ -231,28 +231,23 @@ template <bool kE4M3>
 cudaError_t quantize_blockwise_typed(const void* src, FloatFormat from, std::uint8_t* dst, float* inv_scales,
                                      std::int64_t rows, std::int64_t cols, int tile_rows, cudaStream_t stream) {
   const std::int64_t tiles_per_row = (cols + kTileCols - 1) / kTileCols;
+  // The tiling's kernel for an f32 or a bf16 source, on `grid` blocks.
+  auto launch = [&](auto* f32_kernel, auto* bf16_kernel, unsigned grid) {
+    if (from == FloatFormat::f32) {
+      f32_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const std::uint32_t*>(src), dst, inv_scales, rows, cols);
+    } else {
+      bf16_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const std::uint16_t*>(src), dst, inv_scales, rows, cols);
+    }
+    return cudaGetLastError();
+  };
   if (tile_rows == 1) {
-    const std::size_t tiles = static_cast<std::size_t>(rows * tiles_per_row);
-    const unsigned grid = grid_for(tiles, kThreads / 32);
-    if (from == FloatFormat::f32) {
-      quantize_fp8_1x128_kernel<FloatFormat::f32, kE4M3><<<grid, kThreads, 0, stream>>>(
-          static_cast<const std::uint32_t*>(src), dst, inv_scales, rows, cols);
-    } else {
-      quantize_fp8_1x128_kernel<FloatFormat::bf16, kE4M3><<<grid, kThreads, 0, stream>>>(
-          static_cast<const std::uint16_t*>(src), dst, inv_scales, rows, cols);
-    }
-  } else {
-    const std::size_t tiles = static_cast<std::size_t>(((rows + 127) / 128) * tiles_per_row);
-    const unsigned grid = grid_for(tiles, 1);
-    if (from == FloatFormat::f32) {
-      quantize_fp8_128x128_kernel<FloatFormat::f32, kE4M3><<<grid, kThreads, 0, stream>>>(
-          static_cast<const std::uint32_t*>(src), dst, inv_scales, rows, cols);
-    } else {
-      quantize_fp8_128x128_kernel<FloatFormat::bf16, kE4M3><<<grid, kThreads, 0, stream>>>(
-          static_cast<const std::uint16_t*>(src), dst, inv_scales, rows, cols);
-    }
+    return launch(quantize_fp8_1x128_kernel<FloatFormat::f32, kE4M3>,
+                  quantize_fp8_1x128_kernel<FloatFormat::bf16, kE4M3>,
+                  grid_for(static_cast<std::size_t>(rows * tiles_per_row), kThreads / 32));
   }
-  return cudaGetLastError();
+  return launch(quantize_fp8_128x128_kernel<FloatFormat::f32, kE4M3>,
+                quantize_fp8_128x128_kernel<FloatFormat::bf16, kE4M3>,
+                grid_for(static_cast<std::size_t>(((rows + 127) / 128) * tiles_per_row), 1));
 }
 
 }  // namespace

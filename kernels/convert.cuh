@@ -19,6 +19,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "memtrain/core/float_formats.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -86,24 +88,11 @@ MT_HOST_DEVICE constexpr Bits round_to_code(Bits a) {
   return a < kMinNormal ? subnormal : normal;
 }
 
-// Target formats: mantissa bits, bias, sign position, and the magnitude codes of the largest finite
-// value, of what a too-large finite value becomes, of +Inf and of the quiet NaN (core/float_types.h).
-struct HalfFormat {
-  static constexpr int kMant = 10, kBias = 15, kSignBit = 15;
-  static constexpr std::uint32_t kMaxFinite = 0x7bff, kOverflow = 0x7c00, kInf = 0x7c00, kNan = 0x7e00;
-};
-struct BFloat16Format {
-  static constexpr int kMant = 7, kBias = 127, kSignBit = 15;
-  static constexpr std::uint32_t kMaxFinite = 0x7f7f, kOverflow = 0x7f80, kInf = 0x7f80, kNan = 0x7fc0;
-};
-struct E4M3Format {  // saturating, no Inf: Inf and NaN -> NaN
-  static constexpr int kMant = 3, kBias = 7, kSignBit = 7;
-  static constexpr std::uint32_t kMaxFinite = 0x7e, kOverflow = 0x7e, kInf = 0x7f, kNan = 0x7f;
-};
-struct E5M2Format {  // saturating, Inf stays Inf
-  static constexpr int kMant = 2, kBias = 15, kSignBit = 7;
-  static constexpr std::uint32_t kMaxFinite = 0x7b, kOverflow = 0x7b, kInf = 0x7c, kNan = 0x7e;
-};
+// Target formats (memtrain/core/float_formats.h, the CPU's table) and f32 as a target of f64.
+using float_formats::BFloat16Format;
+using float_formats::E4M3Format;
+using float_formats::E5M2Format;
+using float_formats::HalfFormat;
 struct Float32Format {  // f64 -> f32 (NaN is handled before encode, to keep the payload)
   static constexpr int kMant = 23, kBias = 127, kSignBit = 31;
   static constexpr std::uint32_t kMaxFinite = 0x7f7fffff, kOverflow = 0x7f800000, kInf = 0x7f800000,

@@ -10,6 +10,8 @@
 // Precision: f16 and bf16 are widened to f32, combined, and rounded once (round to nearest even).
 #include "elementwise.cuh"
 
+#include "device_math.cuh"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -32,18 +34,8 @@ unsigned grid_for(std::size_t work) {
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, kMaxBlocks));
 }
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(__half x) { return __half2float(x); }
-__device__ inline float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ inline T from_f32(float x);
-template <>
-__device__ inline float from_f32<float>(float x) { return x; }
-template <>
-__device__ inline __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using device::from_f32;
+using device::to_f32;
 
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }
@@ -119,26 +111,22 @@ cudaError_t launch_fill_u64(std::uint64_t* dst, std::uint64_t value, std::size_t
   return launch_fill(dst, value, n, stream);
 }
 
-cudaError_t launch_add_f32(const float* a, const float* b, float* out, std::size_t n, cudaStream_t stream) {
-  return launch_binary<float, AddOp>(a, b, out, n, stream);
-}
-cudaError_t launch_add_f16(const __half* a, const __half* b, __half* out, std::size_t n, cudaStream_t stream) {
-  return launch_binary<__half, AddOp>(a, b, out, n, stream);
-}
-cudaError_t launch_add_bf16(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, std::size_t n,
-                            cudaStream_t stream) {
-  return launch_binary<__nv_bfloat16, AddOp>(a, b, out, n, stream);
-}
-cudaError_t launch_mul_f32(const float* a, const float* b, float* out, std::size_t n, cudaStream_t stream) {
-  return launch_binary<float, MulOp>(a, b, out, n, stream);
-}
-cudaError_t launch_mul_f16(const __half* a, const __half* b, __half* out, std::size_t n, cudaStream_t stream) {
-  return launch_binary<__half, MulOp>(a, b, out, n, stream);
-}
-cudaError_t launch_mul_bf16(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, std::size_t n,
-                            cudaStream_t stream) {
-  return launch_binary<__nv_bfloat16, MulOp>(a, b, out, n, stream);
-}
+// launch_<name>_f32 / _f16 / _bf16 (elementwise.cuh): out = a Op b.
+#define MEMTRAIN_BINARY_LAUNCHERS(name, Op)                                                                     \
+  cudaError_t launch_##name##_f32(const float* a, const float* b, float* out, std::size_t n, cudaStream_t stream) { \
+    return launch_binary<float, Op>(a, b, out, n, stream);                                                      \
+  }                                                                                                             \
+  cudaError_t launch_##name##_f16(const __half* a, const __half* b, __half* out, std::size_t n,                \
+                                  cudaStream_t stream) {                                                        \
+    return launch_binary<__half, Op>(a, b, out, n, stream);                                                     \
+  }                                                                                                             \
+  cudaError_t launch_##name##_bf16(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out,         \
+                                   std::size_t n, cudaStream_t stream) {                                        \
+    return launch_binary<__nv_bfloat16, Op>(a, b, out, n, stream);                                              \
+  }
+MEMTRAIN_BINARY_LAUNCHERS(add, AddOp)
+MEMTRAIN_BINARY_LAUNCHERS(mul, MulOp)
+#undef MEMTRAIN_BINARY_LAUNCHERS
 
 cudaError_t probe_elementwise_kernels() {
   cudaFuncAttributes attributes{};

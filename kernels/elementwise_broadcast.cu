@@ -15,11 +15,14 @@
 // reads its element before writing it. No __restrict__ for that reason.
 #include "elementwise_broadcast.cuh"
 
+#include "device_math.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace memtrain::cuda {
 namespace {
@@ -50,21 +53,21 @@ struct ComputeOf<double> {
 template <typename T>
 using compute_t = typename ComputeOf<T>::type;
 
-__device__ __forceinline__ float load(float x) { return x; }
+// f64 stays f64; the other formats go through f32 (device_math.cuh).
 __device__ __forceinline__ double load(double x) { return x; }
-__device__ __forceinline__ float load(__half x) { return __half2float(x); }
-__device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ float load(T x) {
+  return device::to_f32(x);
+}
 
 template <typename T>
-__device__ __forceinline__ T store(compute_t<T> x);
-template <>
-__device__ __forceinline__ float store<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ double store<double>(double x) { return x; }
-template <>
-__device__ __forceinline__ __half store<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ T store(compute_t<T> x) {
+  if constexpr (std::is_same_v<T, double>) {
+    return x;
+  } else {
+    return device::from_f32<T>(x);
+  }
+}
 
 // ---- math in the compute type (explicit f/non-f names: no reliance on overload resolution) ----
 
@@ -308,13 +311,19 @@ cudaError_t with_format(EwFormat format, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// The float compare types are the EwFormat of the same name and value.
+static_assert(static_cast<int>(EwCompareType::f32) == static_cast<int>(EwFormat::f32) &&
+              static_cast<int>(EwCompareType::f64) == static_cast<int>(EwFormat::f64) &&
+              static_cast<int>(EwCompareType::f16) == static_cast<int>(EwFormat::f16) &&
+              static_cast<int>(EwCompareType::bf16) == static_cast<int>(EwFormat::bf16));
+
 template <typename F>
 cudaError_t with_compare_type(EwCompareType type, F&& f) {
   switch (type) {
-    case EwCompareType::f32: return f(Tag<float>{});
-    case EwCompareType::f64: return f(Tag<double>{});
-    case EwCompareType::f16: return f(Tag<__half>{});
-    case EwCompareType::bf16: return f(Tag<__nv_bfloat16>{});
+    case EwCompareType::f32:
+    case EwCompareType::f64:
+    case EwCompareType::f16:
+    case EwCompareType::bf16: return with_format(static_cast<EwFormat>(static_cast<int>(type)), f);
     case EwCompareType::i8: return f(Tag<std::int8_t>{});
     case EwCompareType::u8:
     case EwCompareType::boolean: return f(Tag<std::uint8_t>{});
@@ -325,6 +334,18 @@ cudaError_t with_compare_type(EwCompareType type, F&& f) {
 }
 
 bool valid_layout(int ndim) { return ndim >= 1 && ndim <= kElementwiseMaxDims; }
+
+// launch(Tag<I>{}) with the kernels' index type I: 32-bit arithmetic when n fits, else 64-bit; then the
+// launch's error.
+template <typename Launch>
+cudaError_t launch_indexed(std::uint64_t n, Launch&& launch) {
+  if (fits_u32(n)) {
+    launch(Tag<std::uint32_t>{});
+  } else {
+    launch(Tag<std::uint64_t>{});
+  }
+  return cudaGetLastError();
+}
 
 }  // namespace
 
@@ -337,12 +358,10 @@ cudaError_t launch_elementwise_unary(EwUnary op, EwFormat format, void* out, con
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out);
     const T* in = static_cast<const T*>(x);
-    if (fits_u32(n)) {
-      unary_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, in, layout, n, p0, p1);
-    } else {
-      unary_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, in, layout, n, p0, p1);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      unary_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(op, o, in, layout, n, p0, p1);
+    });
   });
 }
 
@@ -358,12 +377,10 @@ cudaError_t launch_elementwise_binary(EwBinary op, EwFormat format, void* out, c
     T* o = static_cast<T*>(out);
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
-    if (fits_u32(n)) {
-      binary_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, pa, pb, layout, n, p0, p1);
-    } else {
-      binary_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(op, o, pa, pb, layout, n, p0, p1);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      binary_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(op, o, pa, pb, layout, n, p0, p1);
+    });
   });
 }
 
@@ -377,12 +394,10 @@ cudaError_t launch_elementwise_where(void* out, const std::uint8_t* cond, const 
     U* o = static_cast<U*>(out);
     const U* pa = static_cast<const U*>(a);
     const U* pb = static_cast<const U*>(b);
-    if (fits_u32(n)) {
-      where_kernel<U, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(o, cond, pa, pb, layout, n);
-    } else {
-      where_kernel<U, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(o, cond, pa, pb, layout, n);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      where_kernel<U, I><<<grid_for(n), kThreads, 0, stream>>>(o, cond, pa, pb, layout, n);
+    });
   };
   switch (elem_size) {
     case 1: return launch(Tag<std::uint8_t>{});
@@ -403,12 +418,10 @@ cudaError_t launch_elementwise_compare_scalar(EwCompare op, EwCompareType type, 
   return with_compare_type(type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* in = static_cast<const T*>(x);
-    if (fits_u32(n)) {
-      compare_scalar_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, out, in, layout, n, s);
-    } else {
-      compare_scalar_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(op, out, in, layout, n, s);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      compare_scalar_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(op, out, in, layout, n, s);
+    });
   });
 }
 
@@ -421,12 +434,10 @@ cudaError_t launch_elementwise_eq(EwCompareType type, std::uint8_t* out, const v
     using T = typename decltype(tag)::type;
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
-    if (fits_u32(n)) {
-      eq_kernel<T, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(out, pa, pb, layout, n, as_truth);
-    } else {
-      eq_kernel<T, std::uint64_t><<<grid_for(n), kThreads, 0, stream>>>(out, pa, pb, layout, n, as_truth);
-    }
-    return cudaGetLastError();
+    return launch_indexed(n, [&](auto index) {
+      using I = typename decltype(index)::type;
+      eq_kernel<T, I><<<grid_for(n), kThreads, 0, stream>>>(out, pa, pb, layout, n, as_truth);
+    });
   });
 }
 

@@ -12,6 +12,8 @@
 // like the CPU ops (which widen bf16/f16 to f32).
 #pragma once
 
+#include "memtrain/core/elementwise_ops.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -32,46 +34,9 @@ struct ElementwiseLayout {
 
 enum class EwFormat { f32, f64, f16, bf16 };
 
-// out = f(x; p0, p1). The scalars are rounded to the compute type first, like the CPU's static_cast<T>(s).
-enum class EwUnary {
-  add_scalar,  // x + p0
-  mul_scalar,  // x * p0
-  rdiv_scalar, // p0 / x
-  neg,
-  abs,
-  exp,
-  log,
-  sqrt,
-  rsqrt,       // 1 / sqrt(x)
-  pow,         // x^p0 (x * x when p0 == 2)
-  tanh,
-  sigmoid,     // overflow-free: 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below
-  relu,        // x < 0 ? 0 : x (NaN stays NaN)
-  gelu_erf,    // 0.5 x (1 + erf(x / sqrt 2))
-  gelu_tanh,   // x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); f64: 0.5 x (1 + tanh u)
-  silu,        // x sigmoid(x)
-  clamp,       // x < p0 ? p0 : (x > p1 ? p1 : x)
-};
-
-// out = f(a, b; p0, p1). The *_backward rules take a = dy (the output gradient) and b = the tensor the
-// forward saved (x, or y where the derivative is cheaper from the output), as in src/ops/unary.cpp.
-enum class EwBinary {
-  add,
-  sub,
-  mul,
-  div,
-  abs_backward,        // b > 0 ? a : (b < 0 ? -a : 0), b = x
-  pow_backward,        // p0 == 0 ? 0 : a * p0 * b^(p0 - 1), b = x
-  tanh_backward,       // a (1 - b^2), b = y
-  sigmoid_backward,    // a b (1 - b), b = y
-  relu_backward,       // b > 0 ? a : 0, b = y
-  sqrt_backward,       // a * 0.5 / b, b = y
-  rsqrt_backward,      // a * -0.5 * b^3, b = y
-  clamp_backward,      // p0 <= b <= p1 ? a : 0, b = x
-  gelu_erf_backward,   // a (Phi(b) + b phi(b)), b = x
-  gelu_tanh_backward,  // a (s + 2 b s (1 - s) u'), s = sigmoid(2u); f64 from tanh; b = x
-  silu_backward,       // a s (1 + b (1 - s)), s = sigmoid(b), b = x
-};
+// The maps by name and what each computes: memtrain/core/elementwise_ops.h, shared with the host.
+using EwUnary = ::memtrain::elementwise::UnaryOp;
+using EwBinary = ::memtrain::elementwise::BinaryOp;
 
 // Comparisons write bool bytes 0/1. Input types as the CPU compares them: floats widened (bf16/f16 to
 // f32), integers as themselves, bool by truth (any nonzero byte is true).

@@ -97,6 +97,8 @@ cudaError_t embedding_backward_scratch_bytes(std::int64_t N, std::int64_t V, std
 }  // namespace memtrain::cuda
 
 #if defined(__CUDACC__)
+#include "device_math.cuh"
+
 // ---- device helpers shared by the nn_*.cu files (nvcc only) ----------------------------------------
 namespace memtrain::cuda::nn_device {
 
@@ -104,52 +106,22 @@ namespace memtrain::cuda::nn_device {
 // and many waves on any GPU).
 constexpr int kMaxRowBlocks = 65535;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-// Overflow goes to Inf, as the CPU's f16 rounding (core/float_types.h).
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Sum / max over the block, returned to every thread. blockDim.x must be a multiple of 32 (<= 1024) and
-// every thread of the block must call it; `red` is __shared__ float[32]. The leading __syncthreads lets
-// consecutive calls reuse `red`. Fixed order for a given blockDim: deterministic.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  return warp_sum(lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0f);
-}
-__device__ __forceinline__ float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  return warp_max(lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : __int_as_float(0xff800000));  // -inf
-}
+// The conversions and reductions of every kernel file (device_math.cuh).
+using device::block_max;
+using device::block_sum;
+using device::from_f32;
+using device::to_f32;
+using device::warp_max;
+using device::warp_sum;
 
 }  // namespace memtrain::cuda::nn_device
+
+// The explicit instantiations of the nn_*.cu launchers: M(T) for every float type, M(T, I) for every float
+// type and index type.
+#define MEMTRAIN_NN_FOR_FLOAT_TYPES(M) M(float) M(__nv_bfloat16) M(__half)
+#define MEMTRAIN_NN_FOR_FLOAT_AND_INDEX_TYPES(M)                                                               \
+  M(float, std::int32_t) M(float, std::int64_t) M(__nv_bfloat16, std::int32_t) M(__nv_bfloat16, std::int64_t) \
+  M(__half, std::int32_t) M(__half, std::int64_t)
 
 namespace memtrain::cuda {
 // Threads for a block that owns one row of C elements: about 4 elements per thread, a whole number of

@@ -289,9 +289,7 @@ cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* 
                                                   float, cudaStream_t);                                           \
   template cudaError_t launch_rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const float*,            \
                                                    std::int64_t, std::int64_t, float*, cudaStream_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(__nv_bfloat16)
-MEMTRAIN_INSTANTIATE(__half)
+MEMTRAIN_NN_FOR_FLOAT_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
 }  // namespace memtrain::cuda

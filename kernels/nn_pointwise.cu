@@ -4,9 +4,9 @@
 // GELU, embedding forward: grid-stride loops over the flat output, one element per thread per step
 // (64-bit indices; the grid is capped and the loop covers the rest). GELU uses the CPU's form
 // 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)), with full-precision expf.
-// Dropout: thread j handles Philox block j (elements 4j .. 4j + 3), the rule of cpu/dropout.h; Philox4x32-10
-// is written out below from the constants of core/philox.h (kernels/ includes nothing outside itself),
-// and the tests check it against the CPU mask bit for bit.
+// Dropout: thread j handles Philox block j (elements 4j .. 4j + 3), the rule of cpu/dropout.h, with the
+// CPU's own Philox4x32-10 (memtrain/core/philox.h, __host__ __device__); the tests check the mask against
+// the CPU's bit for bit.
 // Embedding backward, deterministic and without float atomics (a segmented sum): keys k[n] = indices[n]
 // (V for an out-of-range index) and positions 0..N-1 are sorted together by CUB's stable radix sort, so
 // each index's positions come out grouped and in increasing n. Then one block per sorted position: the
@@ -15,6 +15,8 @@
 // order of additions, so f32 results are bit-identical to cpu::embedding_backward. Blocks not at a
 // segment start return at once.
 #include "nn.cuh"
+
+#include "memtrain/core/philox.h"
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -67,37 +69,15 @@ __global__ void gelu_tanh_backward_kernel(T* dx, const T* dy, const T* x, std::i
 
 // ---- dropout ----
 
-// Philox4x32-10 (Salmon et al., SC'11), counter (counter_lo, counter_hi = 0), key `key`: the same
-// function as memtrain::philox4x32_10 in core/philox.h.
-__device__ __forceinline__ uint4 philox4x32_10(std::uint64_t counter_lo, std::uint64_t key) {
-  constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-  std::uint32_t c0 = static_cast<std::uint32_t>(counter_lo), c1 = static_cast<std::uint32_t>(counter_lo >> 32);
-  std::uint32_t c2 = 0, c3 = 0;
-  std::uint32_t k0 = static_cast<std::uint32_t>(key), k1 = static_cast<std::uint32_t>(key >> 32);
-#pragma unroll
-  for (int round = 0; round < 10; ++round) {
-    const std::uint32_t hi0 = __umulhi(kMul0, c0), lo0 = kMul0 * c0;
-    const std::uint32_t hi1 = __umulhi(kMul1, c2), lo1 = kMul1 * c2;
-    const std::uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  return make_uint4(c0, c1, c2, c3);
-}
-
 template <typename T>
 __global__ void dropout_kernel(T* out, const T* in, std::int64_t n, std::uint64_t threshold, float scale,
                                std::uint64_t seed, std::uint64_t offset) {
   const std::int64_t blocks = (n + 3) / 4;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += stride) {
-    const uint4 r = philox4x32_10(offset + static_cast<std::uint64_t>(b), seed);  // wraps like the CPU's
-    const std::uint32_t lanes[4] = {r.x, r.y, r.z, r.w};
+    // Counter (offset + b, 0), key seed: core/philox.h, the CPU's generator. The counter wraps like the CPU's.
+    const Philox4x32 r = philox4x32_10(offset + static_cast<std::uint64_t>(b), 0, seed);
+    const std::uint32_t lanes[4] = {r.v[0], r.v[1], r.v[2], r.v[3]};
 #pragma unroll
     for (int lane = 0; lane < 4; ++lane) {
       const std::int64_t i = b * 4 + lane;
@@ -257,15 +237,8 @@ cudaError_t launch_embedding_backward(T* dweight, const T* dout, const I* indice
                                                       std::int64_t, cudaStream_t);                               \
   template cudaError_t launch_embedding_backward<T, I>(T*, const T*, const I*, std::int64_t, std::int64_t,       \
                                                        std::int64_t, void*, std::size_t, cudaStream_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(__nv_bfloat16)
-MEMTRAIN_INSTANTIATE(__half)
-MEMTRAIN_INSTANTIATE_EMB(float, std::int32_t)
-MEMTRAIN_INSTANTIATE_EMB(float, std::int64_t)
-MEMTRAIN_INSTANTIATE_EMB(__nv_bfloat16, std::int32_t)
-MEMTRAIN_INSTANTIATE_EMB(__nv_bfloat16, std::int64_t)
-MEMTRAIN_INSTANTIATE_EMB(__half, std::int32_t)
-MEMTRAIN_INSTANTIATE_EMB(__half, std::int64_t)
+MEMTRAIN_NN_FOR_FLOAT_TYPES(MEMTRAIN_INSTANTIATE)
+MEMTRAIN_NN_FOR_FLOAT_AND_INDEX_TYPES(MEMTRAIN_INSTANTIATE_EMB)
 #undef MEMTRAIN_INSTANTIATE_EMB
 #undef MEMTRAIN_INSTANTIATE
 

@@ -152,15 +152,8 @@ cudaError_t launch_cross_entropy_backward(T* dlogits, const float* dloss, std::i
   template cudaError_t launch_cross_entropy_backward<T, I>(T*, const float*, std::int64_t, const T*,             \
                                                            const float*, const I*, std::int64_t, std::int64_t,   \
                                                            std::int64_t, cudaStream_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(__nv_bfloat16)
-MEMTRAIN_INSTANTIATE(__half)
-MEMTRAIN_INSTANTIATE_CE(float, std::int32_t)
-MEMTRAIN_INSTANTIATE_CE(float, std::int64_t)
-MEMTRAIN_INSTANTIATE_CE(__nv_bfloat16, std::int32_t)
-MEMTRAIN_INSTANTIATE_CE(__nv_bfloat16, std::int64_t)
-MEMTRAIN_INSTANTIATE_CE(__half, std::int32_t)
-MEMTRAIN_INSTANTIATE_CE(__half, std::int64_t)
+MEMTRAIN_NN_FOR_FLOAT_TYPES(MEMTRAIN_INSTANTIATE)
+MEMTRAIN_NN_FOR_FLOAT_AND_INDEX_TYPES(MEMTRAIN_INSTANTIATE_CE)
 #undef MEMTRAIN_INSTANTIATE_CE
 #undef MEMTRAIN_INSTANTIATE
 

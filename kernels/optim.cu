@@ -61,6 +61,14 @@ unsigned grid_for(std::size_t work) {
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, kMaxBlocks));
 }
 
+// kernel<<<grid_for(n), kThreads, 0, stream>>>(args...) and its launch error; nothing when n == 0.
+template <typename... Params, typename... Args>
+cudaError_t launch_flat(void (*kernel)(Params...), std::size_t n, cudaStream_t stream, const Args&... args) {
+  if (n == 0) return cudaSuccess;
+  kernel<<<grid_for(n), kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
 __device__ __forceinline__ bool skipped(const int* skip) { return skip != nullptr && *skip != 0; }
 
 // std::max(acc, x) and std::min(acc, x): a NaN x leaves acc unchanged, as in the CPU reductions.
@@ -403,6 +411,18 @@ cudaError_t quant_grid(int threads, std::size_t smem, std::size_t num_blocks, un
 // Dynamic shared memory must fit the default 48 KiB per block (no opt-in attribute is set).
 constexpr std::size_t kMaxTableBytes = 48 * 1024 - 4096;
 
+// An 8-bit kernel of kT threads per block whose staged tables take table_entries words of shared memory:
+// refused past kMaxTableBytes, else launched on quant_grid's grid.
+template <auto Kernel, int kT, typename... Args>
+cudaError_t launch_quant(std::size_t table_entries, std::size_t nb, cudaStream_t stream, const Args&... args) {
+  const std::size_t smem = table_entries * sizeof(std::uint32_t);
+  if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
+  unsigned grid = 0;
+  if (cudaError_t err = quant_grid<Kernel>(kT, smem, nb, grid); err != cudaSuccess) return err;
+  Kernel<<<grid, kT, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
 // The encoder as a kernel with THREADS threads uses it: nothing staged below 256 threads (see the top).
 template <int THREADS>
 EncodeTableArg for_threads(EncodeTableArg e) {
@@ -414,30 +434,22 @@ EncodeTableArg for_threads(EncodeTableArg e) {
 
 cudaError_t launch_nonfinite_flag(const float* x, std::size_t n, int* flag, cudaStream_t stream) {
   if (cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), stream); err != cudaSuccess) return err;
-  if (n == 0) return cudaSuccess;
-  nonfinite_flag_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, flag);
-  return cudaGetLastError();
+  return launch_flat(nonfinite_flag_kernel, n, stream, x, n, flag);
 }
 
 cudaError_t launch_sgd_step(float* p, const float* g, float* momentum, std::size_t n, const SgdCoeffs& c,
                             const int* skip, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, g, momentum, n, c, skip);
-  return cudaGetLastError();
+  return launch_flat(sgd_kernel, n, stream, p, g, momentum, n, c, skip);
 }
 
 cudaError_t launch_adamw_step(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWCoeffs& c,
                               const int* skip, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, g, m, v, n, c, skip);
-  return cudaGetLastError();
+  return launch_flat(adamw_kernel, n, stream, p, g, m, v, n, c, skip);
 }
 
 cudaError_t launch_lion_step(float* p, const float* g, float* m, std::size_t n, const LionCoeffs& c,
                              const int* skip, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  lion_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, g, m, n, c, skip);
-  return cudaGetLastError();
+  return launch_flat(lion_kernel, n, stream, p, g, m, n, c, skip);
 }
 
 cudaError_t launch_adamw8bit_step(float* p, const float* g, std::uint8_t* m_codes, float* m_absmax,
@@ -450,13 +462,9 @@ cudaError_t launch_adamw8bit_step(float* p, const float* g, std::uint8_t* m_code
   return with_block_shape(block_size, [&](auto threads, auto items) {
     constexpr int kT = decltype(threads)::value, kI = decltype(items)::value;
     const EncodeTableArg me = for_threads<kT>(m_enc), ve = for_threads<kT>(v_enc);
-    const std::size_t smem = (staged_entries(me) + staged_entries(ve)) * sizeof(std::uint32_t);
-    if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
-    unsigned grid = 0;
-    if (cudaError_t err = quant_grid<adamw8bit_kernel<kT, kI>>(kT, smem, nb, grid); err != cudaSuccess) return err;
-    adamw8bit_kernel<kT, kI><<<grid, kT, smem, stream>>>(p, g, m_codes, m_absmax, v_codes, v_absmax, n, nb, maps,
-                                                         me, ve, c, skip);
-    return cudaGetLastError();
+    return launch_quant<adamw8bit_kernel<kT, kI>, kT>(staged_entries(me) + staged_entries(ve), nb, stream, p, g,
+                                                      m_codes, m_absmax, v_codes, v_absmax, n, nb, maps, me, ve, c,
+                                                      skip);
   });
 }
 
@@ -469,12 +477,8 @@ cudaError_t launch_lion8bit_step(float* p, const float* g, std::uint8_t* m_codes
   return with_block_shape(block_size, [&](auto threads, auto items) {
     constexpr int kT = decltype(threads)::value, kI = decltype(items)::value;
     const EncodeTableArg e = for_threads<kT>(enc);
-    const std::size_t smem = staged_entries(e) * sizeof(std::uint32_t);
-    if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
-    unsigned grid = 0;
-    if (cudaError_t err = quant_grid<lion8bit_kernel<kT, kI>>(kT, smem, nb, grid); err != cudaSuccess) return err;
-    lion8bit_kernel<kT, kI><<<grid, kT, smem, stream>>>(p, g, m_codes, m_absmax, n, nb, m, e, c, skip);
-    return cudaGetLastError();
+    return launch_quant<lion8bit_kernel<kT, kI>, kT>(staged_entries(e), nb, stream, p, g, m_codes, m_absmax, n, nb, m,
+                                                     e, c, skip);
   });
 }
 
@@ -486,12 +490,7 @@ cudaError_t launch_quantize_blockwise(const float* src, std::uint8_t* codes, flo
   return with_block_shape(block_size, [&](auto threads, auto items) {
     constexpr int kT = decltype(threads)::value, kI = decltype(items)::value;
     const EncodeTableArg e = for_threads<kT>(enc);
-    const std::size_t smem = staged_entries(e) * sizeof(std::uint32_t);
-    if (smem > kMaxTableBytes) return cudaErrorInvalidValue;
-    unsigned grid = 0;
-    if (cudaError_t err = quant_grid<quantize_kernel<kT, kI>>(kT, smem, nb, grid); err != cudaSuccess) return err;
-    quantize_kernel<kT, kI><<<grid, kT, smem, stream>>>(src, codes, absmax, n, nb, e);
-    return cudaGetLastError();
+    return launch_quant<quantize_kernel<kT, kI>, kT>(staged_entries(e), nb, stream, src, codes, absmax, n, nb, e);
   });
 }
 

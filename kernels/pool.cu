@@ -25,7 +25,7 @@ __device__ std::int64_t window_argmax(const T* xp, const PoolGeometry& g, std::i
     for (std::int64_t kw = 0; kw < g.kernel; ++kw) {
       const std::int64_t iw = ow * g.stride - g.padding + kw;
       if (iw < 0 || iw >= g.W) continue;
-      const float v = load(xp[ih * g.W + iw]);
+      const float v = to_f32(xp[ih * g.W + iw]);
       if (best < 0 || v > best_v || (v != v && best_v == best_v)) {  // NaN propagates, as on the CPU
         best = ih * g.W + iw;
         best_v = v;
@@ -55,7 +55,7 @@ __global__ void max_pool_forward_kernel(T* out, const T* x, PoolGeometry g) {
     const std::int64_t ow = i % g.OW, oh = (i / g.OW) % g.OH, p = i / (g.OW * g.OH);
     const T* xp = x + p * g.H * g.W;  // (H, W)
     const std::int64_t a = window_argmax(xp, g, oh, ow);
-    out[i] = store<T>(a < 0 ? -INFINITY : load(xp[a]));
+    out[i] = from_f32<T>(a < 0 ? -INFINITY : to_f32(xp[a]));
   }
 }
 
@@ -73,10 +73,10 @@ __global__ void avg_pool_forward_kernel(T* out, const T* x, PoolGeometry g) {
       if (ih < 0 || ih >= g.H) continue;
       for (std::int64_t kw = 0; kw < g.kernel; ++kw) {
         const std::int64_t iw = ow * g.stride - g.padding + kw;
-        if (iw >= 0 && iw < g.W) acc += load(xp[ih * g.W + iw]);
+        if (iw >= 0 && iw < g.W) acc += to_f32(xp[ih * g.W + iw]);
       }
     }
-    out[i] = store<T>(__fmul_rn(acc, inv));
+    out[i] = from_f32<T>(__fmul_rn(acc, inv));
   }
 }
 
@@ -95,8 +95,8 @@ __global__ void max_pool_backward_kernel(T* dx, const T* dout, const T* x, PoolG
     float s = 0.0f;
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
       for (std::int64_t ow = ow0; ow <= ow1; ++ow)
-        if (window_argmax(xp, g, oh, ow) == self) s += load(gp[oh * g.OW + ow]);
-    dx[i] = store<T>(s);
+        if (window_argmax(xp, g, oh, ow) == self) s += to_f32(gp[oh * g.OW + ow]);
+    dx[i] = from_f32<T>(s);
   }
 }
 
@@ -113,8 +113,8 @@ __global__ void avg_pool_backward_kernel(T* dx, const T* dout, PoolGeometry g) {
     window_range(iw, g, g.OW, &ow0, &ow1);
     float s = 0.0f;
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
-      for (std::int64_t ow = ow0; ow <= ow1; ++ow) s += __fmul_rn(load(gp[oh * g.OW + ow]), inv);  // CPU: g * inv, then +=
-    dx[i] = store<T>(s);
+      for (std::int64_t ow = ow0; ow <= ow1; ++ow) s += __fmul_rn(to_f32(gp[oh * g.OW + ow]), inv);  // CPU: g * inv, then +=
+    dx[i] = from_f32<T>(s);
   }
 }
 
@@ -122,34 +122,22 @@ __global__ void avg_pool_backward_kernel(T* dx, const T* dout, PoolGeometry g) {
 
 template <typename T>
 cudaError_t launch_max_pool2d_forward(T* out, const T* x, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.OH * g.OW;
-  if (total <= 0) return cudaSuccess;
-  max_pool_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(out, x, g);
-  return cudaGetLastError();
+  return launch_flat(max_pool_forward_kernel<T>, g.planes * g.OH * g.OW, stream, out, x, g);
 }
 
 template <typename T>
 cudaError_t launch_avg_pool2d_forward(T* out, const T* x, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.OH * g.OW;
-  if (total <= 0) return cudaSuccess;
-  avg_pool_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(out, x, g);
-  return cudaGetLastError();
+  return launch_flat(avg_pool_forward_kernel<T>, g.planes * g.OH * g.OW, stream, out, x, g);
 }
 
 template <typename T>
 cudaError_t launch_max_pool2d_backward(T* dx, const T* dout, const T* x, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.H * g.W;
-  if (total <= 0) return cudaSuccess;
-  max_pool_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dx, dout, x, g);
-  return cudaGetLastError();
+  return launch_flat(max_pool_backward_kernel<T>, g.planes * g.H * g.W, stream, dx, dout, x, g);
 }
 
 template <typename T>
 cudaError_t launch_avg_pool2d_backward(T* dx, const T* dout, const PoolGeometry& g, cudaStream_t stream) {
-  const std::int64_t total = g.planes * g.H * g.W;
-  if (total <= 0) return cudaSuccess;
-  avg_pool_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(dx, dout, g);
-  return cudaGetLastError();
+  return launch_flat(avg_pool_backward_kernel<T>, g.planes * g.H * g.W, stream, dx, dout, g);
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                                   \

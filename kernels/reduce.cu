@@ -11,6 +11,7 @@
 // sum_rows: one warp per row (cols < kBlockPerRowCols) or one block per row, f64 accumulation, fixed
 // trees, so every run gives the same bits. Rows are grid-strided with 64-bit indices.
 #include "convert.cuh"
+#include "device_math.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -39,26 +40,9 @@ __device__ inline std::uint32_t warp_max(std::uint32_t v) {
   return v;
 }
 
-// A fixed butterfly: the same additions in the same order on every run.
-__device__ inline double warp_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over the block (blockDim.x == kThreads), valid in thread 0. Ends with a barrier, so callers may
-// loop and call again.
-__device__ inline double block_sum(double v, double* shared) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  double total = 0.0;
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kWarps; ++w) total += shared[w];
-  }
-  __syncthreads();
-  return total;
-}
+using device::warp_sum;
+// Sum over the block (blockDim.x == kThreads), valid in thread 0 (device_math.cuh).
+__device__ inline double block_sum(double v, double* shared) { return device::block_sum_to_thread0<kWarps>(v, shared); }
 
 __device__ inline float to_f32_rn(double v) {
   return cvt::float_of(cvt::f64_to_f32(static_cast<std::uint64_t>(__double_as_longlong(v))));

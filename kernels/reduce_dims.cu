@@ -14,9 +14,11 @@
 // All loops are grid-strided with 64-bit indices; loop bounds inside a warp/block depend only on the
 // warp/block index, so every lane reaches each shuffle and every thread each barrier.
 #include "reduce_dims.cuh"
+#include "device_math.cuh"
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace memtrain::cuda {
 namespace {
@@ -65,26 +67,9 @@ __device__ inline S<Out> round_from_f64(double v) {
   return cvt::narrow_from_f64<Out>(static_cast<std::uint64_t>(__double_as_longlong(v)));
 }
 
-// A fixed butterfly: the same additions in the same order on every run.
-__device__ inline double warp_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over the block (blockDim.x == kThreads), valid in thread 0. Ends with a barrier, so callers may
-// loop and call again.
-__device__ inline double block_sum(double v, double* shared) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x / 32] = v;
-  __syncthreads();
-  double total = 0.0;
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kWarps; ++w) total += shared[w];
-  }
-  __syncthreads();
-  return total;
-}
+using device::warp_sum;
+// Sum over the block (blockDim.x == kThreads), valid in thread 0 (device_math.cuh).
+__device__ inline double block_sum(double v, double* shared) { return device::block_sum_to_thread0<kWarps>(v, shared); }
 
 // Item w of the row kernels is (row w / chunks, chunk w % chunks); with one chunk it is the output index,
 // with several it is the index of its partial in [outer, chunks, 1].
@@ -360,6 +345,20 @@ std::size_t storage_bytes(FloatFormat f) {
   }
 }
 
+// fn(std::integral_constant<FloatFormat, F>{}) for a format the reductions read (f64, f32, f16, bf16),
+// else cudaErrorInvalidValue.
+template <typename Fn>
+cudaError_t with_reduce_format(FloatFormat format, Fn&& fn) {
+  using F = FloatFormat;
+  switch (format) {
+    case F::f64: return fn(std::integral_constant<F, F::f64>{});
+    case F::f32: return fn(std::integral_constant<F, F::f32>{});
+    case F::f16: return fn(std::integral_constant<F, F::f16>{});
+    case F::bf16: return fn(std::integral_constant<F, F::bf16>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 SumPlan plan_sum_dim(std::int64_t outer, std::int64_t reduce, std::int64_t inner) {
@@ -392,36 +391,24 @@ cudaError_t launch_sum_dim(const void* src, FloatFormat src_format, void* out, F
   using F = FloatFormat;
   if (!square) {
     if (out_format != src_format) return cudaErrorInvalidValue;
-    switch (src_format) {
-      case F::f64: return sum_typed<F::f64, F::f64, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      case F::f32: return sum_typed<F::f32, F::f32, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      case F::f16: return sum_typed<F::f16, F::f16, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      case F::bf16: return sum_typed<F::bf16, F::bf16, false>(src, out, outer, reduce, inner, plan, partials, stream);
-      default: return cudaErrorInvalidValue;
-    }
+    return with_reduce_format(src_format, [&](auto in) {
+      constexpr FloatFormat kIn = decltype(in)::value;
+      return sum_typed<kIn, kIn, false>(src, out, outer, reduce, inner, plan, partials, stream);
+    });
   }
   if (out_format != F::f64) return cudaErrorInvalidValue;
-  switch (src_format) {
-    case F::f64: return sum_typed<F::f64, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    case F::f32: return sum_typed<F::f32, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    case F::f16: return sum_typed<F::f16, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    case F::bf16: return sum_typed<F::bf16, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_reduce_format(src_format, [&](auto in) {
+    return sum_typed<decltype(in)::value, F::f64, true>(src, out, outer, reduce, inner, plan, partials, stream);
+  });
 }
 
 cudaError_t launch_max_dim(const void* src, FloatFormat src_format, void* values, std::int64_t* indices,
                            std::int64_t outer, std::int64_t reduce, std::int64_t inner, cudaStream_t stream) {
   if (outer * inner <= 0) return cudaSuccess;
   if (reduce <= 0) return cudaErrorInvalidValue;
-  using F = FloatFormat;
-  switch (src_format) {
-    case F::f64: return max_typed<F::f64>(src, values, indices, outer, reduce, inner, stream);
-    case F::f32: return max_typed<F::f32>(src, values, indices, outer, reduce, inner, stream);
-    case F::f16: return max_typed<F::f16>(src, values, indices, outer, reduce, inner, stream);
-    case F::bf16: return max_typed<F::bf16>(src, values, indices, outer, reduce, inner, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_reduce_format(src_format, [&](auto in) {
+    return max_typed<decltype(in)::value>(src, values, indices, outer, reduce, inner, stream);
+  });
 }
 
 }  // namespace memtrain::cuda

@@ -55,6 +55,8 @@ cudaError_t launch_batch_norm_backward(T* dx, T* dweight, T* dbias, const T* dou
 }  // namespace memtrain::cuda
 
 #if defined(__CUDACC__)
+#include "device_math.cuh"
+
 namespace memtrain::cuda::spatial_device {
 
 // Elementwise kernels: 256 threads per block, grid-stride loops over a grid of at most kMaxBlocks.
@@ -64,35 +66,18 @@ inline unsigned grid_for(std::int64_t n) {
   const std::int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
-
-__device__ __forceinline__ float load(float x) { return x; }
-__device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float load(__half x) { return __half2float(x); }
-template <typename T>
-__device__ __forceinline__ T store(float x);
-template <>
-__device__ __forceinline__ float store<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half store<__half>(float x) { return __float2half_rn(x); }
-
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+// kernel<<<grid_for(total), kThreads, 0, stream>>>(args...) and its launch error; nothing when total <= 0.
+template <typename... Params, typename... Args>
+cudaError_t launch_flat(void (*kernel)(Params...), std::int64_t total, cudaStream_t stream, const Args&... args) {
+  if (total <= 0) return cudaSuccess;
+  kernel<<<grid_for(total), kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
 }
-// Sum over the block, returned to every thread. blockDim.x a multiple of 32 (<= 1024); every thread
-// calls it; `red` is __shared__ double[32]. The leading barrier lets consecutive calls reuse `red`.
-// Fixed order for a given blockDim: deterministic.
-__device__ __forceinline__ double block_sum_f64(double v, double* red) {
-  v = warp_sum_f64(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  return warp_sum_f64(lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0);
-}
+
+// The conversions and reductions of every kernel file (device_math.cuh).
+using device::block_sum;
+using device::from_f32;
+using device::to_f32;
 
 }  // namespace memtrain::cuda::spatial_device
 #endif

@@ -21,6 +21,7 @@
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/device.h"
+#include "memtrain/core/elementwise_ops.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
 
@@ -68,45 +69,11 @@ class Backend {
   // ---- elementwise, reductions, selection (src/ops/binary.cpp, unary.cpp, reduce.cpp, select.cpp) ----
   // The elementwise maps, named since a lambda cannot run on every device. out = f(x; p0, p1); p0/p1
   // are rounded to the compute type first (x + p0, not x + (double)p0).
-  enum class UnaryOp {
-    add_scalar,   // x + p0
-    mul_scalar,   // x * p0
-    rdiv_scalar,  // p0 / x
-    neg,
-    abs,
-    exp,
-    log,
-    sqrt,
-    rsqrt,
-    pow,          // x^p0 (p0 == 2: x * x)
-    tanh,
-    sigmoid,
-    relu,
-    gelu_erf,     // x Phi(x)
-    gelu_tanh,    // GPT-2's tanh approximation
-    silu,
-    clamp,        // to [p0, p1], NaN stays NaN
-  };
+  using UnaryOp = ::memtrain::elementwise::UnaryOp;
   // out = f(a, b; p0, p1). The *_backward rules are dx = f(a = dy, b = saved), with b the forward's input
   // x (abs, pow [p0 = exponent], clamp [p0, p1 = bounds], gelu_erf, gelu_tanh, silu) or its output y
   // (tanh, sigmoid, relu, sqrt, rsqrt), as in src/ops/unary.cpp.
-  enum class BinaryOp {
-    add,
-    sub,
-    mul,
-    div,
-    abs_backward,
-    pow_backward,
-    tanh_backward,
-    sigmoid_backward,
-    relu_backward,
-    sqrt_backward,
-    rsqrt_backward,
-    clamp_backward,
-    gelu_erf_backward,
-    gelu_tanh_backward,
-    silu_backward,
-  };
+  using BinaryOp = ::memtrain::elementwise::BinaryOp;
   // out = op(a) elementwise; a floating, any strides; out of a's shape and dtype, on a's device. out may be
   // a itself (in place) when a is contiguous.
   virtual void unary(const Tensor& out, const Tensor& a, UnaryOp op, double p0, double p1) const = 0;

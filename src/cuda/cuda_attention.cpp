@@ -21,9 +21,7 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 constexpr std::int64_t kMaxT = std::int64_t{1} << 30;  // in-head row indices are 32-bit in the kernels
 constexpr std::int64_t kMaxGrid = 2147483647;          // gridDim.x
 
@@ -82,29 +80,13 @@ void check_pointers(const char* op, std::initializer_list<std::pair<const char*,
   for (const auto& [name, p] : pointers) MT_CHECK(p != nullptr, op, "{} is a null pointer", name);
 }
 
-template <typename T>
-const T* in(const void* p) {
-  return static_cast<const T*>(p);
-}
+using detail::in;
 template <typename T>
 T* out_ptr(void* p) {
   return static_cast<T*>(p);
 }
 
-// Scratch from the device allocator, handed back on scope exit (see the top of the file).
-class Scratch {
- public:
-  Scratch(int device, std::size_t nbytes)
-      : allocator_(Allocator::get(Device::cuda(device))), block_(allocator_.allocate(nbytes, MemoryCategory::workspace)) {}
-  ~Scratch() { allocator_.deallocate(block_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* data() const { return static_cast<float*>(block_.ptr); }
-
- private:
-  Allocator& allocator_;
-  Block block_;
-};
+using detail::Scratch;
 
 }  // namespace
 
@@ -187,24 +169,24 @@ void attention_backward(void* dq, const HeadLayout& ldq, void* dk, const HeadLay
     MT_CUDA_CHECK(op, launch_attention_backward_tc<bf16>, out_ptr<bf16>(dq), strides(ldq), out_ptr<bf16>(dk),
                   strides(ldk), out_ptr<bf16>(dv), strides(ldv), in<bf16>(dout), strides(ldo), in<bf16>(q),
                   strides(lq), in<bf16>(k), strides(lk), in<bf16>(v), strides(lv), in<bf16>(out), strides(lo), lse,
-                  delta.data(), BH, H, T, d, s, causal, launch_stream());
+                  delta.as<float>(), BH, H, T, d, s, causal, launch_stream());
   } else if (tc) {
     using f16 = __half;
     MT_CUDA_CHECK(op, launch_attention_backward_tc<f16>, out_ptr<f16>(dq), strides(ldq), out_ptr<f16>(dk),
                   strides(ldk), out_ptr<f16>(dv), strides(ldv), in<f16>(dout), strides(ldo), in<f16>(q), strides(lq),
-                  in<f16>(k), strides(lk), in<f16>(v), strides(lv), in<f16>(out), strides(lo), lse, delta.data(), BH,
+                  in<f16>(k), strides(lk), in<f16>(v), strides(lv), in<f16>(out), strides(lo), lse, delta.as<float>(), BH,
                   H, T, d, s, causal, launch_stream());
   } else if (dtype == DType::f32) {
     MT_CUDA_CHECK(op, launch_attention_backward_f32, out_ptr<float>(dq), strides(ldq), out_ptr<float>(dk),
                   strides(ldk), out_ptr<float>(dv), strides(ldv), in<float>(dout), strides(ldo), in<float>(q),
                   strides(lq), in<float>(k), strides(lk), in<float>(v), strides(lv), in<float>(out), strides(lo), lse,
-                  delta.data(), BH, H, T, d, s, causal, launch_stream());
+                  delta.as<float>(), BH, H, T, d, s, causal, launch_stream());
   } else {
     using bf16 = __nv_bfloat16;
     MT_CUDA_CHECK(op, launch_attention_backward_bf16, out_ptr<bf16>(dq), strides(ldq), out_ptr<bf16>(dk),
                   strides(ldk), out_ptr<bf16>(dv), strides(ldv), in<bf16>(dout), strides(ldo), in<bf16>(q),
                   strides(lq), in<bf16>(k), strides(lk), in<bf16>(v), strides(lv), in<bf16>(out), strides(lo), lse,
-                  delta.data(), BH, H, T, d, s, causal, launch_stream());
+                  delta.as<float>(), BH, H, T, d, s, causal, launch_stream());
   }
 }
 

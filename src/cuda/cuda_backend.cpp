@@ -23,9 +23,7 @@ using ::memtrain::detail::throw_error;
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
 struct Availability {
   int count = 0;       // usable devices; 0 when reason is set
@@ -90,14 +88,8 @@ const Availability& availability() {
   return a;
 }
 
-template <typename T>
-const T* in(const void* p) {
-  return static_cast<const T*>(p);
-}
-template <typename T>
-T* out(void* p) {
-  return static_cast<T*>(p);
-}
+using detail::in;
+using detail::out;
 
 // Checks shared by add and mul; false when there is nothing to do.
 bool prepare_binary(const char* op, const void* a, const void* b, void* c, DType dtype, std::size_t n,
@@ -108,6 +100,36 @@ bool prepare_binary(const char* op, const void* a, const void* b, void* c, DType
   MT_CHECK(a != nullptr && b != nullptr && c != nullptr, op, "null pointer for {} elements", n);
   detail::require_device(op, device);
   return true;
+}
+
+// The kernels/elementwise.cuh launchers of one binary op, with the names its errors give (MT_CUDA_CHECK's).
+struct BinaryLaunchers {
+  cudaError_t (*f32)(const float*, const float*, float*, std::size_t, cudaStream_t);
+  cudaError_t (*f16)(const __half*, const __half*, __half*, std::size_t, cudaStream_t);
+  cudaError_t (*bf16)(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, std::size_t, cudaStream_t);
+  const char* f32_name;
+  const char* f16_name;
+  const char* bf16_name;
+};
+#define MEMTRAIN_BINARY_LAUNCHERS(name)                                                                       \
+  BinaryLaunchers {                                                                                           \
+    launch_##name##_f32, launch_##name##_f16, launch_##name##_bf16, "launch_" #name "_f32",                   \
+        "launch_" #name "_f16", "launch_" #name "_bf16"                                                       \
+  }
+
+// c = a op b elementwise: prepare_binary's checks, then op's launcher for dtype.
+void run_binary(const char* op, const BinaryLaunchers& l, const void* a, const void* b, void* c, DType dtype,
+                std::size_t n, int device) {
+  if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
+  detail::DeviceGuard guard(device, op);
+  if (dtype == DType::f32) {
+    detail::check_cuda(l.f32(in<float>(a), in<float>(b), out<float>(c), n, launch_stream()), op, l.f32_name);
+  } else if (dtype == DType::f16) {
+    detail::check_cuda(l.f16(in<__half>(a), in<__half>(b), out<__half>(c), n, launch_stream()), op, l.f16_name);
+  } else {
+    detail::check_cuda(l.bf16(in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n, launch_stream()),
+                       op, l.bf16_name);
+  }
 }
 
 }  // namespace
@@ -222,31 +244,13 @@ void fill(void* dst, DType dtype, std::size_t n, double value, int device) {
 }
 
 void add(const void* a, const void* b, void* c, DType dtype, std::size_t n, int device) {
-  constexpr const char* op = "cuda::add";
-  if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
-  detail::DeviceGuard guard(device, op);
-  if (dtype == DType::f32) {
-    MT_CUDA_CHECK(op, launch_add_f32, in<float>(a), in<float>(b), out<float>(c), n, launch_stream());
-  } else if (dtype == DType::f16) {
-    MT_CUDA_CHECK(op, launch_add_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, launch_stream());
-  } else {
-    MT_CUDA_CHECK(op, launch_add_bf16, in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n,
-                  launch_stream());
-  }
+  run_binary("cuda::add", MEMTRAIN_BINARY_LAUNCHERS(add), a, b, c, dtype, n, device);
 }
 
 void mul(const void* a, const void* b, void* c, DType dtype, std::size_t n, int device) {
-  constexpr const char* op = "cuda::mul";
-  if (!prepare_binary(op, a, b, c, dtype, n, device)) return;
-  detail::DeviceGuard guard(device, op);
-  if (dtype == DType::f32) {
-    MT_CUDA_CHECK(op, launch_mul_f32, in<float>(a), in<float>(b), out<float>(c), n, launch_stream());
-  } else if (dtype == DType::f16) {
-    MT_CUDA_CHECK(op, launch_mul_f16, in<__half>(a), in<__half>(b), out<__half>(c), n, launch_stream());
-  } else {
-    MT_CUDA_CHECK(op, launch_mul_bf16, in<__nv_bfloat16>(a), in<__nv_bfloat16>(b), out<__nv_bfloat16>(c), n,
-                  launch_stream());
-  }
+  run_binary("cuda::mul", MEMTRAIN_BINARY_LAUNCHERS(mul), a, b, c, dtype, n, device);
 }
+
+#undef MEMTRAIN_BINARY_LAUNCHERS
 
 }  // namespace memtrain::cuda

@@ -31,6 +31,20 @@ cudaStream_t exchange_current_stream(int device, cudaStream_t stream);
 // The device memory of `device` for its Allocator (cuda_memory.cpp).
 std::unique_ptr<MemorySource> make_cuda_memory_source(int device);
 
+// Where a host file's launches go: the current stream of the current device (include/memtrain/cuda/
+// stream.h). Every entry point calls it under its DeviceGuard, so that is the entry point's device.
+inline cudaStream_t launch_stream() { return current_stream(); }
+
+// Typed views of the untyped device pointers the entry points take.
+template <typename T>
+const T* in(const void* p) {
+  return static_cast<const T*>(p);
+}
+template <typename T>
+T* out(void* p) {
+  return static_cast<T*>(p);
+}
+
 // Makes `device` current for the scope and restores the previous device after it.
 class DeviceGuard {
  public:
@@ -59,6 +73,30 @@ class CallScratch {
 
  private:
   int device_;
+  Block block_;
+};
+
+// A block of workspace on `device` for one call, returned to the allocator's cache on scope exit. No
+// allocation for 0 bytes (get() is then nullptr).
+class Scratch {
+ public:
+  Scratch(int device, std::size_t nbytes) : allocator_(Allocator::get(Device::cuda(device))) {
+    if (nbytes > 0) block_ = allocator_.allocate(nbytes, MemoryCategory::workspace);
+  }
+  ~Scratch() {
+    if (block_.ptr != nullptr) allocator_.deallocate(block_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return block_.ptr; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(block_.ptr);
+  }
+  std::size_t size() const { return block_.nbytes; }
+
+ private:
+  Allocator& allocator_;
   Block block_;
 };
 

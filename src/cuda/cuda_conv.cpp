@@ -38,32 +38,13 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 constexpr std::int64_t kFallbackBytes = std::int64_t{256} << 20;
 
 using detail::Tag;
 using detail::with_float_type;
 
-// A block of workspace on `device`, returned to the allocator's cache on scope exit.
-class Scratch {
- public:
-  Scratch(int device, std::size_t nbytes) : allocator_(Allocator::get(Device::cuda(device))) {
-    if (nbytes > 0) block_ = allocator_.allocate(nbytes, MemoryCategory::workspace);
-  }
-  ~Scratch() {
-    if (block_.ptr != nullptr) allocator_.deallocate(block_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return block_.ptr; }
-  float* f32() const { return static_cast<float*>(block_.ptr); }
-
- private:
-  Allocator& allocator_;
-  Block block_;
-};
+using detail::Scratch;
 
 bool fits_mul(std::int64_t a, std::int64_t b) { return a == 0 || b <= std::numeric_limits<std::int64_t>::max() / a; }
 
@@ -110,8 +91,8 @@ const float* weight_f32(const T* w, std::int64_t n, Scratch& keep, const char* o
   if constexpr (std::is_same_v<T, float>) {
     return w;
   } else {
-    MT_CUDA_CHECK(op, launch_conv_widen<T>, keep.f32(), w, n, launch_stream());
-    return keep.f32();
+    MT_CUDA_CHECK(op, launch_conv_widen<T>, keep.as<float>(), w, n, launch_stream());
+    return keep.as<float>();
   }
 }
 
@@ -126,12 +107,12 @@ void im2col_forward(T* out, const T* x, const T* w, const T* bias, const Conv2dS
   Scratch col(device, static_cast<std::size_t>(K * nb * L) * 4), y(device, static_cast<std::size_t>(s.Cout * nb * L) * 4);
   for (std::int64_t b0 = 0; b0 < s.B; b0 += nb) {
     const std::int64_t n = std::min(nb, s.B - b0), cols = n * L;
-    MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.f32(), x + b0 * s.Cin * s.H * s.W, n, g, launch_stream());
+    MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.as<float>(), x + b0 * s.Cin * s.H * s.W, n, g, launch_stream());
     for (std::int64_t gr = 0; gr < s.groups; ++gr) {
-      gemm(DType::f32, false, false, Cg, cols, Kg, 1.0f, w32 + gr * Cg * Kg, Kg, col.f32() + gr * Kg * cols, cols,
-           0.0f, y.f32() + gr * Cg * cols, cols, device);
+      gemm(DType::f32, false, false, Cg, cols, Kg, 1.0f, w32 + gr * Cg * Kg, Kg, col.as<float>() + gr * Kg * cols, cols,
+           0.0f, y.as<float>() + gr * Cg * cols, cols, device);
     }
-    MT_CUDA_CHECK(op, launch_conv_from_channel_major<T>, out + b0 * s.Cout * L, y.f32(), bias, n, s.Cout, L,
+    MT_CUDA_CHECK(op, launch_conv_from_channel_major<T>, out + b0 * s.Cout * L, y.as<float>(), bias, n, s.Cout, L,
                   launch_stream());
   }
 }
@@ -152,26 +133,26 @@ void im2col_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const 
     if constexpr (kF32) {
       dw32 = dw;
     } else {
-      dw32 = dw_keep.f32();
+      dw32 = dw_keep.as<float>();
     }
   }
   Scratch col(device, static_cast<std::size_t>(K * nb * L) * 4), dy(device, static_cast<std::size_t>(s.Cout * nb * L) * 4);
   for (std::int64_t b0 = 0; b0 < s.B; b0 += nb) {
     const std::int64_t n = std::min(nb, s.B - b0), cols = n * L;
-    MT_CUDA_CHECK(op, launch_conv_to_channel_major<T>, dy.f32(), dout + b0 * s.Cout * L, n, s.Cout, L, launch_stream());
+    MT_CUDA_CHECK(op, launch_conv_to_channel_major<T>, dy.as<float>(), dout + b0 * s.Cout * L, n, s.Cout, L, launch_stream());
     if (dw32 != nullptr) {
-      MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.f32(), x + b0 * s.Cin * s.H * s.W, n, g, launch_stream());
+      MT_CUDA_CHECK(op, launch_conv_im2col<T>, col.as<float>(), x + b0 * s.Cin * s.H * s.W, n, g, launch_stream());
       for (std::int64_t gr = 0; gr < s.groups; ++gr) {
-        gemm(DType::f32, false, true, Cg, Kg, cols, 1.0f, dy.f32() + gr * Cg * cols, cols, col.f32() + gr * Kg * cols,
+        gemm(DType::f32, false, true, Cg, Kg, cols, 1.0f, dy.as<float>() + gr * Cg * cols, cols, col.as<float>() + gr * Kg * cols,
              cols, b0 == 0 ? 0.0f : 1.0f, dw32 + gr * Cg * Kg, Kg, device);
       }
     }
     if (dx != nullptr) {  // reuses col: the dW GEMMs that read it were enqueued first on the same stream
       for (std::int64_t gr = 0; gr < s.groups; ++gr) {
-        gemm(DType::f32, true, false, Kg, cols, Cg, 1.0f, w32 + gr * Cg * Kg, Kg, dy.f32() + gr * Cg * cols, cols,
-             0.0f, col.f32() + gr * Kg * cols, cols, device);
+        gemm(DType::f32, true, false, Kg, cols, Cg, 1.0f, w32 + gr * Cg * Kg, Kg, dy.as<float>() + gr * Cg * cols, cols,
+             0.0f, col.as<float>() + gr * Kg * cols, cols, device);
       }
-      MT_CUDA_CHECK(op, launch_conv_col2im<T>, dx + b0 * s.Cin * s.H * s.W, col.f32(), n, g, launch_stream());
+      MT_CUDA_CHECK(op, launch_conv_col2im<T>, dx + b0 * s.Cin * s.H * s.W, col.as<float>(), n, g, launch_stream());
     }
   }
   if constexpr (!kF32) {

@@ -9,6 +9,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 #include "cuda/cuda_common.h"
+#include "cuda/float_format.h"
 #include "kernels/convert.cuh"
 
 #include <cstdint>
@@ -21,21 +22,9 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
-std::optional<FloatFormat> float_format(DType t) {
-  switch (t) {
-    case DType::f64: return FloatFormat::f64;
-    case DType::f32: return FloatFormat::f32;
-    case DType::f16: return FloatFormat::f16;
-    case DType::bf16: return FloatFormat::bf16;
-    case DType::f8_e4m3: return FloatFormat::e4m3;
-    case DType::f8_e5m2: return FloatFormat::e5m2;
-    default: return std::nullopt;
-  }
-}
+using detail::float_format;
 
 bool is_fp8(DType t) { return t == DType::f8_e4m3 || t == DType::f8_e5m2; }
 bool is_f32_or_bf16(DType t) { return t == DType::f32 || t == DType::bf16; }
@@ -109,6 +98,14 @@ double* sum_scratch(int device) {
   return p;
 }
 
+// The checks the blockwise fp8 entries share after their dtype checks; false when there are no elements.
+bool blockwise_has_work(const char* op, std::size_t n, const float* inv_scales, int device) {
+  if (n == 0) return false;
+  MT_CHECK(inv_scales != nullptr, op, "null inverse-scale pointer");
+  detail::require_device(op, device);
+  return true;
+}
+
 }  // namespace
 
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n, int device) {
@@ -158,9 +155,7 @@ void quantize_fp8_blockwise(const void* src, DType src_dtype, void* dst, DType d
   check_matrix(op, rows, cols);
   const auto n = static_cast<std::size_t>(rows * cols);
   check_quantize(op, src, src_dtype, dst, dst_dtype, n);
-  if (n == 0) return;
-  MT_CHECK(inv_scales != nullptr, op, "null inverse-scale pointer");
-  detail::require_device(op, device);
+  if (!blockwise_has_work(op, n, inv_scales, device)) return;
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_quantize_fp8_blockwise, src, *float_format(src_dtype), static_cast<std::uint8_t*>(dst),
                 dst_dtype == DType::f8_e4m3, inv_scales, rows, cols, static_cast<int>(fp8_tile_rows(tiling)),
@@ -173,9 +168,7 @@ void dequantize_fp8_blockwise(const void* src, DType src_dtype, const float* inv
   check_matrix(op, rows, cols);
   const auto n = static_cast<std::size_t>(rows * cols);
   check_dequantize(op, src, src_dtype, dst, dst_dtype, n);
-  if (n == 0) return;
-  MT_CHECK(inv_scales != nullptr, op, "null inverse-scale pointer");
-  detail::require_device(op, device);
+  if (!blockwise_has_work(op, n, inv_scales, device)) return;
   detail::DeviceGuard guard(device, op);
   MT_CUDA_CHECK(op, launch_dequantize_fp8_blockwise, static_cast<const std::uint8_t*>(src),
                 src_dtype == DType::f8_e4m3, inv_scales, dst, *float_format(dst_dtype), rows, cols,

@@ -30,9 +30,7 @@ namespace memtrain::cuda {
 namespace {
 
 constexpr const char* kOp = "cuda::gemm_lt";
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
 bool is_f8(DType t) { return t == DType::f8_e4m3 || t == DType::f8_e5m2; }
 bool has_bias(GemmEpilogue e) { return e == GemmEpilogue::bias || e == GemmEpilogue::bias_gelu; }

@@ -23,25 +23,14 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
-
-
+using detail::check_float_dtype;
+using detail::in;
+using detail::launch_stream;
+using detail::out;
 using detail::Tag;
 using detail::with_float_type;
-using detail::with_index_type;
+using detail::with_float_and_index_type;
 
-template <typename T>
-const T* in(const void* p) {
-  return static_cast<const T*>(p);
-}
-template <typename T>
-T* out(void* p) {
-  return static_cast<T*>(p);
-}
-
-using detail::check_float_dtype;
 void check_index_dtype(const char* op, DType index_dtype) {
   MT_CHECK(index_dtype == DType::i32 || index_dtype == DType::i64, op, "index dtype {} is not supported (i32, i64)",
            dtype_name(index_dtype));
@@ -56,24 +45,27 @@ void check_eps(const char* op, double eps) {
   MT_CHECK(std::isfinite(eps) && eps >= 0.0, op, "eps={} must be finite and >= 0", eps);
 }
 
-// A block of workspace on `device`, returned to the allocator's cache on scope exit (see the top).
-class Scratch {
- public:
-  Scratch(int device, std::size_t nbytes) : allocator_(Allocator::get(Device::cuda(device))) {
-    if (nbytes > 0) block_ = allocator_.allocate(nbytes, MemoryCategory::workspace);
-  }
-  ~Scratch() {
-    if (block_.ptr != nullptr) allocator_.deallocate(block_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return block_.ptr; }
-  std::size_t size() const { return block_.nbytes; }
+// The dtype and size checks of embedding_forward and embedding_backward.
+void check_embedding(const char* op, DType dtype, DType index_dtype, std::int64_t N, std::int64_t V, std::int64_t C) {
+  check_float_dtype(op, dtype);
+  check_index_dtype(op, index_dtype);
+  check_shape(op, "N", N, "C", C);
+  check_shape(op, "V", V, "C", C);
+}
 
- private:
-  Allocator& allocator_;
-  Block block_;
-};
+// The checks of layer_norm_forward and rms_norm_forward; false when there are no rows.
+bool check_norm_forward(const char* op, DType dtype, std::int64_t N, std::int64_t C, double eps, const void* y,
+                        const void* x) {
+  check_float_dtype(op, dtype);
+  check_shape(op, "N", N, "C", C);
+  check_eps(op, eps);
+  if (N == 0) return false;
+  MT_CHECK(C > 0, op, "C is 0: nothing to normalise over in {} rows", N);
+  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
+  return true;
+}
+
+using detail::Scratch;
 
 void softmax_forward_impl(const char* op, bool is_log, void* y, const void* x, DType dtype, std::int64_t N,
                           std::int64_t C, int device) {
@@ -81,9 +73,7 @@ void softmax_forward_impl(const char* op, bool is_log, void* y, const void* x, D
   check_shape(op, "N", N, "C", C);
   if (N == 0 || C == 0) return;
   MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_softmax_forward, out<T>(y), in<T>(x), N, C, is_log, launch_stream());
   });
@@ -95,9 +85,7 @@ void softmax_backward_impl(const char* op, bool is_log, void* dx, const void* do
   check_shape(op, "N", N, "C", C);
   if (N == 0 || C == 0) return;
   MT_CHECK(dx != nullptr && dout != nullptr && y != nullptr, op, "null pointer for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_softmax_backward, out<T>(dx), in<T>(dout), in<T>(y), N, C, is_log, launch_stream());
   });
@@ -129,15 +117,8 @@ void dropout_impl(const char* op, void* y, const void* x, DType dtype, std::size
 void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const void* weight, const void* bias,
                         DType dtype, std::int64_t N, std::int64_t C, double eps, int device) {
   constexpr const char* op = "cuda::layer_norm_forward";
-  check_float_dtype(op, dtype);
-  check_shape(op, "N", N, "C", C);
-  check_eps(op, eps);
-  if (N == 0) return;
-  MT_CHECK(C > 0, op, "C is 0: nothing to normalise over in {} rows", N);
-  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  if (!check_norm_forward(op, dtype, N, C, eps, y, x)) return;
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_layer_norm_forward, out<T>(y), mean, rstd, in<T>(x), in<T>(weight), in<T>(bias), N, C,
                   static_cast<float>(eps), launch_stream());
@@ -174,15 +155,8 @@ void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout,
 void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, DType dtype, std::int64_t N,
                       std::int64_t C, double eps, int device) {
   constexpr const char* op = "cuda::rms_norm_forward";
-  check_float_dtype(op, dtype);
-  check_shape(op, "N", N, "C", C);
-  check_eps(op, eps);
-  if (N == 0) return;
-  MT_CHECK(C > 0, op, "C is 0: nothing to normalise over in {} rows", N);
-  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  if (!check_norm_forward(op, dtype, N, C, eps, y, x)) return;
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_rms_norm_forward, out<T>(y), rstd, in<T>(x), in<T>(weight), N, C,
                   static_cast<float>(eps), launch_stream());
@@ -239,15 +213,11 @@ void cross_entropy_forward(float* losses, float* lse, const void* logits, DType 
   MT_CHECK(V > 0, op, "V is 0: no classes for {} rows", N);
   MT_CHECK(losses != nullptr && logits != nullptr && targets != nullptr, op,
            "null pointer among losses, logits, targets for ({}, {}) logits", N, V);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_and_index_type(op, device, dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_cross_entropy_forward, losses, lse, in<T>(logits), in<I>(targets), N, V, ignore_index,
-                    launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_cross_entropy_forward, losses, lse, in<T>(logits), in<I>(targets), N, V, ignore_index,
+                  launch_stream());
   });
 }
 
@@ -264,15 +234,11 @@ void cross_entropy_backward(void* dlogits, const float* dloss, std::int64_t dlos
   if (N == 0 || V == 0) return;
   MT_CHECK(dlogits != nullptr && dloss != nullptr && logits != nullptr && lse != nullptr && targets != nullptr, op,
            "null pointer among dlogits, dloss, logits, lse, targets for ({}, {}) logits", N, V);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_and_index_type(op, device, dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_cross_entropy_backward, out<T>(dlogits), dloss, dloss_stride, in<T>(logits), lse,
-                    in<I>(targets), N, V, ignore_index, launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_cross_entropy_backward, out<T>(dlogits), dloss, dloss_stride, in<T>(logits), lse,
+                  in<I>(targets), N, V, ignore_index, launch_stream());
   });
 }
 
@@ -284,9 +250,7 @@ void gelu_tanh_forward(void* y, const void* x, DType dtype, std::size_t n, int d
   MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), op, "n={} is too large", n);
   if (n == 0) return;
   MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for {} elements", n);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_gelu_tanh_forward, out<T>(y), in<T>(x), n, launch_stream());
   });
@@ -298,9 +262,7 @@ void gelu_tanh_backward(void* dx, const void* dy, const void* x, DType dtype, st
   MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), op, "n={} is too large", n);
   if (n == 0) return;
   MT_CHECK(dx != nullptr && dy != nullptr && x != nullptr, op, "null pointer for {} elements", n);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_gelu_tanh_backward, out<T>(dx), in<T>(dy), in<T>(x), n, launch_stream());
   });
@@ -320,32 +282,22 @@ void dropout_backward(void* dx, const void* dout, DType dtype, std::size_t n, do
 void embedding_forward(void* y, const void* weight, const void* indices, DType dtype, DType index_dtype,
                        std::int64_t N, std::int64_t V, std::int64_t C, int device) {
   constexpr const char* op = "cuda::embedding_forward";
-  check_float_dtype(op, dtype);
-  check_index_dtype(op, index_dtype);
-  check_shape(op, "N", N, "C", C);
-  check_shape(op, "V", V, "C", C);
+  check_embedding(op, dtype, index_dtype, N, V, C);
   if (N == 0 || C == 0) return;
   MT_CHECK(V > 0, op, "V is 0: an empty table cannot be indexed by {} indices", N);
   MT_CHECK(y != nullptr && weight != nullptr && indices != nullptr, op,
            "null pointer among out, weight, indices for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_and_index_type(op, device, dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_embedding_forward, out<T>(y), in<T>(weight), in<I>(indices), N, V, C, launch_stream());
   });
 }
 
 void embedding_backward(void* dweight, const void* dout, const void* indices, DType dtype, DType index_dtype,
                         std::int64_t N, std::int64_t V, std::int64_t C, int device) {
   constexpr const char* op = "cuda::embedding_backward";
-  check_float_dtype(op, dtype);
-  check_index_dtype(op, index_dtype);
-  check_shape(op, "N", N, "C", C);
-  check_shape(op, "V", V, "C", C);
+  check_embedding(op, dtype, index_dtype, N, V, C);
   constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
   MT_CHECK(N <= kMax && V <= kMax, op, "N={} or V={} exceeds 2^31 - 1", N, V);
   if (N == 0 || C == 0) return;
@@ -357,13 +309,11 @@ void embedding_backward(void* dweight, const void* dout, const void* indices, DT
   std::size_t bytes = 0;
   MT_CUDA_CHECK(op, embedding_backward_scratch_bytes, N, V, &bytes);
   Scratch scratch(device, bytes);
-  with_float_type(dtype, [&](auto tag) {
+  with_float_and_index_type(dtype, index_dtype, [&](auto tag, auto index_tag) {
     using T = typename decltype(tag)::type;
-    with_index_type(index_dtype, [&](auto index_tag) {
-      using I = typename decltype(index_tag)::type;
-      MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
-                    scratch.get(), scratch.size(), launch_stream());
-    });
+    using I = typename decltype(index_tag)::type;
+    MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
+                  scratch.get(), scratch.size(), launch_stream());
   });
 }
 

@@ -12,6 +12,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/cuda/cuda.h"
 #include "cuda/cuda_common.h"
+#include "cuda/float_format.h"
 #include "kernels/reduce_dims.cuh"
 
 #include <algorithm>
@@ -24,18 +25,12 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
+// The reductions take f64, f32, f16 and bf16; no fp8.
 std::optional<FloatFormat> float_format(DType t) {
-  switch (t) {
-    case DType::f64: return FloatFormat::f64;
-    case DType::f32: return FloatFormat::f32;
-    case DType::f16: return FloatFormat::f16;
-    case DType::bf16: return FloatFormat::bf16;
-    default: return std::nullopt;
-  }
+  if (t == DType::f8_e4m3 || t == DType::f8_e5m2) return std::nullopt;
+  return detail::float_format(t);
 }
 
 void check_dtype(const char* op, DType dtype) {
@@ -57,23 +52,7 @@ void check_layout(const char* op, std::int64_t outer, std::int64_t reduce, std::
   MT_CHECK(fits, op, "layout (outer {}, reduce {}, inner {}) is too large", outer, reduce, inner);
 }
 
-// A block of workspace on `device`, returned to the allocator's cache on scope exit (see the top).
-class Scratch {
- public:
-  Scratch(int device, std::size_t nbytes) : allocator_(Allocator::get(Device::cuda(device))) {
-    if (nbytes > 0) block_ = allocator_.allocate(nbytes, MemoryCategory::workspace);
-  }
-  ~Scratch() {
-    if (block_.ptr != nullptr) allocator_.deallocate(block_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  double* doubles() const { return static_cast<double*>(block_.ptr); }
-
- private:
-  Allocator& allocator_;
-  Block block_;
-};
+using detail::Scratch;
 
 void sum_impl(const char* op, const void* src, DType src_dtype, void* out, DType out_dtype, bool square,
               std::int64_t outer, std::int64_t reduce, std::int64_t inner, int device) {
@@ -86,7 +65,7 @@ void sum_impl(const char* op, const void* src, DType src_dtype, void* out, DType
   const SumPlan plan = plan_sum_dim(outer, reduce, inner);
   Scratch partials(device, reduce == 0 ? 0 : static_cast<std::size_t>(sum_dim_partials(plan, outer, inner)) * sizeof(double));
   MT_CUDA_CHECK(op, launch_sum_dim, src, *float_format(src_dtype), out, *float_format(out_dtype), square, outer,
-                reduce, inner, plan, partials.doubles(), launch_stream());
+                reduce, inner, plan, partials.as<double>(), launch_stream());
 }
 
 }  // namespace

@@ -15,20 +15,11 @@ namespace memtrain::cuda {
 
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
-// every entry point calls it under its DeviceGuard, so that is the entry point's device.
-cudaStream_t launch_stream() { return detail::current_stream(); }
+using detail::launch_stream;
 
 using detail::Tag;
-using detail::with_float_type;
-template <typename T>
-const T* in(const void* p) {
-  return static_cast<const T*>(p);
-}
-template <typename T>
-T* out(void* p) {
-  return static_cast<T*>(p);
-}
+using detail::in;
+using detail::out;
 
 using detail::check_float_dtype;
 
@@ -65,18 +56,23 @@ void check_bn(const char* op, DType dtype, std::int64_t B, std::int64_t C, std::
   MT_CHECK(product_fits(B, C, HW), op, "B={} x C={} x HW={} elements overflow int64", B, C, HW);
 }
 
+// What every pooling entry point does around its launch: check, nothing for no planes, every pointer set
+// (pointers_set), then launch(Tag<T>{}) on the device.
+template <typename Launch>
+void run_pool(const char* op, DType dtype, const Pool2dShape& s, int device, bool pointers_set, Launch&& launch) {
+  check_pool(op, dtype, s);
+  if (s.planes == 0) return;
+  MT_CHECK(pointers_set, op, "null pointer for {} planes", s.planes);
+  detail::on_device_with_float_type(op, device, dtype, launch);
+}
+
 }  // namespace
 
 // ---- pooling ----
 
 void max_pool2d_forward(void* y, const void* x, DType dtype, const Pool2dShape& s, int device) {
   constexpr const char* op = "cuda::max_pool2d_forward";
-  check_pool(op, dtype, s);
-  if (s.planes == 0) return;
-  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for {} planes", s.planes);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  run_pool(op, dtype, s, device, y != nullptr && x != nullptr, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_max_pool2d_forward<T>, out<T>(y), in<T>(x), geometry(s), launch_stream());
   });
@@ -84,12 +80,7 @@ void max_pool2d_forward(void* y, const void* x, DType dtype, const Pool2dShape& 
 
 void max_pool2d_backward(void* dx, const void* dout, const void* x, DType dtype, const Pool2dShape& s, int device) {
   constexpr const char* op = "cuda::max_pool2d_backward";
-  check_pool(op, dtype, s);
-  if (s.planes == 0) return;
-  MT_CHECK(dx != nullptr && dout != nullptr && x != nullptr, op, "null pointer for {} planes", s.planes);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  run_pool(op, dtype, s, device, dx != nullptr && dout != nullptr && x != nullptr, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_max_pool2d_backward<T>, out<T>(dx), in<T>(dout), in<T>(x), geometry(s), launch_stream());
   });
@@ -97,12 +88,7 @@ void max_pool2d_backward(void* dx, const void* dout, const void* x, DType dtype,
 
 void avg_pool2d_forward(void* y, const void* x, DType dtype, const Pool2dShape& s, int device) {
   constexpr const char* op = "cuda::avg_pool2d_forward";
-  check_pool(op, dtype, s);
-  if (s.planes == 0) return;
-  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for {} planes", s.planes);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  run_pool(op, dtype, s, device, y != nullptr && x != nullptr, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_avg_pool2d_forward<T>, out<T>(y), in<T>(x), geometry(s), launch_stream());
   });
@@ -110,12 +96,7 @@ void avg_pool2d_forward(void* y, const void* x, DType dtype, const Pool2dShape& 
 
 void avg_pool2d_backward(void* dx, const void* dout, DType dtype, const Pool2dShape& s, int device) {
   constexpr const char* op = "cuda::avg_pool2d_backward";
-  check_pool(op, dtype, s);
-  if (s.planes == 0) return;
-  MT_CHECK(dx != nullptr && dout != nullptr, op, "null pointer for {} planes", s.planes);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  run_pool(op, dtype, s, device, dx != nullptr && dout != nullptr, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_avg_pool2d_backward<T>, out<T>(dx), in<T>(dout), geometry(s), launch_stream());
   });
@@ -140,9 +121,7 @@ void batch_norm_forward(void* y, float* save_mean, float* save_invstd, void* run
   if (C == 0) return;
   MT_CHECK(save_mean != nullptr && save_invstd != nullptr && (B * HW == 0 || (y != nullptr && x != nullptr)), op,
            "null pointer for B={} C={} HW={}", B, C, HW);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_batch_norm_forward<T>, out<T>(y), save_mean, save_invstd, out<T>(running_mean),
                   out<T>(running_var), in<T>(x), in<T>(weight), in<T>(bias), B, C, HW, training, momentum, eps,
@@ -159,9 +138,7 @@ void batch_norm_backward(void* dx, void* dweight, void* dbias, const void* dout,
   MT_CHECK(save_mean != nullptr && save_invstd != nullptr &&
                (B * HW == 0 || (dx != nullptr && dout != nullptr && x != nullptr)),
            op, "null pointer for B={} C={} HW={}", B, C, HW);
-  detail::require_device(op, device);
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
+  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MT_CUDA_CHECK(op, launch_batch_norm_backward<T>, out<T>(dx), out<T>(dweight), out<T>(dbias), in<T>(dout),
                   in<T>(x), in<T>(weight), save_mean, save_invstd, B, C, HW, training, launch_stream());

@@ -22,6 +22,17 @@ thread_local int t_active = 0;
 cudaStream_t as_stream(void* p) { return static_cast<cudaStream_t>(p); }
 cudaEvent_t as_event(void* p) { return static_cast<cudaEvent_t>(p); }
 
+// A query's answer: true for cudaSuccess, false for cudaErrorNotReady (not an error: work is pending, and
+// the runtime's last-error slot is cleared); anything else throws naming `op` and `fn`.
+bool finished(cudaError_t err, const char* op, const char* fn) {
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  detail::check_cuda(err, op, fn);
+  return true;
+}
+
 }  // namespace
 
 namespace detail {
@@ -58,62 +69,44 @@ Stream::Stream(int device) {
   cudaStream_t s = nullptr;
   // Default flags = a blocking stream, ordered with the legacy default stream (see the header).
   MT_CUDA_CHECK(op, cudaStreamCreate, &s);
-  stream_ = s;
+  handle_ = s;
   device_ = device;
 }
 
 Stream::~Stream() { release(); }
 
 void Stream::release() noexcept {
-  if (stream_ == nullptr) return;
+  if (handle_ == nullptr) return;
   // Wait first: a destroyed stream's handle can come back from cudaStreamCreate, and the allocator keys
   // its segments by handle, so none of this stream's work may still be running then. Errors here
   // (e.g. at process exit) cannot be reported from a destructor.
   int previous = -1;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
                         cudaSetDevice(device_) == cudaSuccess;
-  cudaStreamSynchronize(as_stream(stream_));
-  cudaStreamDestroy(as_stream(stream_));
+  cudaStreamSynchronize(as_stream(handle_));
+  cudaStreamDestroy(as_stream(handle_));
   if (switched) cudaSetDevice(previous);
   cudaGetLastError();
-  stream_ = nullptr;
-}
-
-Stream::Stream(Stream&& other) noexcept
-    : stream_(std::exchange(other.stream_, nullptr)), device_(std::exchange(other.device_, -1)) {}
-
-Stream& Stream::operator=(Stream&& other) noexcept {
-  if (this != &other) {
-    release();
-    stream_ = std::exchange(other.stream_, nullptr);
-    device_ = std::exchange(other.device_, -1);
-  }
-  return *this;
+  handle_ = nullptr;
 }
 
 void Stream::wait(const Event& event) const {
   constexpr const char* op = "cuda::Stream::wait";
-  MT_CHECK(stream_ != nullptr && event.handle() != nullptr, op, "moved-from stream or event");
+  MT_CHECK(handle_ != nullptr && event.handle() != nullptr, op, "moved-from stream or event");
   detail::DeviceGuard guard(device_, op);
-  MT_CUDA_CHECK(op, cudaStreamWaitEvent, as_stream(stream_), as_event(event.handle()), 0u);
+  MT_CUDA_CHECK(op, cudaStreamWaitEvent, as_stream(handle_), as_event(event.handle()), 0u);
 }
 
 void Stream::synchronize() const {
   constexpr const char* op = "cuda::Stream::synchronize";
-  MT_CHECK(stream_ != nullptr, op, "moved-from stream");
-  MT_CUDA_CHECK(op, cudaStreamSynchronize, as_stream(stream_));
+  MT_CHECK(handle_ != nullptr, op, "moved-from stream");
+  MT_CUDA_CHECK(op, cudaStreamSynchronize, as_stream(handle_));
 }
 
 bool Stream::query() const {
   constexpr const char* op = "cuda::Stream::query";
-  MT_CHECK(stream_ != nullptr, op, "moved-from stream");
-  const cudaError_t err = cudaStreamQuery(as_stream(stream_));
-  if (err == cudaErrorNotReady) {
-    cudaGetLastError();  // not an error: work is pending
-    return false;
-  }
-  detail::check_cuda(err, op, "cudaStreamQuery");
-  return true;
+  MT_CHECK(handle_ != nullptr, op, "moved-from stream");
+  return finished(cudaStreamQuery(as_stream(handle_)), op, "cudaStreamQuery");
 }
 
 // ---- Event ----
@@ -124,71 +117,53 @@ Event::Event(int device) {
   detail::DeviceGuard guard(device, op);
   cudaEvent_t e = nullptr;
   MT_CUDA_CHECK(op, cudaEventCreate, &e);  // default flags: timing enabled, blocking sync off
-  event_ = e;
+  handle_ = e;
   device_ = device;
 }
 
 Event::~Event() { release(); }
 
 void Event::release() noexcept {
-  if (event_ == nullptr) return;
-  cudaEventDestroy(as_event(event_));  // safe while pending: resources go when the event completes
+  if (handle_ == nullptr) return;
+  cudaEventDestroy(as_event(handle_));  // safe while pending: resources go when the event completes
   cudaGetLastError();
-  event_ = nullptr;
-}
-
-Event::Event(Event&& other) noexcept
-    : event_(std::exchange(other.event_, nullptr)), device_(std::exchange(other.device_, -1)) {}
-
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    release();
-    event_ = std::exchange(other.event_, nullptr);
-    device_ = std::exchange(other.device_, -1);
-  }
-  return *this;
+  handle_ = nullptr;
 }
 
 void Event::record(const Stream& stream) {
   constexpr const char* op = "cuda::Event::record";
-  MT_CHECK(event_ != nullptr && stream.handle() != nullptr, op, "moved-from event or stream");
+  MT_CHECK(handle_ != nullptr && stream.handle() != nullptr, op, "moved-from event or stream");
   MT_CHECK(stream.device() == device_, op, "event of cuda:{} recorded on a stream of cuda:{}", device_,
            stream.device());
   detail::DeviceGuard guard(device_, op);
-  MT_CUDA_CHECK(op, cudaEventRecord, as_event(event_), as_stream(stream.handle()));
+  MT_CUDA_CHECK(op, cudaEventRecord, as_event(handle_), as_stream(stream.handle()));
 }
 
 void Event::record() {
   constexpr const char* op = "cuda::Event::record";
-  MT_CHECK(event_ != nullptr, op, "moved-from event");
+  MT_CHECK(handle_ != nullptr, op, "moved-from event");
   detail::DeviceGuard guard(device_, op);
-  MT_CUDA_CHECK(op, cudaEventRecord, as_event(event_), detail::current_stream(device_));
+  MT_CUDA_CHECK(op, cudaEventRecord, as_event(handle_), detail::current_stream(device_));
 }
 
 void Event::synchronize() const {
   constexpr const char* op = "cuda::Event::synchronize";
-  MT_CHECK(event_ != nullptr, op, "moved-from event");
-  MT_CUDA_CHECK(op, cudaEventSynchronize, as_event(event_));
+  MT_CHECK(handle_ != nullptr, op, "moved-from event");
+  MT_CUDA_CHECK(op, cudaEventSynchronize, as_event(handle_));
 }
 
 bool Event::query() const {
   constexpr const char* op = "cuda::Event::query";
-  MT_CHECK(event_ != nullptr, op, "moved-from event");
-  const cudaError_t err = cudaEventQuery(as_event(event_));
-  if (err == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
-  detail::check_cuda(err, op, "cudaEventQuery");
-  return true;
+  MT_CHECK(handle_ != nullptr, op, "moved-from event");
+  return finished(cudaEventQuery(as_event(handle_)), op, "cudaEventQuery");
 }
 
 float Event::elapsed_ms(const Event& start, const Event& end) {
   constexpr const char* op = "cuda::Event::elapsed_ms";
-  MT_CHECK(start.event_ != nullptr && end.event_ != nullptr, op, "moved-from event");
+  MT_CHECK(start.handle_ != nullptr && end.handle_ != nullptr, op, "moved-from event");
   MT_CHECK(start.device_ == end.device_, op, "events of cuda:{} and cuda:{}", start.device_, end.device_);
   float ms = 0.0f;
-  MT_CUDA_CHECK(op, cudaEventElapsedTime, &ms, as_event(start.event_), as_event(end.event_));
+  MT_CUDA_CHECK(op, cudaEventElapsedTime, &ms, as_event(start.handle_), as_event(end.handle_));
   return ms;
 }
 

@@ -2,6 +2,7 @@
 // kernels take for a dtype the entry point has already checked. Shared so every file maps dtypes alike.
 #pragma once
 
+#include "cuda/cuda_common.h"
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/error.h"
 
@@ -35,6 +36,15 @@ void with_float_type(DType dtype, F&& f) {
   }
 }
 
+// The tail of an entry point that launches kernels typed by a float dtype (checked): requires `device`,
+// makes it current and calls f(Tag<T>{}) as with_float_type does, under that device.
+template <typename F>
+void on_device_with_float_type(const char* op, int device, DType dtype, F&& f) {
+  require_device(op, device);
+  DeviceGuard guard(device, op);
+  with_float_type(dtype, f);
+}
+
 // T = std::int32_t for i32, std::int64_t otherwise.
 template <typename F>
 void with_index_type(DType index_dtype, F&& f) {
@@ -43,6 +53,19 @@ void with_index_type(DType index_dtype, F&& f) {
   } else {
     f(Tag<std::int64_t>{});
   }
+}
+
+// f(Tag<T>{}, Tag<I>{}): with_float_type and with_index_type together, for kernels typed by both.
+template <typename F>
+void with_float_and_index_type(DType dtype, DType index_dtype, F&& f) {
+  with_float_type(dtype, [&](auto tag) { with_index_type(index_dtype, [&](auto index_tag) { f(tag, index_tag); }); });
+}
+// on_device_with_float_type for kernels typed by a float and an index dtype: f(Tag<T>{}, Tag<I>{}).
+template <typename F>
+void on_device_with_float_and_index_type(const char* op, int device, DType dtype, DType index_dtype, F&& f) {
+  require_device(op, device);
+  DeviceGuard guard(device, op);
+  with_float_and_index_type(dtype, index_dtype, f);
 }
 
 }  // namespace memtrain::cuda::detail

@@ -14,8 +14,6 @@ constexpr const char* kReason = "memtrain was built without CUDA";
 
 Stream::Stream(int) { not_built("cuda::Stream"); }
 Stream::~Stream() = default;
-Stream::Stream(Stream&&) noexcept {}
-Stream& Stream::operator=(Stream&&) noexcept { return *this; }
 void Stream::release() noexcept {}
 void Stream::wait(const Event&) const { not_built("cuda::Stream::wait"); }
 void Stream::synchronize() const { not_built("cuda::Stream::synchronize"); }
@@ -23,8 +21,6 @@ bool Stream::query() const { not_built("cuda::Stream::query"); }
 
 Event::Event(int) { not_built("cuda::Event"); }
 Event::~Event() = default;
-Event::Event(Event&&) noexcept {}
-Event& Event::operator=(Event&&) noexcept { return *this; }
 void Event::release() noexcept {}
 void Event::record(const Stream&) { not_built("cuda::Event::record"); }
 void Event::record() { not_built("cuda::Event::record"); }

@@ -20,6 +20,8 @@
 // Everything is integer bit manipulation, so the FPU's rounding mode and flush-to-zero flags do not matter.
 #pragma once
 
+#include "memtrain/core/float_formats.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -92,23 +94,17 @@ constexpr std::uint32_t encode(Src v) {
   return sign | (a >= kInfBits ? special : finite);
 }
 
-// Magnitude codes of each format: largest finite, what a too-large finite value becomes, +Inf, quiet NaN.
-struct HalfFormat {
-  static constexpr int kMant = 10, kBias = 15, kSignBit = 15;
-  static constexpr std::uint32_t kMaxFinite = 0x7bff, kOverflow = 0x7c00, kInf = 0x7c00, kNan = 0x7e00;
-};
-struct BFloat16Format {
-  static constexpr int kMant = 7, kBias = 127, kSignBit = 15;
-  static constexpr std::uint32_t kMaxFinite = 0x7f7f, kOverflow = 0x7f80, kInf = 0x7f80, kNan = 0x7fc0;
-};
-struct E4M3Format {  // saturating, no Inf
-  static constexpr int kMant = 3, kBias = 7, kSignBit = 7;
-  static constexpr std::uint32_t kMaxFinite = 0x7e, kOverflow = 0x7e, kInf = 0x7f, kNan = 0x7f;
-};
-struct E5M2Format {  // saturating
-  static constexpr int kMant = 2, kBias = 15, kSignBit = 7;
-  static constexpr std::uint32_t kMaxFinite = 0x7b, kOverflow = 0x7b, kInf = 0x7c, kNan = 0x7e;
-};
+// The value of type T (Half, BFloat16, Float8E4M3, Float8E5M2) nearest to v, in format Fmt.
+template <typename T, typename Fmt, typename Src>
+constexpr T encode_as(Src v) {
+  return T::from_bits(static_cast<decltype(T::bits)>(encode<Fmt>(v)));
+}
+
+// The formats' parameters (core/float_formats.h, shared with the CUDA kernels).
+using float_formats::BFloat16Format;
+using float_formats::E4M3Format;
+using float_formats::E5M2Format;
+using float_formats::HalfFormat;
 
 }  // namespace detail
 
@@ -116,12 +112,8 @@ struct Half {
   std::uint16_t bits;
 
   static constexpr Half from_bits(std::uint16_t b) { return Half{b}; }
-  static constexpr Half from_float(float f) {
-    return from_bits(static_cast<std::uint16_t>(detail::encode<detail::HalfFormat>(f)));
-  }
-  static constexpr Half from_double(double d) {
-    return from_bits(static_cast<std::uint16_t>(detail::encode<detail::HalfFormat>(d)));
-  }
+  static constexpr Half from_float(float f) { return detail::encode_as<Half, detail::HalfFormat>(f); }
+  static constexpr Half from_double(double d) { return detail::encode_as<Half, detail::HalfFormat>(d); }
   // Selects are written as masks where possible: GCC gives up on if-converting (so on vectorizing) a loop
   // whose selects nest into one many-way merge.
   constexpr float to_float() const {
@@ -151,9 +143,7 @@ struct BFloat16 {
     const std::uint32_t nan = (x >> 16) | 0x7fc0u;
     return from_bits(static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded));
   }
-  static constexpr BFloat16 from_double(double d) {
-    return from_bits(static_cast<std::uint16_t>(detail::encode<detail::BFloat16Format>(d)));
-  }
+  static constexpr BFloat16 from_double(double d) { return detail::encode_as<BFloat16, detail::BFloat16Format>(d); }
   constexpr float to_float() const { return std::bit_cast<float>(std::uint32_t(bits) << 16); }
 };
 
@@ -161,12 +151,8 @@ struct Float8E4M3 {
   std::uint8_t bits;
 
   static constexpr Float8E4M3 from_bits(std::uint8_t b) { return Float8E4M3{b}; }
-  static constexpr Float8E4M3 from_float(float f) {
-    return from_bits(static_cast<std::uint8_t>(detail::encode<detail::E4M3Format>(f)));
-  }
-  static constexpr Float8E4M3 from_double(double d) {
-    return from_bits(static_cast<std::uint8_t>(detail::encode<detail::E4M3Format>(d)));
-  }
+  static constexpr Float8E4M3 from_float(float f) { return detail::encode_as<Float8E4M3, detail::E4M3Format>(f); }
+  static constexpr Float8E4M3 from_double(double d) { return detail::encode_as<Float8E4M3, detail::E4M3Format>(d); }
   constexpr float to_float() const {
     const std::uint32_t sign = std::uint32_t(bits & 0x80u) << 24;
     const std::uint32_t em = bits & 0x7fu;
@@ -182,12 +168,8 @@ struct Float8E5M2 {
   std::uint8_t bits;
 
   static constexpr Float8E5M2 from_bits(std::uint8_t b) { return Float8E5M2{b}; }
-  static constexpr Float8E5M2 from_float(float f) {
-    return from_bits(static_cast<std::uint8_t>(detail::encode<detail::E5M2Format>(f)));
-  }
-  static constexpr Float8E5M2 from_double(double d) {
-    return from_bits(static_cast<std::uint8_t>(detail::encode<detail::E5M2Format>(d)));
-  }
+  static constexpr Float8E5M2 from_float(float f) { return detail::encode_as<Float8E5M2, detail::E5M2Format>(f); }
+  static constexpr Float8E5M2 from_double(double d) { return detail::encode_as<Float8E5M2, detail::E5M2Format>(d); }
   // E5M2 is binary16 with the low 8 mantissa bits dropped, so decoding is exact through Half.
   constexpr float to_float() const { return Half::from_bits(static_cast<std::uint16_t>(bits << 8)).to_float(); }
 };

@@ -8,8 +8,10 @@
 
 #if defined(__CUDACC__)
 #define MEMTRAIN_HD __host__ __device__
+#define MEMTRAIN_UNROLL _Pragma("unroll")
 #else
 #define MEMTRAIN_HD
+#define MEMTRAIN_UNROLL
 #endif
 
 namespace memtrain {
@@ -24,6 +26,7 @@ MEMTRAIN_HD inline Philox4x32 philox4x32_10(std::uint64_t counter_lo, std::uint6
   std::uint32_t c0 = static_cast<std::uint32_t>(counter_lo), c1 = static_cast<std::uint32_t>(counter_lo >> 32);
   std::uint32_t c2 = static_cast<std::uint32_t>(counter_hi), c3 = static_cast<std::uint32_t>(counter_hi >> 32);
   std::uint32_t k0 = static_cast<std::uint32_t>(key), k1 = static_cast<std::uint32_t>(key >> 32);
+  MEMTRAIN_UNROLL
   for (int round = 0; round < 10; ++round) {
     const std::uint64_t p0 = static_cast<std::uint64_t>(kMul0) * c0;
     const std::uint64_t p1 = static_cast<std::uint64_t>(kMul1) * c2;

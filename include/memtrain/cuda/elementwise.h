@@ -15,53 +15,16 @@
 #pragma once
 
 #include "memtrain/core/dtype.h"
+#include "memtrain/core/elementwise_ops.h"
 
 #include <cstddef>
 #include <cstdint>
 
 namespace memtrain::cuda {
 
-// out = f(x; p0, p1); p0/p1 are rounded to the compute type first, like the CPU's static_cast<T>(s).
-enum class UnaryOp {
-  add_scalar,   // x + p0
-  mul_scalar,   // x * p0
-  rdiv_scalar,  // p0 / x
-  neg,
-  abs,
-  exp,
-  log,
-  sqrt,
-  rsqrt,
-  pow,          // x^p0
-  tanh,
-  sigmoid,
-  relu,
-  gelu_erf,     // x Phi(x)
-  gelu_tanh,    // GPT-2's tanh approximation
-  silu,
-  clamp,        // to [p0, p1], NaN stays NaN
-};
-
-// out = f(a, b; p0, p1). The *_backward rules are dx = f(a = dy, b = saved), with b the forward's input
-// x (abs, pow [p0 = exponent], clamp [p0, p1 = bounds], gelu_erf, gelu_tanh, silu) or its output y
-// (tanh, sigmoid, relu, sqrt, rsqrt), as in src/ops/unary.cpp.
-enum class BinaryOp {
-  add,
-  sub,
-  mul,
-  div,
-  abs_backward,
-  pow_backward,
-  tanh_backward,
-  sigmoid_backward,
-  relu_backward,
-  sqrt_backward,
-  rsqrt_backward,
-  clamp_backward,
-  gelu_erf_backward,
-  gelu_tanh_backward,
-  silu_backward,
-};
+// The maps by name (memtrain/core/elementwise_ops.h: what each computes).
+using UnaryOp = ::memtrain::elementwise::UnaryOp;
+using BinaryOp = ::memtrain::elementwise::BinaryOp;
 
 enum class CompareOp { gt, lt };
 

@@ -20,47 +20,72 @@
 // ..."; default_stream_is_current() answers true.
 #pragma once
 
+#include <utility>
+
 namespace memtrain::cuda {
 
 class Event;
 
+namespace detail {
+
+// The owned (handle, device) pair of Stream and Event: movable, not copyable. A move leaves the source
+// empty (nullptr, device -1); assigning over an owner first has Owner::release() free what it held.
+template <typename Owner>
+class OwnedHandle {
+ public:
+  OwnedHandle(const OwnedHandle&) = delete;
+  OwnedHandle& operator=(const OwnedHandle&) = delete;
+
+  int device() const { return device_; }
+  // The cudaStream_t / cudaEvent_t (void* keeps CUDA headers out of here); nullptr once moved from.
+  void* handle() const { return handle_; }
+
+ protected:
+  OwnedHandle() = default;
+  ~OwnedHandle() = default;
+  OwnedHandle(OwnedHandle&& other) noexcept
+      : handle_(std::exchange(other.handle_, nullptr)), device_(std::exchange(other.device_, -1)) {}
+  OwnedHandle& operator=(OwnedHandle&& other) noexcept {
+    if (this != &other) {
+      static_cast<Owner*>(this)->release();
+      handle_ = std::exchange(other.handle_, nullptr);
+      device_ = std::exchange(other.device_, -1);
+    }
+    return *this;
+  }
+
+  void* handle_ = nullptr;
+  int device_ = -1;
+};
+
+}  // namespace detail
+
 // An owned CUDA stream on one device.
-class Stream {
+class Stream : public detail::OwnedHandle<Stream> {
  public:
   explicit Stream(int device = 0);  // throws naming cuda::Stream when the device is not usable
   // Waits for the stream's work, then destroys it: the handle may be reused by a later stream, and the
   // allocator's blocks of this stream must not be lent to new work while old work still runs.
   ~Stream();
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-
-  int device() const { return device_; }
-  void* handle() const { return stream_; }  // the cudaStream_t (void* keeps CUDA headers out of here)
+  Stream(Stream&& other) noexcept = default;
+  Stream& operator=(Stream&& other) noexcept = default;
 
   void wait(const Event& event) const;  // later work on this stream waits for the event (host does not)
   void synchronize() const;             // the host waits for all work enqueued on this stream
   bool query() const;                   // true when all work enqueued on this stream has finished
 
  private:
+  friend class detail::OwnedHandle<Stream>;
   void release() noexcept;
-  void* stream_ = nullptr;
-  int device_ = -1;
 };
 
 // An owned CUDA event on one device, with timing enabled.
-class Event {
+class Event : public detail::OwnedHandle<Event> {
  public:
   explicit Event(int device = 0);  // throws naming cuda::Event when the device is not usable
   ~Event();
-  Event(Event&& other) noexcept;
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-
-  int device() const { return device_; }
-  void* handle() const { return event_; }  // the cudaEvent_t
+  Event(Event&& other) noexcept = default;
+  Event& operator=(Event&& other) noexcept = default;
 
   void record(const Stream& stream);  // marks the point after the work enqueued so far on `stream`
   void record();                      // ... on the current stream of the event's device
@@ -70,9 +95,8 @@ class Event {
   static float elapsed_ms(const Event& start, const Event& end);
 
  private:
+  friend class detail::OwnedHandle<Event>;
   void release() noexcept;
-  void* event_ = nullptr;
-  int device_ = -1;
 };
 
 // Makes `stream` the current stream of its device on the calling thread for the guard's scope, then
