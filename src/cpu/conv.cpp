@@ -1,6 +1,7 @@
 #include "cpu/conv.h"
 
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 #include "memtrain/core/allocator.h"
 
 #include "cpu/gemm_typed.h"
@@ -168,15 +169,10 @@ void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, con
 #define MEMTRAIN_INSTANTIATE(T)                                                                                  \
   template void conv2d_forward<T>(T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);               \
   template void conv2d_backward<T>(T*, T*, T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 namespace {
 

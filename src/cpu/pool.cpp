@@ -2,6 +2,7 @@
 
 #include "core/pool_shape.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include <algorithm>
 #include <limits>
@@ -109,15 +110,10 @@ void avg_pool2d_backward(T* dx, const T* dout, const Pool2dShape& s) {
   template void max_pool2d_backward<T>(T*, const T*, const T*, const Pool2dShape&);          \
   template void avg_pool2d_forward<T>(T*, const T*, const Pool2dShape&);                     \
   template void avg_pool2d_backward<T>(T*, const T*, const Pool2dShape&);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 void CpuBackend::pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
                                 std::int64_t padding, bool is_max) const {

@@ -4,6 +4,7 @@
 #include "cpu/softmax.h"
 
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include "cpu/fast_exp.h"
 
@@ -126,15 +127,10 @@ void log_softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int
   template void softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);          \
   template void log_softmax_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                 \
   template void log_softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 namespace {
 
