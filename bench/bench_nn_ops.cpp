@@ -6,12 +6,15 @@
 //                      (fwd: read x, write y; bwd: read dy and x, write dx)
 //   softmax            [8192, 1024] over the last dim, forward: GB/s (read x, write y)
 //   cross_entropy      N=2048, V=50257, mean, forward + backward: GB/s (read logits twice, write dlogits)
+//   fused_linear_ce    x [1024, 256], weight [8192, 256], bias [8192], chunk 256, mean, forward + backward
+//                      (the LM head): GFLOP/s counting 4 products of 2*N*V*C (logits twice, dx, dW)
 // Run: ./bench_nn_ops [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
+#include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/nn.h"
 
 #include <cstdint>
@@ -99,12 +102,31 @@ void BM_cross_entropy_fwd_bwd(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(3.0 * N * V * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+void BM_fused_linear_ce_fwd_bwd(benchmark::State& state) {
+  set_threads(state);
+  const std::int64_t N = 1024, C = 256, V = 8192, chunk = 256;
+  manual_seed(7);
+  Tensor x = randn({N, C}).set_requires_grad(true), w = randn({V, C}).set_requires_grad(true),
+         b = randn({V}).set_requires_grad(true);
+  std::vector<std::int64_t> t(N);
+  for (std::int64_t i = 0; i < N; ++i) t[i] = (i * 7919) % V;
+  const Tensor targets = from_buffer(t.data(), {N}, DType::i64, DType::i64);
+  for (auto _ : state) {
+    ops::fused_linear_cross_entropy(x, w, b, targets, ops::Reduction::mean, -100, chunk).backward();
+    benchmark::DoNotOptimize(w.grad().data_ptr());
+    x.set_grad(Tensor()), w.set_grad(Tensor()), b.set_grad(Tensor());
+  }
+  const double flops = 4.0 * 2.0 * N * V * C;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 BENCHMARK(BM_attention_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_attention_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_layer_norm_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_layer_norm_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_softmax_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cross_entropy_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_fused_linear_ce_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

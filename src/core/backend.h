@@ -155,19 +155,13 @@ class Backend {
   virtual void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
                                const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
                                std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
-  // Linear + cross-entropy in chunks of chunk_rows rows, never holding the [N, V] logits
-  // (src/ops/fused_linear_cross_entropy.cpp). x [N, C] f32/bf16/f16; weight [V, C] and bias [V] (or undefined)
-  // f32; targets [N] i32/i64. Forward writes losses and lse [N] f32 and returns how many targets are not
-  // ignore_index (range-checked where the targets' data is; meta reads zeros: every target is class 0).
-  // Backward recomputes each chunk's logits: dloss f32, [1] (stride 0: one scale) or [N] (stride 1); dx like x;
-  // dw [V, C] and db [V] f32 zero-filled by the caller, each undefined when not wanted.
-  virtual std::int64_t fused_linear_ce_forward(const Tensor& losses, const Tensor& lse, const Tensor& x,
-                                               const Tensor& weight, const Tensor& bias, const Tensor& targets,
-                                               std::int64_t ignore_index, std::int64_t chunk_rows) const = 0;
-  virtual void fused_linear_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dloss,
-                                        std::int64_t dloss_stride, const Tensor& x, const Tensor& weight,
-                                        const Tensor& bias, const Tensor& targets, const Tensor& lse,
-                                        std::int64_t ignore_index, std::int64_t chunk_rows) const = 0;
+  // ---- gemm_f32 (src/ops/fused_linear_cross_entropy.cpp) ----
+  // out [m, n] = alpha op(a) op(b) + beta out, op(t) = t^T when trans_*: a [m, k] ([k, m] when trans_a), b [k, n]
+  // ([n, k] when trans_b); 2-D f32 tensors on this device, out allocated by the caller, row-major (unit column
+  // stride); a and b in any strides (transposed views read in place). beta == 0: out is not read; beta == 1
+  // accumulates (dW summed over chunks). f32 products and sums (CUDA: cuBLAS in full f32, never TF32).
+  virtual void gemm_f32(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                        double alpha, double beta) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
   // Fused optimizer steps on one parameter, in place (src/optim/: the optimizer allocates the state and

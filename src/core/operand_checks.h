@@ -51,4 +51,12 @@ void check_index_range(const char* op, const char* what, const I* idx, std::int6
   }
 }
 
+// A contiguous index tensor on a CUDA device, copied to the host (a small [N] vector; the copy waits for
+// the device) so the front-end can range-check it like the CPU path does.
+inline Tensor index_to_host(const char* op, const char* what, const Tensor& t) {
+  MT_CHECK(t.is_contiguous(), op, "non-contiguous {} on {} are not supported yet: {} has strides {}", what,
+           t.device().str(), shape_str(t.shape()), shape_str(t.strides()));
+  return t.detach().to(Device::cpu());
+}
+
 }  // namespace memtrain::detail

@@ -1,6 +1,7 @@
 #include "cpu/attention.h"
 
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 #include "memtrain/core/allocator.h"
 
 #include "cpu/fast_exp.h"
@@ -155,15 +156,10 @@ void attention_backward(T* dq, const HeadLayout& ldq, T* dk, const HeadLayout& l
                                       const T*, const HeadLayout&, const T*, const HeadLayout&, const T*,        \
                                       const HeadLayout&, const T*, const HeadLayout&, const T*, const HeadLayout&, \
                                       const T*, int64_t, int64_t, int64_t, int64_t, double, bool, T*, int);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 namespace {
 

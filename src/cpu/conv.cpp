@@ -1,6 +1,7 @@
 #include "cpu/conv.h"
 
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 #include "memtrain/core/allocator.h"
 
 #include "cpu/gemm_typed.h"
@@ -18,48 +19,52 @@ int64_t col_rows(const Conv2dShape& s) { return s.Cin / s.groups * s.KH * s.KW; 
 int64_t col_elems(const Conv2dShape& s) { return is_pointwise(s) ? 0 : col_rows(s) * s.OH * s.OW; }
 int64_t weight_elems(const Conv2dShape& s) { return s.Cout * col_rows(s); }
 
-// col (C*KH*KW, OH*OW) from x (C, H, W); zeros where the window hangs over the padding.
-template <typename T>
-void im2col(T* col, const T* x, int64_t C, const Conv2dShape& s) {
+// The walk im2col and its adjoint share: for each row (c, kh, kw) of col (C*KH*KW, OH*OW) and each output row
+// oh, calls f(offset of that segment of OW in col, offset of x's row ih in (C, H, W) or -1 when ih lies in the
+// padding, kw).
+template <typename F>
+void for_each_col_segment(int64_t C, const Conv2dShape& s, F f) {
   const int64_t L = s.OH * s.OW;
   for (int64_t c = 0; c < C; ++c)
     for (int64_t kh = 0; kh < s.KH; ++kh)
       for (int64_t kw = 0; kw < s.KW; ++kw) {
-        T* row = col + ((c * s.KH + kh) * s.KW + kw) * L;
+        const int64_t row = ((c * s.KH + kh) * s.KW + kw) * L;
         for (int64_t oh = 0; oh < s.OH; ++oh) {
           const int64_t ih = oh * s.stride - s.padding + kh;
-          T* dst = row + oh * s.OW;
-          if (ih < 0 || ih >= s.H) {
-            std::fill(dst, dst + s.OW, T(0));
-            continue;
-          }
-          const T* src = x + (c * s.H + ih) * s.W;
-          for (int64_t ow = 0; ow < s.OW; ++ow) {
-            const int64_t iw = ow * s.stride - s.padding + kw;
-            dst[ow] = iw >= 0 && iw < s.W ? src[iw] : T(0);
-          }
+          f(row + oh * s.OW, ih < 0 || ih >= s.H ? int64_t{-1} : (c * s.H + ih) * s.W, kw);
         }
       }
+}
+
+// col (C*KH*KW, OH*OW) from x (C, H, W); zeros where the window hangs over the padding.
+template <typename T>
+void im2col(T* col, const T* x, int64_t C, const Conv2dShape& s) {
+  for_each_col_segment(C, s, [&](int64_t at, int64_t x_row, int64_t kw) {
+    T* dst = col + at;
+    if (x_row < 0) {
+      std::fill(dst, dst + s.OW, T(0));
+      return;
+    }
+    const T* src = x + x_row;
+    for (int64_t ow = 0; ow < s.OW; ++ow) {
+      const int64_t iw = ow * s.stride - s.padding + kw;
+      dst[ow] = iw >= 0 && iw < s.W ? src[iw] : T(0);
+    }
+  });
 }
 
 // dx (C, H, W) += col2im(col): the adjoint of im2col.
 template <typename T>
 void col2im_add(T* dx, const T* col, int64_t C, const Conv2dShape& s) {
-  const int64_t L = s.OH * s.OW;
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t kh = 0; kh < s.KH; ++kh)
-      for (int64_t kw = 0; kw < s.KW; ++kw) {
-        const T* row = col + ((c * s.KH + kh) * s.KW + kw) * L;
-        for (int64_t oh = 0; oh < s.OH; ++oh) {
-          const int64_t ih = oh * s.stride - s.padding + kh;
-          if (ih < 0 || ih >= s.H) continue;
-          T* dst = dx + (c * s.H + ih) * s.W;
-          for (int64_t ow = 0; ow < s.OW; ++ow) {
-            const int64_t iw = ow * s.stride - s.padding + kw;
-            if (iw >= 0 && iw < s.W) dst[iw] += row[oh * s.OW + ow];
-          }
-        }
-      }
+  for_each_col_segment(C, s, [&](int64_t at, int64_t x_row, int64_t kw) {
+    if (x_row < 0) return;
+    T* dst = dx + x_row;
+    const T* src = col + at;
+    for (int64_t ow = 0; ow < s.OW; ++ow) {
+      const int64_t iw = ow * s.stride - s.padding + kw;
+      if (iw >= 0 && iw < s.W) dst[iw] += src[ow];
+    }
+  });
 }
 
 }  // namespace
@@ -164,15 +169,10 @@ void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, con
 #define MEMTRAIN_INSTANTIATE(T)                                                                                  \
   template void conv2d_forward<T>(T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);               \
   template void conv2d_backward<T>(T*, T*, T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 namespace {
 

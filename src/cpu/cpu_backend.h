@@ -75,13 +75,9 @@ class CpuBackend : public detail::Backend {
   void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
                        const Tensor& weight, const Shape& x_shape, const Shape& w_shape, std::int64_t stride,
                        std::int64_t padding, std::int64_t groups) const override;
-  std::int64_t fused_linear_ce_forward(const Tensor& losses, const Tensor& lse, const Tensor& x, const Tensor& weight,
-                                       const Tensor& bias, const Tensor& targets, std::int64_t ignore_index,
-                                       std::int64_t chunk_rows) const override;
-  void fused_linear_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dloss,
-                                std::int64_t dloss_stride, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                const Tensor& targets, const Tensor& lse, std::int64_t ignore_index,
-                                std::int64_t chunk_rows) const override;
+  // ---- gemm_f32 (src/ops/fused_linear_cross_entropy.cpp) ----
+  void gemm_f32(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
+                double beta) const override;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, double lr,

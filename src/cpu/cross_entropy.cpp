@@ -2,6 +2,7 @@
 
 #include "core/operand_checks.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include "cpu/fast_exp.h"
 
@@ -49,17 +50,10 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
   template void cross_entropy_forward<T, I>(T*, T*, const T*, const I*, int64_t, int64_t, int64_t);              \
   template void cross_entropy_backward<T, I>(T*, const T*, int64_t, const T*, const T*, const I*, int64_t,       \
                                              int64_t, int64_t);
-MEMTRAIN_INSTANTIATE(float, int32_t)
-MEMTRAIN_INSTANTIATE(float, int64_t)
-MEMTRAIN_INSTANTIATE(double, int32_t)
-MEMTRAIN_INSTANTIATE(double, int64_t)
+MEMTRAIN_CPU_FOR_COMPUTE_AND_INDEX_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 DType CpuBackend::loss_stats_dtype(DType logits) const { return compute_dtype(logits); }
 

@@ -51,28 +51,33 @@ template void dropout_backward<double>(double*, const double*, int64_t, double, 
 
 namespace memtrain::cpu {
 
-void CpuBackend::dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const {
-  const Tensor xc = compute_operand(x);
-  const Tensor y = compute_result(out, xc.dtype());
-  if (runs_kernels()) {
-    dispatch_compute("dropout", xc.dtype(), [&](auto zero) {
+namespace {
+
+// out = kernel(in) in in's compute dtype: both entries are this (the backward applies the forward's mask and
+// scale to dout).
+template <typename Kernel>
+void run_dropout(const CpuBackend& be, const char* op, const Tensor& out, const Tensor& in, Kernel kernel) {
+  const Tensor ic = compute_operand(in);
+  const Tensor oc = compute_result(out, ic.dtype());
+  if (be.runs_kernels()) {
+    dispatch_compute(op, ic.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      cpu::dropout_forward<T>(y.data<T>(), xc.data<T>(), xc.numel(), p, state);
+      kernel(oc.data<T>(), ic.data<T>(), ic.numel());
     });
   }
-  finish_result(out, y);
+  finish_result(out, oc);
+}
+
+}  // namespace
+
+void CpuBackend::dropout_forward(const Tensor& out, const Tensor& x, double p, const RngState& state) const {
+  run_dropout(*this, "dropout", out, x,
+              [&](auto* y, const auto* xp, int64_t n) { cpu::dropout_forward(y, xp, n, p, state); });
 }
 
 void CpuBackend::dropout_backward(const Tensor& dx, const Tensor& dout, double p, const RngState& state) const {
-  const Tensor g = compute_operand(dout);
-  const Tensor d = compute_result(dx, g.dtype());
-  if (runs_kernels()) {
-    dispatch_compute("dropout_backward", g.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      cpu::dropout_backward<T>(d.data<T>(), g.data<T>(), g.numel(), p, state);
-    });
-  }
-  finish_result(dx, d);
+  run_dropout(*this, "dropout_backward", dx, dout,
+              [&](auto* d, const auto* g, int64_t n) { cpu::dropout_backward(d, g, n, p, state); });
 }
 
 }  // namespace memtrain::cpu

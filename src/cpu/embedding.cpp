@@ -2,6 +2,7 @@
 
 #include "core/operand_checks.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include <algorithm>
 #include <cstring>
@@ -34,17 +35,10 @@ void embedding_backward(T* dweight, const T* dout, const I* indices, int64_t N, 
 #define MEMTRAIN_INSTANTIATE(T, I)                                                        \
   template void embedding_forward<T, I>(T*, const T*, const I*, int64_t, int64_t);        \
   template void embedding_backward<T, I>(T*, const T*, const I*, int64_t, int64_t);
-MEMTRAIN_INSTANTIATE(float, int32_t)
-MEMTRAIN_INSTANTIATE(float, int64_t)
-MEMTRAIN_INSTANTIATE(double, int32_t)
-MEMTRAIN_INSTANTIATE(double, int64_t)
+MEMTRAIN_CPU_FOR_COMPUTE_AND_INDEX_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 void CpuBackend::embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& indices) const {
   const char* op = "embedding";

@@ -115,4 +115,18 @@ void CpuBackend::linear_forward(const Tensor& out, const Tensor& x, const Tensor
   gemm_cpu(x.detach(), weight.detach().t(), out, 1, 1.0, runs_kernels());
 }
 
+// ---- gemm_f32 (the fused linear + cross-entropy walk's accumulating product) ----
+
+void CpuBackend::gemm_f32(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                          double alpha, double beta) const {
+  const ::memtrain::detail::GemmDims d = ::memtrain::detail::check_gemm_operands(out, a, b, trans_a, trans_b);
+  // Transposed views are read in place: a column-major operand is its transpose stored row-major.
+  const MatrixOperand A = as_operand(a), B = as_operand(b);
+  if (!runs_kernels()) return;
+  // Qualified: the member of the same name would hide the kernel.
+  cpu::gemm_f32(trans_a != A.trans, trans_b != B.trans, d.m, d.n, d.k, static_cast<float>(alpha),
+                A.tensor.data<float>(), A.ld, B.tensor.data<float>(), B.ld, static_cast<float>(beta), out.data<float>(),
+                d.ldc);
+}
+
 }  // namespace memtrain::cpu

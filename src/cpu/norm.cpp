@@ -3,6 +3,7 @@
 #include "cpu/norm.h"
 
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include <algorithm>
 
@@ -139,8 +140,7 @@ void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* we
                                        int64_t);                                                                 \
   template void rms_norm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);                       \
   template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
 // ---- the CPU backend's entries (src/core/backend.h) ----

@@ -1,6 +1,8 @@
 #include "cpu/pool.h"
 
+#include "core/pool_shape.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,24 +11,31 @@ namespace memtrain::cpu {
 
 namespace {
 
-// Position (ih * W + iw) of the first maximum of window (oh, ow) in plane x, or -1 if it is all padding.
-template <typename T>
-int64_t window_argmax(const T* x, const Pool2dShape& s, int64_t oh, int64_t ow) {
-  int64_t best = -1;
-  T best_v = -std::numeric_limits<T>::infinity();
+// Calls f(ih * W + iw) for each position of window (oh, ow) inside the plane (padding skipped), row by row.
+template <typename F>
+void for_each_tap(const Pool2dShape& s, int64_t oh, int64_t ow, F f) {
   for (int64_t kh = 0; kh < s.kernel; ++kh) {
     const int64_t ih = oh * s.stride - s.padding + kh;
     if (ih < 0 || ih >= s.H) continue;
     for (int64_t kw = 0; kw < s.kernel; ++kw) {
       const int64_t iw = ow * s.stride - s.padding + kw;
-      if (iw < 0 || iw >= s.W) continue;
-      const T v = x[ih * s.W + iw];
-      if (best < 0 || v > best_v || (v != v && best_v == best_v)) {  // NaN propagates, like PyTorch
-        best = ih * s.W + iw;
-        best_v = v;
-      }
+      if (iw >= 0 && iw < s.W) f(ih * s.W + iw);
     }
   }
+}
+
+// Position (ih * W + iw) of the first maximum of window (oh, ow) in plane x, or -1 if it is all padding.
+template <typename T>
+int64_t window_argmax(const T* x, const Pool2dShape& s, int64_t oh, int64_t ow) {
+  int64_t best = -1;
+  T best_v = -std::numeric_limits<T>::infinity();
+  for_each_tap(s, oh, ow, [&](int64_t at) {
+    const T v = x[at];
+    if (best < 0 || v > best_v || (v != v && best_v == best_v)) {  // NaN propagates, like PyTorch
+      best = at;
+      best_v = v;
+    }
+  });
   return best;
 }
 
@@ -74,14 +83,7 @@ void avg_pool2d_forward(T* out, const T* x, const Pool2dShape& s) {
     for (int64_t oh = 0; oh < s.OH; ++oh)
       for (int64_t ow = 0; ow < s.OW; ++ow) {
         T acc = 0;
-        for (int64_t kh = 0; kh < s.kernel; ++kh) {
-          const int64_t ih = oh * s.stride - s.padding + kh;
-          if (ih < 0 || ih >= s.H) continue;
-          for (int64_t kw = 0; kw < s.kernel; ++kw) {
-            const int64_t iw = ow * s.stride - s.padding + kw;
-            if (iw >= 0 && iw < s.W) acc += xp[ih * s.W + iw];
-          }
-        }
+        for_each_tap(s, oh, ow, [&](int64_t at) { acc += xp[at]; });
         op[oh * s.OW + ow] = acc * inv;
       }
   }
@@ -98,14 +100,7 @@ void avg_pool2d_backward(T* dx, const T* dout, const Pool2dShape& s) {
     for (int64_t oh = 0; oh < s.OH; ++oh)
       for (int64_t ow = 0; ow < s.OW; ++ow) {
         const T g = gp[oh * s.OW + ow] * inv;
-        for (int64_t kh = 0; kh < s.kernel; ++kh) {
-          const int64_t ih = oh * s.stride - s.padding + kh;
-          if (ih < 0 || ih >= s.H) continue;
-          for (int64_t kw = 0; kw < s.kernel; ++kw) {
-            const int64_t iw = ow * s.stride - s.padding + kw;
-            if (iw >= 0 && iw < s.W) dxp[ih * s.W + iw] += g;
-          }
-        }
+        for_each_tap(s, oh, ow, [&](int64_t at) { dxp[at] += g; });
       }
   }
 }
@@ -115,31 +110,14 @@ void avg_pool2d_backward(T* dx, const T* dout, const Pool2dShape& s) {
   template void max_pool2d_backward<T>(T*, const T*, const T*, const Pool2dShape&);          \
   template void avg_pool2d_forward<T>(T*, const T*, const Pool2dShape&);                     \
   template void avg_pool2d_backward<T>(T*, const T*, const Pool2dShape&);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
-
-}  // namespace memtrain::cpu
 
 // ---- the CPU backend's entries ----
 
-namespace memtrain::cpu {
-
-namespace {
-
-// The kernels' view of input [..., H, W] -> output [..., OH, OW].
-Pool2dShape pool_shape(const Tensor& in, const Tensor& out, std::int64_t kernel, std::int64_t stride,
-                       std::int64_t padding) {
-  std::int64_t planes = 1;
-  for (std::int64_t d = 0; d < in.dim() - 2; ++d) planes *= in.size(d);
-  return {planes, in.size(-2), in.size(-1), kernel, stride, padding, out.size(-2), out.size(-1)};
-}
-
-}  // namespace
-
 void CpuBackend::pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t kernel, std::int64_t stride,
                                 std::int64_t padding, bool is_max) const {
-  const Pool2dShape s = pool_shape(x, out, kernel, stride, padding);
+  const Pool2dShape s = ::memtrain::detail::pool2d_shape<Pool2dShape>(x, out, kernel, stride, padding);
   const Tensor xc = compute_operand(x);
   const Tensor y = compute_result(out, xc.dtype());
   if (runs_kernels()) {
@@ -157,7 +135,7 @@ void CpuBackend::pool2d_forward(const Tensor& out, const Tensor& x, std::int64_t
 
 void CpuBackend::pool2d_backward(const Tensor& dx, const Tensor& dout, const Tensor& x, std::int64_t kernel,
                                  std::int64_t stride, std::int64_t padding, bool is_max) const {
-  const Pool2dShape s = pool_shape(dx, dout, kernel, stride, padding);
+  const Pool2dShape s = ::memtrain::detail::pool2d_shape<Pool2dShape>(dx, dout, kernel, stride, padding);
   const Tensor g = compute_operand(dout);
   const Tensor xc = is_max ? compute_operand(x) : Tensor();
   const Tensor d = compute_result(dx, g.dtype());

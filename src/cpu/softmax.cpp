@@ -4,6 +4,7 @@
 #include "cpu/softmax.h"
 
 #include "cpu/cpu_backend.h"
+#include "cpu/instantiate.h"
 
 #include "cpu/fast_exp.h"
 
@@ -81,9 +82,14 @@ void log_softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t i
   });
 }
 
-// Shared shape of both backwards: dx = a(c) * (dout - s) or dout - b(c) * s, with s a per-column sum.
-template <typename T>
-void softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int64_t C, int64_t inner) {
+namespace {
+
+// Shared shape of both backwards, per outer block: s = sum over c of weight(c), one per column, then
+// dx(c) = grad(c, s). softmax: weight = dout * out, dx = out * (dout - s); log-softmax: weight = dout,
+// dx = dout - e^out * s.
+template <typename T, typename Weight, typename Grad>
+void softmax_backward_blocks(T* dx, const T* dout, const T* out, int64_t outer, int64_t C, int64_t inner,
+                             Weight weight, Grad grad) {
 #pragma omp parallel if (outer * C * inner > kGrain)
   {
     std::vector<T> s(static_cast<size_t>(inner));
@@ -92,34 +98,28 @@ void softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int64_t
       const int64_t base = o * C * inner;
       for (int64_t i = 0; i < inner; ++i) s[i] = 0;
       for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < inner; ++i) s[i] += dout[base + c * inner + i] * out[base + c * inner + i];
+        for (int64_t i = 0; i < inner; ++i) s[i] += weight(dout[base + c * inner + i], out[base + c * inner + i]);
       for (int64_t c = 0; c < C; ++c)
         for (int64_t i = 0; i < inner; ++i) {
           const int64_t e = base + c * inner + i;
-          dx[e] = out[e] * (dout[e] - s[i]);
+          dx[e] = grad(dout[e], out[e], s[i]);
         }
     }
   }
 }
 
+}  // namespace
+
+template <typename T>
+void softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int64_t C, int64_t inner) {
+  softmax_backward_blocks(
+      dx, dout, out, outer, C, inner, [](T g, T y) { return g * y; }, [](T g, T y, T s) { return y * (g - s); });
+}
+
 template <typename T>
 void log_softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int64_t C, int64_t inner) {
-#pragma omp parallel if (outer * C * inner > kGrain)
-  {
-    std::vector<T> s(static_cast<size_t>(inner));
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < outer; ++o) {
-      const int64_t base = o * C * inner;
-      for (int64_t i = 0; i < inner; ++i) s[i] = 0;
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < inner; ++i) s[i] += dout[base + c * inner + i];
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < inner; ++i) {
-          const int64_t e = base + c * inner + i;
-          dx[e] = dout[e] - std::exp(out[e]) * s[i];
-        }
-    }
-  }
+  softmax_backward_blocks(
+      dx, dout, out, outer, C, inner, [](T g, T) { return g; }, [](T g, T y, T s) { return g - std::exp(y) * s; });
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                  \
@@ -127,15 +127,10 @@ void log_softmax_backward(T* dx, const T* dout, const T* out, int64_t outer, int
   template void softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);          \
   template void log_softmax_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                 \
   template void log_softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);
-MEMTRAIN_INSTANTIATE(float)
-MEMTRAIN_INSTANTIATE(double)
+MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 
-}  // namespace memtrain::cpu
-
 // ---- the CPU backend's entries ----
-
-namespace memtrain::cpu {
 
 namespace {
 

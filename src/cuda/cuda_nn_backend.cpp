@@ -3,17 +3,17 @@
 // one dtype), naming the op; index operands are copied to the host once to be range-checked like the CPU's.
 #include "cuda/cuda_backend_entries.h"
 
+#include "core/pool_shape.h"
 #include "memtrain/cuda/conv.h"
 #include "memtrain/cuda/nn.h"
 #include "memtrain/cuda/nn_spatial.h"
-#include "ops/nn_common.h"
 
 #include <cstdint>
 #include <limits>
 
 namespace memtrain::cuda {
 
-namespace nd = ::memtrain::ops::detail;
+namespace nd = ::memtrain::detail;
 
 namespace {
 
@@ -72,13 +72,6 @@ void CudaBackend::dropout_backward(const Tensor& dx, const Tensor& dout, double 
 
 namespace {
 
-Pool2dShape pool_shape(const Tensor& in, const Tensor& out, std::int64_t kernel, std::int64_t stride,
-                       std::int64_t padding) {
-  std::int64_t planes = 1;
-  for (std::int64_t d = 0; d < in.dim() - 2; ++d) planes *= in.size(d);
-  return {planes, in.size(-2), in.size(-1), kernel, stride, padding, out.size(-2), out.size(-1)};
-}
-
 // An operand of the pooling kernels: dtype `dtype` (f32, bf16 or f16), packed contiguous when it is not.
 Tensor pool_operand(const char* op, const char* what, const Tensor& t, DType dtype) {
   MT_CHECK(t.dtype() == dtype, op, "{} {} {} does not have the input's dtype {}", what, dtype_name(t.dtype()),
@@ -94,7 +87,7 @@ void CudaBackend::pool2d_forward(const Tensor& out, const Tensor& x, std::int64_
                                  std::int64_t padding, bool is_max) const {
   const char* op = is_max ? "max_pool2d" : "avg_pool2d";
   const Tensor xc = pool_operand(op, "input", x, x.dtype());
-  const Pool2dShape s = pool_shape(x, out, kernel, stride, padding);
+  const Pool2dShape s = ::memtrain::detail::pool2d_shape<Pool2dShape>(x, out, kernel, stride, padding);
   if (is_max) {
     cuda::max_pool2d_forward(out.data_ptr(), xc.data_ptr(), x.dtype(), s, x.device().index);
   } else {
@@ -106,7 +99,7 @@ void CudaBackend::pool2d_backward(const Tensor& dx, const Tensor& dout, const Te
                                   std::int64_t stride, std::int64_t padding, bool is_max) const {
   const char* op = is_max ? "max_pool2d" : "avg_pool2d";
   const Tensor g = pool_operand(op, "output gradient", dout, dx.dtype());
-  const Pool2dShape s = pool_shape(dx, dout, kernel, stride, padding);
+  const Pool2dShape s = ::memtrain::detail::pool2d_shape<Pool2dShape>(dx, dout, kernel, stride, padding);
   if (is_max) {
     nd::check_same_device(op, "input", x, "output gradient", g);
     const Tensor xc = pool_operand(op, "input", x, dx.dtype());

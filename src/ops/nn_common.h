@@ -53,14 +53,6 @@ using ::memtrain::detail::check_cuda_data;
 using ::memtrain::detail::check_cuda_same_dtype;
 using ::memtrain::detail::is_cuda_kernel_dtype;
 
-// A contiguous index tensor on a CUDA device, copied to the host (a small [N] vector; the copy waits for
-// the device) so the front-end can range-check it like the CPU path does.
-inline Tensor index_to_host(const char* op, const char* what, const Tensor& t) {
-  MT_CHECK(t.is_contiguous(), op, "non-contiguous {} on {} are not supported yet: {} has strides {}", what,
-           t.device().str(), shape_str(t.shape()), shape_str(t.strides()));
-  return t.detach().to(Device::cpu());
-}
-
 // A small contiguous device vector in another dtype, converted on the host (no device cast is used here):
 // e.g. per-row losses f32 <-> bf16. No copy when it already has the dtype.
 inline Tensor convert_via_host(const Tensor& t, DType dtype) {
