@@ -184,6 +184,54 @@ class Backend {
   // The sum over `tensors` (defined, all on this device, any float dtype and layout) of their squared
   // elements, in double: the gradient norm's reduction. On meta 0.
   virtual double sum_of_squares(const std::vector<Tensor>& tensors) const = 0;
+
+  // ---- optimizer state kinds: 8-bit, factored, low-rank (task A) ----
+  // The steps of optim::AdamW8bit, Lion8bit, Adafactor and the linear algebra of GaLoreProjector, in place;
+  // the optimizer allocates the state, keeps the step count and checks shapes and dtypes first. param f32,
+  // contiguous; grad as for adamw_step (the backend makes the f32 contiguous copy its kernel reads).
+  //
+  // Block-wise 8-bit moments (optim/quantized_state.h): codes u8 [n] + absmax f32 [ceil(n / block_size)],
+  // n = param.numel(), contiguous on param's device, a fresh state as QuantizedState makes it; the first
+  // moment uses the signed dynamic map, the second the unsigned one. A moment given as an f32 tensor of
+  // param's shape with its absmax undefined is full-precision state (the optimizers keep small tensors so);
+  // the step then follows the same rule on f32 state. Meta allocates the gradient copy and skips the kernel.
+  // Whether the 8-bit kernels take this block size (CPU: any positive size; CUDA: a power of two in
+  // [32, 4096]).
+  virtual bool blockwise_block_size_ok(std::int64_t block_size) const = 0;
+  virtual void adamw8bit_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                              const Tensor& exp_avg_absmax, const Tensor& exp_avg_sq,
+                              const Tensor& exp_avg_sq_absmax, std::int64_t block_size, double lr, double beta1,
+                              double beta2, double eps, double weight_decay, std::int64_t step) const = 0;
+  virtual void lion8bit_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                             const Tensor& exp_avg_absmax, std::int64_t block_size, double lr, double beta1,
+                             double beta2, double weight_decay) const = 0;
+  // Adafactor (optim::Adafactor). Factored when param has rank >= 2, [..., rows, cols]: row [..., rows] and
+  // col [..., cols] f32 (exp_avg_sq undefined); else unfactored: exp_avg_sq f32 of param's shape (row, col
+  // undefined). exp_avg f32 of param's shape, or undefined (no first moment). The update is built in a
+  // workspace the backend allocates on param's device (CPU: param's size in f32; CUDA: its kernels'
+  // scratch), in the caller's category. step: 1-based. Meta allocates the same and skips the kernels.
+  virtual void adafactor_step(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                              const Tensor& exp_avg_sq, const Tensor& exp_avg, double lr, double weight_decay,
+                              double beta1, double decay_rate, double eps1, double clip_threshold,
+                              std::int64_t step) const = 0;
+  // GaLore's basis refresh: u (rows_a, r) and v (cols_a, r), row-major f32 allocated by the caller, get the
+  // top-r left and right singular vectors of A = G (m x n), or A = G^T when `transposed`; G [m, n] f32
+  // contiguous; v undefined: not wanted. Exact SVD, or (randomized) the range finder of
+  // memtrain/optim/galore_projector.h with k = min(r + oversample, m, n) columns and power_iterations,
+  // warm-started from prev (rows_a, r) when it is defined. rng: the projector's own Philox stream, advanced
+  // past the Gaussian draws, which every backend makes on the host in the same order. Meta: u and v read as
+  // zeros (there is no data to decompose; the documented answer), rng advances as on the CPU.
+  virtual void galore_refresh(const Tensor& u, const Tensor& v, const Tensor& G, bool transposed,
+                              bool randomized, int power_iterations, int oversample, const Tensor& prev,
+                              RngState& rng) const = 0;
+  // out = P^T G (r, n) | G Q (m, r) | P^T G Q (r, r) as left = P (m, r), right = Q (n, r) or both are
+  // defined; accumulate: out += instead. G [m, n], out contiguous f32.
+  virtual void galore_project(const Tensor& out, const Tensor& G, const Tensor& left, const Tensor& right,
+                              bool accumulate) const = 0;
+  // W [m, n] = scale * (P N | N Q^T | P N Q^T), N of the projected shape; with accumulate W = W * decay +
+  // that (W read). Contiguous f32. The CPU builds the product in an (m, n) workspace first; CUDA does not.
+  virtual void galore_project_back(const Tensor& W, const Tensor& N, const Tensor& left, const Tensor& right,
+                                   double scale, bool accumulate, float decay) const = 0;
 };
 
 // ---- helpers of the backends' entries ----

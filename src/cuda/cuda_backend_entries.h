@@ -86,6 +86,24 @@ class CudaBackend final : public ::memtrain::detail::Backend {
                  double weight_decay) const override;
   bool all_finite(const Tensor& g) const override;
   double sum_of_squares(const std::vector<Tensor>& tensors) const override;
+
+  // ---- optimizer state kinds: 8-bit, factored, low-rank (task A) ----
+  bool blockwise_block_size_ok(std::int64_t block_size) const override;
+  void adamw8bit_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_absmax,
+                      const Tensor& exp_avg_sq, const Tensor& exp_avg_sq_absmax, std::int64_t block_size, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, std::int64_t step) const override;
+  void lion8bit_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_absmax,
+                     std::int64_t block_size, double lr, double beta1, double beta2,
+                     double weight_decay) const override;
+  void adafactor_step(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                      const Tensor& exp_avg_sq, const Tensor& exp_avg, double lr, double weight_decay, double beta1,
+                      double decay_rate, double eps1, double clip_threshold, std::int64_t step) const override;
+  void galore_refresh(const Tensor& u, const Tensor& v, const Tensor& G, bool transposed, bool randomized,
+                      int power_iterations, int oversample, const Tensor& prev, RngState& rng) const override;
+  void galore_project(const Tensor& out, const Tensor& G, const Tensor& left, const Tensor& right,
+                      bool accumulate) const override;
+  void galore_project_back(const Tensor& W, const Tensor& N, const Tensor& left, const Tensor& right, double scale,
+                           bool accumulate, float decay) const override;
 };
 
 // ---- helpers of the entries ----

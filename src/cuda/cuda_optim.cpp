@@ -1,14 +1,14 @@
 // CUDA optimizer steps, host side (include/memtrain/cuda/optim.h): argument checks, the f32 coefficients
 // computed from the double hyper-parameters exactly as each CPU optimizer class computes them, the device
-// flag of the non-finite gate, the device copies of the CPU's encoder tables (optim::detail::EncodeTable,
-// verified against the binary search when built), and dispatch to the launchers in kernels/optim.cuh.
+// flag of the non-finite gate, the device copies of the CPU's encoder tables (core/quant_codebook.h: built and
+// verified against the binary search by the optimizer layer), and dispatch to the launchers in
+// kernels/optim.cuh.
 #include "memtrain/cuda/optim.h"
 
 #include "cuda/cuda_common.h"
 #include "kernels/optim.cuh"
 #include "memtrain/core/error.h"
-#include "memtrain/optim/quantized_state.h"
-#include "optim/quantized_kernels.h"
+#include "core/quant_codebook.h"
 
 #include <cmath>
 #include <memory>
@@ -23,8 +23,22 @@ namespace {
 // every entry point calls it under its DeviceGuard, so that is the entry point's device.
 cudaStream_t launch_stream() { return detail::current_stream(); }
 
-static_assert(quant::kEncodeLoBits == optim::detail::kEncodeLoBits && quant::kEncodeHiBits == optim::detail::kEncodeHiBits,
+static_assert(quant::kEncodeLoBits == ::memtrain::detail::kQuantEncodeLoBits &&
+                  quant::kEncodeHiBits == ::memtrain::detail::kQuantEncodeHiBits,
               "the device encoder clamps as the CPU's");
+
+using ::memtrain::detail::QuantCodebook;
+using ::memtrain::detail::QuantCodebookKind;
+
+// The code book of a public optim::QuantMap (declared opaque in memtrain/cuda/optim.h; its values are
+// QuantCodebookKind's), or an error naming op.
+QuantCodebookKind codebook_kind(const char* op, optim::QuantMap map) {
+  const auto value = static_cast<std::uint8_t>(map);
+  MT_CHECK(value == static_cast<std::uint8_t>(QuantCodebookKind::signed_dynamic) ||
+               value == static_cast<std::uint8_t>(QuantCodebookKind::unsigned_dynamic),
+           op, "unknown QuantMap {}", static_cast<int>(value));
+  return static_cast<QuantCodebookKind>(value);
+}
 
 // One device int per device for the non-finite gate, allocated on first use and kept for the process.
 // Its lock is held from clearing the flag until the kernel that reads it is enqueued, so two host threads
@@ -93,11 +107,11 @@ struct DeviceTables {
 };
 
 // Call with `device` current. The upload is a synchronous cudaMemcpy, done once per device.
-EncodeTableArg device_encoder(const char* op, int device, optim::QuantMap kind) {
+EncodeTableArg device_encoder(const char* op, int device, QuantCodebookKind kind) {
   static std::mutex registry_mutex;
   static std::vector<std::unique_ptr<DeviceTables>> tables;
-  const bool is_signed = kind == optim::QuantMap::signed_dynamic;
-  const optim::detail::EncodeTable& t = optim::detail::encode_table(kind);
+  const bool is_signed = kind == QuantCodebookKind::signed_dynamic;
+  const QuantCodebook& t = ::memtrain::detail::quant_codebook(kind);
   const std::size_t entries = 2 * static_cast<std::size_t>(t.buckets);
   std::lock_guard lock(registry_mutex);
   const auto index = static_cast<std::size_t>(device);
@@ -128,11 +142,7 @@ void check_block_size(const char* op, std::int64_t block_size) {
            "block_size {} is not supported (a power of two in [32, 4096])", block_size);
 }
 
-const float* map_data(const char* op, optim::QuantMap map) {
-  MT_CHECK(map == optim::QuantMap::signed_dynamic || map == optim::QuantMap::unsigned_dynamic, op,
-           "unknown QuantMap {}", static_cast<int>(map));
-  return optim::dynamic_map(map).data();
-}
+const float* map_data(QuantCodebookKind kind) { return ::memtrain::detail::quant_codebook(kind).values; }
 
 void check_adamw(const char* op, const AdamWHyper& h) {
   MT_CHECK(h.beta1 >= 0.0 && h.beta1 < 1.0 && h.beta2 >= 0.0 && h.beta2 < 1.0, op,
@@ -210,8 +220,8 @@ void adamw8bit_step(float* param, const float* grad, std::uint8_t* m_codes, floa
   check_block_size(op, block_size);
   if (n == 0) return;
   check_pointers(op, n, {param, grad, m_codes, m_absmax, v_codes, v_absmax});
-  const float* m_map = map_data(op, optim::QuantMap::signed_dynamic);
-  const float* v_map = map_data(op, optim::QuantMap::unsigned_dynamic);
+  const float* m_map = map_data(QuantCodebookKind::signed_dynamic);
+  const float* v_map = map_data(QuantCodebookKind::unsigned_dynamic);
   // As optim::AdamW8bit (its coeffs()): step size and 1 / sqrt(bias correction 2) in double, then f32.
   const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
@@ -224,8 +234,8 @@ void adamw8bit_step(float* param, const float* grad, std::uint8_t* m_codes, floa
                           static_cast<float>(1.0 / std::sqrt(bc2)),
                           static_cast<float>(h.eps)};
   run_step(op, "launch_adamw8bit_step", device, grad, n, h.skip_nonfinite, [&](const int* skip) {
-    const EncodeTableArg m_enc = device_encoder(op, device, optim::QuantMap::signed_dynamic);
-    const EncodeTableArg v_enc = device_encoder(op, device, optim::QuantMap::unsigned_dynamic);
+    const EncodeTableArg m_enc = device_encoder(op, device, QuantCodebookKind::signed_dynamic);
+    const EncodeTableArg v_enc = device_encoder(op, device, QuantCodebookKind::unsigned_dynamic);
     return launch_adamw8bit_step(param, grad, m_codes, m_absmax, m_map, m_enc, v_codes, v_absmax, v_map, v_enc, n,
                                  static_cast<int>(block_size), c, skip, launch_stream());
   });
@@ -238,10 +248,10 @@ void lion8bit_step(float* param, const float* grad, std::uint8_t* m_codes, float
   check_block_size(op, block_size);
   if (n == 0) return;
   check_pointers(op, n, {param, grad, m_codes, m_absmax});
-  const float* map = map_data(op, optim::QuantMap::signed_dynamic);
+  const float* map = map_data(QuantCodebookKind::signed_dynamic);
   const LionCoeffs c = lion_coeffs(h);
   run_step(op, "launch_lion8bit_step", device, grad, n, h.skip_nonfinite, [&](const int* skip) {
-    const EncodeTableArg enc = device_encoder(op, device, optim::QuantMap::signed_dynamic);
+    const EncodeTableArg enc = device_encoder(op, device, QuantCodebookKind::signed_dynamic);
     return launch_lion8bit_step(param, grad, m_codes, m_absmax, map, enc, n, static_cast<int>(block_size), c, skip,
                                 launch_stream());
   });
@@ -251,12 +261,12 @@ void quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, st
                         optim::QuantMap map, int device) {
   constexpr const char* op = "cuda::quantize_blockwise";
   check_block_size(op, block_size);
-  map_data(op, map);
+  const QuantCodebookKind kind = codebook_kind(op, map);
   if (n == 0) return;
   check_pointers(op, n, {src, codes, absmax});
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);
-  const EncodeTableArg enc = device_encoder(op, device, map);
+  const EncodeTableArg enc = device_encoder(op, device, kind);
   MT_CUDA_CHECK(op, launch_quantize_blockwise, src, codes, absmax, enc, n, static_cast<int>(block_size),
                 launch_stream());
 }
@@ -265,7 +275,7 @@ void dequantize_blockwise(const std::uint8_t* codes, const float* absmax, float*
                           std::int64_t block_size, optim::QuantMap map, int device) {
   constexpr const char* op = "cuda::dequantize_blockwise";
   check_block_size(op, block_size);
-  const float* values = map_data(op, map);
+  const float* values = map_data(codebook_kind(op, map));
   if (n == 0) return;
   check_pointers(op, n, {codes, absmax, dst});
   detail::require_device(op, device);

@@ -2,6 +2,7 @@
 // shape and the projected update is mapped back and added to the parameter with the decoupled decay.
 #include "memtrain/optim/galore.h"
 
+#include "core/backend.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 
@@ -108,9 +109,9 @@ GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t
     for (const Tensor& p : param_groups()[g].params) {
       Entry entry;
       if (g < n_projected) {
-        MT_CHECK(p.device().is_cpu() || p.device().is_cuda(), kWhere,
-                 "projected param {} (shape {}) is on {}; projection runs on the CPU or a CUDA device", index,
-                 shape_str(p.shape()), p.device().str());
+        // The projection runs on the backend of the param's device; this throws naming the device when
+        // none serves it (a build without CUDA, an index past the machine's devices).
+        ::memtrain::detail::backend_for(p.device());
         MT_CHECK(p.dim() == 2, kWhere, "projected param {} must be a 2-D weight, got shape {}", index,
                  shape_str(p.shape()));
         MT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), kWhere,
@@ -129,15 +130,7 @@ GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t
 }
 
 GaLoreProjectorOptions GaLore::projector_options(std::size_t index) const {
-  GaLoreProjectorOptions o;
-  o.rank = galore_.rank;
-  o.update_gap = galore_.update_gap;
-  o.scale = galore_.scale;
-  o.proj_type = galore_.proj_type;
-  o.svd = galore_.svd;
-  o.power_iterations = galore_.power_iterations;
-  o.oversample = galore_.oversample;
-  o.warm_start = galore_.warm_start;
+  GaLoreProjectorOptions o = galore_;
   o.seed = galore_.seed + index;  // Philox keys: each parameter its own stream
   return o;
 }

@@ -201,8 +201,11 @@ std::size_t Optimizer::state_bytes() const {
 }
 
 void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who, bool cuda_ok) {
-  // Meta runs the CPU's code without data: a step there accounts the CPU step's bytes.
-  const bool device_ok = param.device().is_cpu() || param.device().is_meta() || (cuda_ok && param.device().is_cuda());
+  // The step is the backend's, so any device with one will do (meta: the CPU's code without data, so a step
+  // there accounts the CPU step's bytes); backend_for throws naming the device when none serves it. An
+  // optimizer without device entries (cuda_ok false) keeps to the CPU and meta.
+  const Device device = param.device();
+  const bool device_ok = device.is_cpu() || device.is_meta() || (cuda_ok && (::memtrain::detail::backend_for(device), true));
   MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous() && device_ok, who,
            "needs contiguous f32 parameters on {}, got shape {} dtype {} on {}{}", cuda_ok ? "CPU or CUDA" : "the CPU",
            shape_str(param.shape()), dtype_name(param.dtype()), param.device().str(),

@@ -16,6 +16,7 @@
 // loads inserted into a vector, which on Zen 3 costs about half of one vpgatherdd.
 #pragma once
 
+#include "core/quant_codebook.h"
 #include "memtrain/optim/quantized_state.h"
 
 #include <algorithm>
@@ -46,8 +47,8 @@ namespace memtrain::optim::detail {
 // Magnitudes are clamped to [2^-24, largest float below 1] before the bucket lookup: below 2^-24 every
 // value encodes as the zero code (the smallest decision midpoint is above 1e-7), and at or above 1 the top
 // bucket already gives the nearest code.
-inline constexpr std::uint32_t kEncodeLoBits = 103u << 23;  // 2^-24
-inline constexpr std::uint32_t kEncodeHiBits = 0x3f7fffffu;
+inline constexpr std::uint32_t kEncodeLoBits = ::memtrain::detail::kQuantEncodeLoBits;  // 2^-24
+inline constexpr std::uint32_t kEncodeHiBits = ::memtrain::detail::kQuantEncodeHiBits;
 
 // The arithmetic encoder's tables, built and checked in quantized_state.cpp (see arith_encode_one).
 // Regions: 0 is the zero code's, 1..7 the decades 10^-6 .. 10^0, 8 the code of 1.0 (x > 0); for x < 0 the

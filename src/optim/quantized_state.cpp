@@ -260,6 +260,29 @@ const Encoder& encoder(QuantMap m) {
 
 const std::array<float, 256>& dynamic_map(QuantMap map) { return encoder(map).map; }
 
+}  // namespace memtrain::optim
+
+namespace memtrain::detail {
+
+static_assert(static_cast<int>(QuantCodebookKind::signed_dynamic) == static_cast<int>(optim::QuantMap::signed_dynamic) &&
+                  static_cast<int>(QuantCodebookKind::unsigned_dynamic) ==
+                      static_cast<int>(optim::QuantMap::unsigned_dynamic),
+              "the backends' map kinds are optim::QuantMap's");
+
+const QuantCodebook& quant_codebook(QuantCodebookKind kind) {
+  static const auto make = [](optim::QuantMap map) {
+    const optim::detail::EncodeTable& t = optim::detail::encode_table(map);
+    return QuantCodebook{t.map, t.table, t.low_bits, t.buckets, t.zero_code};
+  };
+  static const QuantCodebook books[2] = {make(optim::QuantMap::signed_dynamic),
+                                         make(optim::QuantMap::unsigned_dynamic)};
+  return books[kind == QuantCodebookKind::signed_dynamic ? 0 : 1];
+}
+
+}  // namespace memtrain::detail
+
+namespace memtrain::optim {
+
 namespace detail {
 
 const EncodeTable& encode_table(QuantMap kind) { return encoder(kind).view; }

@@ -21,59 +21,59 @@ std::string_view kind_name(OptimizerKind kind) {
   return "?";
 }
 
-Spec Spec::sgd(const SgdOptions& o) {
+namespace {
+
+// The fields every rule sets: its kind, lr, decoupled weight decay and first coefficient (SGD's momentum).
+Spec rule(OptimizerKind kind, double lr, double weight_decay, double beta1) {
   Spec s;
-  s.kind = OptimizerKind::sgd;
-  s.lr = o.lr;
-  s.weight_decay = o.weight_decay;
-  s.beta1 = o.momentum;
+  s.kind = kind;
+  s.lr = lr;
+  s.weight_decay = weight_decay;
+  s.beta1 = beta1;
+  return s;
+}
+
+// The 8-bit variant of a rule: the same spec with its block layout.
+Spec blockwise(Spec s, OptimizerKind kind, std::int64_t block_size, std::int64_t min_8bit_size) {
+  s.kind = kind;
+  s.block_size = block_size;
+  s.min_8bit_size = min_8bit_size;
+  return s;
+}
+
+}  // namespace
+
+Spec Spec::sgd(const SgdOptions& o) {
+  Spec s = rule(OptimizerKind::sgd, o.lr, o.weight_decay, o.momentum);
   s.nesterov = o.nesterov;
   return s;
 }
 
 Spec Spec::adamw(const AdamWOptions& o) {
-  Spec s;
-  s.kind = OptimizerKind::adamw;
-  s.lr = o.lr;
-  s.weight_decay = o.weight_decay;
-  s.beta1 = o.beta1;
+  Spec s = rule(OptimizerKind::adamw, o.lr, o.weight_decay, o.beta1);
   s.beta2 = o.beta2;
   s.eps = o.eps;
   return s;
 }
 
 Spec Spec::adamw8bit(const AdamW8bitOptions& o) {
-  Spec s = adamw({o.lr, o.weight_decay, o.beta1, o.beta2, o.eps});
-  s.kind = OptimizerKind::adamw8bit;
-  s.block_size = o.block_size;
-  s.min_8bit_size = o.min_8bit_size;
-  return s;
+  return blockwise(adamw({o.lr, o.weight_decay, o.beta1, o.beta2, o.eps}), OptimizerKind::adamw8bit, o.block_size,
+                   o.min_8bit_size);
 }
 
 Spec Spec::lion(const LionOptions& o) {
-  Spec s;
-  s.kind = OptimizerKind::lion;
-  s.lr = o.lr;
-  s.weight_decay = o.weight_decay;
-  s.beta1 = o.beta1;
+  Spec s = rule(OptimizerKind::lion, o.lr, o.weight_decay, o.beta1);
   s.beta2 = o.beta2;
   return s;
 }
 
 Spec Spec::lion8bit(const Lion8bitOptions& o) {
-  Spec s = lion({o.lr, o.weight_decay, o.beta1, o.beta2});
-  s.kind = OptimizerKind::lion8bit;
-  s.block_size = o.block_size;
-  s.min_8bit_size = o.min_8bit_size;
-  return s;
+  return blockwise(lion({o.lr, o.weight_decay, o.beta1, o.beta2}), OptimizerKind::lion8bit, o.block_size,
+                   o.min_8bit_size);
 }
 
 Spec Spec::adafactor(const AdafactorSpecOptions& o) {
-  Spec s;
-  s.kind = OptimizerKind::adafactor;
-  s.lr = o.lr;
-  s.weight_decay = o.weight_decay;
-  s.beta1 = o.beta1;
+  Spec s = rule(OptimizerKind::adafactor, o.lr, o.weight_decay, o.beta1);
   s.decay_rate = o.decay_rate;
   s.eps1 = o.eps1;
   s.clip_threshold = o.clip_threshold;

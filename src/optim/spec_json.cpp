@@ -65,10 +65,8 @@ json spec_to_json(const Spec& spec) {
       break;
     case OptimizerKind::adamw:
     case OptimizerKind::adamw8bit:
-      j["beta1"] = spec.beta1;
-      j["beta2"] = spec.beta2;
       j["eps"] = spec.eps;
-      break;
+      [[fallthrough]];  // and Lion's two betas
     case OptimizerKind::lion:
     case OptimizerKind::lion8bit:
       j["beta1"] = spec.beta1;
@@ -108,10 +106,8 @@ Spec spec_from_json(const json& j) {
       break;
     case OptimizerKind::adamw:
     case OptimizerKind::adamw8bit:
-      r.get("beta1", spec.beta1);
-      r.get("beta2", spec.beta2);
       r.get("eps", spec.eps);
-      break;
+      [[fallthrough]];  // and Lion's two betas
     case OptimizerKind::lion:
     case OptimizerKind::lion8bit:
       r.get("beta1", spec.beta1);

@@ -35,7 +35,6 @@ class Adafactor : public Optimizer {
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
 
  private:
-  void update_cuda(Tensor& param, const Tensor& g32, const ParamGroup& group, ParamState& state);
   AdafactorOptions options_;
 };
 

@@ -44,17 +44,9 @@
 
 namespace memtrain::optim {
 
-struct GaLoreSpec {
-  std::int64_t rank = 128;
-  std::int64_t update_gap = 200;
-  double scale = 0.25;
-  GaLoreProjType proj_type = GaLoreProjType::std_side;
-  GaLoreSvd svd = GaLoreSvd::randomized;
-  int power_iterations = 2;  // randomized only
-  int oversample = 8;        // randomized only
-  bool warm_start = true;    // randomized only
-  std::uint64_t seed = 0x6a10'5eed;  // parameter i's projector draws from the Philox stream seed + i
-};
+// GaLore's options are its projectors' (galore_projector.h), with `seed` the base of their streams:
+// parameter i's projector draws from the Philox stream seed + i.
+using GaLoreSpec = GaLoreProjectorOptions;
 
 // Parameters split by how they are stepped; param_groups() holds the projected groups, then the plain ones,
 // and state_dict numbers parameters in that order.

@@ -13,8 +13,9 @@
 // search starts from [previous P | Gaussian columns] (pushed once through A A^T) instead of A Omega.
 // Random numbers come from the projector's own Philox stream (seed, offset), not the global one, so a run
 // is reproducible whatever else draws random numbers. f32, 2-D, contiguous or not.
-// Devices: the first project() fixes the device (CPU or CUDA); the basis lives there and every later tensor
-// must be on it. On CUDA the same algorithm runs with cuBLAS / cuSOLVER (Householder QR, Jacobi SVD) on the
+// Devices: the first project() fixes the device (CPU, CUDA or meta: any with a backend, whose galore_*
+// entries do the linear algebra); the basis lives there and every later tensor must be on it. On meta the
+// basis reads as zeros (no data to decompose) while the tensors and the random stream follow the CPU's. On CUDA the same algorithm runs with cuBLAS / cuSOLVER (Householder QR, Jacobi SVD) on the
 // same Gaussian draws (made on the host from the same Philox stream, so rng_state() advances identically):
 // the basis spans the same subspace as the CPU's up to f32 rounding, but each column's sign is the device
 // SVD's, which may differ from Eigen's (singular vectors are defined up to sign).
@@ -97,13 +98,11 @@ class GaLoreProjector {
   void check_same_device(const Tensor& t, const char* what) const;
   // out = (or +=, when accumulate) the projection of contiguous G on the current basis.
   void project_into(const Tensor& G, Tensor& out, bool accumulate) const;
-  void project_into_cuda(const Tensor& G, Tensor& out, bool accumulate) const;
   void refresh(const Tensor& G);
-  void refresh_cuda(const Tensor& G);  // the same algorithm on the device (galore_projector.cpp, bottom)
   // N checked against the projected shape and the device, made contiguous; `who` names the caller.
   Tensor checked_projected(const Tensor& N, const char* who) const;
-  // W = scale * (P N | N Q^T | P N Q^T) + beta * W on the device (beta 0: W is not read).
-  void project_back_cuda(const Tensor& N, Tensor& W, float beta) const;
+  // W = scale * (P N | N Q^T | P N Q^T), plus W * decay when accumulating (the backend's galore_project_back).
+  void project_back_into(const Tensor& N, Tensor& W, bool accumulate, float decay) const;
 
   GaLoreProjectorOptions options_;
   Device device_ = Device::cpu();

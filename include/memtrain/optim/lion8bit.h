@@ -5,29 +5,20 @@
 // parameters keep "exp_avg" in f32 (4n bytes). Parameters and gradients are f32.
 #pragma once
 
-#include "memtrain/optim/optimizer.h"
+#include "memtrain/optim/blockwise_optimizer.h"
 
 #include <cstdint>
 
 namespace memtrain::optim {
 
-class Lion8bit : public Optimizer {
+class Lion8bit : public BlockwiseOptimizer {
  public:
   Lion8bit(std::vector<ParamGroup> groups, std::int64_t block_size = 256, std::int64_t min_8bit_size = 4096);
   std::string_view name() const override { return "Lion8bit"; }
-  std::int64_t block_size() const { return block_size_; }
-  std::int64_t min_8bit_size() const { return min_8bit_size_; }
 
  protected:
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
-
- private:
-  // The fused CUDA kernel (cuda/optim.h) for a parameter on a device; grad is contiguous f32 there.
-  void update_cuda(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state);
-
-  std::int64_t block_size_;
-  std::int64_t min_8bit_size_;
 };
 
 }  // namespace memtrain::optim

@@ -1,0 +1,39 @@
+// The common part of the optimizers whose moments are block-wise 8-bit state (quantized_state.h):
+// AdamW8bit and Lion8bit. A parameter of n >= min_8bit_size elements keeps each moment "<name>" as
+// "<name>.codes" (u8 [n]) and "<name>.absmax" (f32 [ceil(n / block_size)]); a smaller one keeps "<name>" in
+// f32 (the scales would cost more than they save). The step itself is the backend's (core/backend.h).
+#pragma once
+
+#include "memtrain/optim/optimizer.h"
+#include "memtrain/optim/quantized_state.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace memtrain::optim {
+
+class BlockwiseOptimizer : public Optimizer {
+ public:
+  std::int64_t block_size() const { return block_size_; }
+  std::int64_t min_8bit_size() const { return min_8bit_size_; }
+
+ protected:
+  // `who` names the optimizer in errors. block_size > 0, min_8bit_size >= 0.
+  BlockwiseOptimizer(std::vector<ParamGroup> groups, std::int64_t block_size, std::int64_t min_8bit_size,
+                     const char* who);
+  // Checks param (contiguous f32 on a device whose backend takes this block size) before its state is made.
+  void check_param(const Tensor& param) const;
+  // Allocates moment `name` of param (zeros, as QuantizedState makes them) on param's device.
+  void init_moment(const Tensor& param, ParamState& state, const std::string& name, QuantMap map) const;
+  // The backend's view of moment `name`: (codes, absmax) of 8-bit state, checked against its block layout,
+  // or (f32 values, undefined).
+  std::pair<Tensor, Tensor> moment(const ParamState& state, const std::string& name, QuantMap map) const;
+
+ private:
+  std::int64_t block_size_;
+  std::int64_t min_8bit_size_;
+  const char* who_;
+};
+
+}  // namespace memtrain::optim

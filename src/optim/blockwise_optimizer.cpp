@@ -1,0 +1,46 @@
+// BlockwiseOptimizer: the state layout AdamW8bit and Lion8bit share (memtrain/optim/blockwise_optimizer.h).
+#include "memtrain/optim/blockwise_optimizer.h"
+
+#include "core/backend.h"
+#include "memtrain/core/allocator.h"
+
+namespace memtrain::optim {
+
+BlockwiseOptimizer::BlockwiseOptimizer(std::vector<ParamGroup> groups, std::int64_t block_size,
+                                       std::int64_t min_8bit_size, const char* who)
+    : Optimizer(std::move(groups)), block_size_(block_size), min_8bit_size_(min_8bit_size), who_(who) {
+  MT_CHECK(block_size > 0, who, "block_size must be positive, got {}", block_size);
+  MT_CHECK(min_8bit_size >= 0, who, "min_8bit_size must be >= 0, got {}", min_8bit_size);
+}
+
+void BlockwiseOptimizer::check_param(const Tensor& param) const {
+  check_f32_contiguous(param, who_, /*cuda_ok=*/true);
+  const Device device = param.device();
+  MT_CHECK(param.numel() < min_8bit_size_ || ::memtrain::detail::backend_for(device).blockwise_block_size_ok(block_size_),
+           who_, "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());
+}
+
+void BlockwiseOptimizer::init_moment(const Tensor& param, ParamState& state, const std::string& name,
+                                     QuantMap map) const {
+  CategoryGuard guard(MemoryCategory::optimizer_state);
+  const std::int64_t n = param.numel();
+  const Device device = param.device();
+  if (n < min_8bit_size_) {
+    state.tensors[name] = zeros(param.shape(), DType::f32, device);
+    return;
+  }
+  // Made on the CPU (the fresh codes come from the map's encoder) and moved: meta keeps the bytes, reads zeros.
+  QuantizedState q(n, map, block_size_);
+  state.tensors[name + ".codes"] = q.codes().to(device);
+  state.tensors[name + ".absmax"] = q.absmax().to(device);
+}
+
+std::pair<Tensor, Tensor> BlockwiseOptimizer::moment(const ParamState& state, const std::string& name,
+                                                     QuantMap map) const {
+  const auto codes = state.tensors.find(name + ".codes");
+  if (codes == state.tensors.end()) return {state.tensors.at(name), Tensor()};
+  const QuantizedState q(codes->second, state.tensors.at(name + ".absmax"), map, block_size_);  // checks the layout
+  return {q.codes(), q.absmax()};
+}
+
+}  // namespace memtrain::optim
