@@ -1,20 +1,18 @@
-// amp::fp8_linear (amp/fp8_linear.h): the FP8 linear layer, emulated on the CPU or on a CUDA device. x is
-// quantized before the product, outside compute_or_replay, so its codes are saved whether the product is computed
-// or handed back by a checkpoint re-run. Every GEMM runs in f32 on dequantized copies that live only as workspace
-// while it runs: cpu::gemm_f32, or cuda::gemm in full f32 (no TF32), so both devices compute the same products and
-// differ only in summation order. Delayed scales stay on the host (Fp8TensorMeta) and reach the kernels by value.
+// amp::fp8_linear (amp/fp8_linear.h): the FP8 linear layer, emulated on any device through its backend
+// (src/core/backend.h). x is quantized before the product, outside compute_or_replay, so its codes are saved
+// whether the product is computed or handed back by a checkpoint re-run. Every GEMM runs in f32 on dequantized
+// copies that live only as workspace while it runs: the backend's gemm_full_f32 (full f32 products, no TF32), so
+// every device computes the same products and they differ only in summation order. Delayed scales stay on the
+// host (Fp8TensorMeta) and reach the kernels by value.
 #include "memtrain/amp/fp8_linear.h"
 
-#include "cpu/gemm.h"
+#include "core/backend.h"
 #include "memtrain/amp/fp8_state.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ckpt/checkpoint.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/core/float_types.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/reduce.h"
 
 #include <cstdint>
 #include <optional>
@@ -99,55 +97,16 @@ Tensor f32_result(const Shape& shape, DType final_dtype, Device device) {
 }
 
 // c [m, n] = op(a) op(b) (+ c when accumulate); all contiguous f32 matrices on one device, op = transpose when
-// flagged. cuda::gemm in f32 computes with CUBLAS_COMPUTE_32F (full f32 FMAs, never TF32), so the device's
-// result differs from the CPU's only in summation order.
+// flagged: the backend's full-f32 GEMM.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, bool accumulate) {
-  const std::int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
-  if (m == 0 || n == 0) return;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  if (c.device().is_cuda()) {
-    cuda::gemm(DType::f32, trans_a, trans_b, m, n, k, 1.0f, a.data_ptr(), a.size(1), b.data_ptr(), b.size(1), beta,
-               c.data_ptr(), n, c.device().index);
-    return;
-  }
-  cpu::gemm_f32(trans_a, trans_b, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(), b.size(1), beta,
-                c.data<float>(), n);
-}
-
-float load(const float* p, std::int64_t i) { return p[i]; }
-float load(const BFloat16* p, std::int64_t i) { return p[i].to_float(); }
-
-template <typename T>
-void add_rows(const T* g, std::int64_t rows, std::int64_t cols, double* sums) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) sums[c] += load(g, r * cols + c);
-  }
-}
-
-// db on a CUDA device: cuda::sum_dim over the rows of an f32 copy (exact), accumulated in f64 in a fixed order and
-// rounded once to f32: the CPU's f64 sums in another order. A bf16 bias then rounds a second time, from f32, which
-// can land one bf16 ulp away from the CPU's single rounding.
-Tensor column_sums_cuda(const Tensor& g, DType dtype) {
-  const Tensor g32 = [&] {
-    CategoryGuard workspace(MemoryCategory::workspace);
-    return g.to(DType::f32);
-  }();
-  Tensor sums = f32_result({g.size(1)}, dtype, g.device());
-  cuda::sum_dim(g32.data_ptr(), sums.data_ptr(), DType::f32, 1, g.size(0), g.size(1), g.device().index);
-  return sums.to(dtype);
+  detail::backend_for(c.device()).gemm_full_f32(c, a, trans_a, b, trans_b, accumulate);
 }
 
 // db: column sums of g [rows, cols] (contiguous f32/bf16), accumulated in f64, in `dtype`.
 Tensor column_sums(const Tensor& g, DType dtype) {
-  if (g.device().is_cuda()) return column_sums_cuda(g, dtype);
-  Tensor sums;
-  {
-    CategoryGuard workspace(MemoryCategory::workspace);
-    sums = zeros({g.size(1)}, DType::f64);
-  }
-  if (g.dtype() == DType::f32) add_rows(g.data<float>(), g.size(0), g.size(1), sums.data<double>());
-  else add_rows(static_cast<const BFloat16*>(g.data_ptr()), g.size(0), g.size(1), sums.data<double>());
-  return sums.to(dtype);
+  Tensor sums = Tensor::empty({g.size(1)}, dtype, g.device());
+  detail::backend_for(g.device()).column_sums(sums, g);
+  return sums;
 }
 
 void check_operand(const Tensor& t, const char* op, const char* what) {
@@ -187,8 +146,8 @@ void check_inputs(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
            fp8_scaling_name(wq.kind), fp8_scaling_name(recipe.kind));
   const Shape scales = recipe.kind == Fp8ScalingKind::delayed
                            ? Shape{1}
-                           : Shape{cuda::fp8_scale_rows(weight.size(0), Fp8Tiling::block_128x128),
-                                   cuda::fp8_scale_cols(weight.size(1))};
+                           : Shape{fp8_scale_rows(weight.size(0), Fp8Tiling::block_128x128),
+                                   fp8_scale_cols(weight.size(1))};
   MT_CHECK(wq.inv_scales.dtype() == DType::f32 && wq.inv_scales.shape() == scales, kOp,
            "FP8 weight inverse scales are {} {}, want f32 {} for {} scaling", dtype_name(wq.inv_scales.dtype()),
            shape_str(wq.inv_scales.shape()), shape_str(scales), fp8_scaling_name(recipe.kind));

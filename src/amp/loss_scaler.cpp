@@ -1,84 +1,20 @@
-// DynamicLossScaler: in-place unscaling with a finiteness verdict, the backoff/growth rule, state round trip.
+// DynamicLossScaler: in-place unscaling with a finiteness verdict, the backoff/growth rule, state round trip. The
+// unscaling itself is each device's backend's unscale_grads (src/core/backend.h): on meta nothing overflows.
 #include "memtrain/amp/loss_scaler.h"
 
+#include "core/backend.h"
 #include "memtrain/autograd/grad_mode.h"
-#include "memtrain/core/allocator.h"
-#include "memtrain/core/float_types.h"
-#include "memtrain/cuda/convert.h"
-#include "memtrain/ops/elementwise.h"
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <string>
-#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace memtrain::amp {
 namespace {
 
 constexpr const char* kWho = "DynamicLossScaler";
-
-double widen(double x) { return x; }
-double widen(float x) { return x; }
-double widen(Half x) { return x.to_float(); }
-double widen(BFloat16 x) { return x.to_float(); }
-
-template <typename T>
-T narrow(double x) {
-  if constexpr (std::is_same_v<T, double>) return x;
-  else if constexpr (std::is_same_v<T, float>) return static_cast<float>(x);
-  else return T::from_double(x);
-}
-
-// Divides n contiguous elements by scale in f64, rounding once to T; true when every result is finite.
-template <typename T>
-bool unscale_contiguous(T* p, std::int64_t n, double scale) {
-  int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static) if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T y = narrow<T>(widen(p[i]) / scale);
-    p[i] = y;
-    bad |= !std::isfinite(widen(y));
-  }
-  return bad == 0;
-}
-
-bool unscale_cpu_contiguous(const Tensor& g, double scale) {
-  const std::int64_t n = g.numel();
-  switch (g.dtype()) {
-    case DType::f64: return unscale_contiguous(g.data<double>(), n, scale);
-    case DType::f32: return unscale_contiguous(g.data<float>(), n, scale);
-    case DType::f16: return unscale_contiguous(g.data<Half>(), n, scale);
-    case DType::bf16: return unscale_contiguous(g.data<BFloat16>(), n, scale);
-    default: break;
-  }
-  detail::throw_error(kWho, fmt::format("unscale_: unsupported dtype {}", dtype_name(g.dtype())));
-}
-
-// Contiguous f32/bf16/f16 gradients on CUDA are unscaled where they live: multiplied by 1 / scale (ops::mul_;
-// equal to the CPU's division whenever the scale is a power of two, as the default growth and backoff keep
-// it), then checked by their max |g| (cuda::amax: NaN when any element is NaN, Inf when any is Inf), one
-// float per gradient read back in one copy per device.
-bool unscale_on_device(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-bool unscale_cuda(const std::vector<Tensor>& grads, double scale) {
-  std::map<int, std::vector<Tensor>> by_device;
-  for (const Tensor& g : grads) by_device[g.device().index].push_back(g);
-  bool finite = true;
-  for (auto& [index, list] : by_device) {
-    const Device device = Device::cuda(index);
-    CategoryGuard category(MemoryCategory::workspace);
-    const Tensor amaxes = Tensor::empty({static_cast<std::int64_t>(list.size())}, DType::f32, device);
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      Tensor g = list[i];
-      ops::mul_(g, 1.0 / scale);
-      cuda::amax(g.data_ptr(), g.dtype(), static_cast<std::size_t>(g.numel()), amaxes.data<float>() + i, index);
-    }
-    const Tensor host = amaxes.to(Device::cpu());
-    for (std::size_t i = 0; i < list.size(); ++i) finite &= std::isfinite(host.data<float>()[i]);
-  }
-  return finite;
-}
 
 bool supported(DType t) { return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
@@ -125,26 +61,17 @@ bool DynamicLossScaler::unscale_(const std::vector<Tensor>& grads) {
              dtype_name(g.dtype()));
   }
   autograd::NoGradGuard no_grad;
-  bool finite = true;
-  std::vector<Tensor> on_device;
+  // One call per device, in the order the devices first appear, so a backend can batch its read-backs.
+  std::vector<std::pair<Device, std::vector<Tensor>>> by_device;
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;
-    if (g.device().is_cuda() && g.is_contiguous() && unscale_on_device(g.dtype()) && g.numel() > 0) {
-      on_device.push_back(g);
-      continue;
-    }
-    if (g.device().is_cpu() && g.is_contiguous()) {
-      finite &= unscale_cpu_contiguous(g, scale_);
-      continue;
-    }
-    CategoryGuard category(MemoryCategory::workspace);
-    Tensor work = g.to(Device::cpu()).contiguous();
-    finite &= unscale_cpu_contiguous(work, scale_);
-    Tensor target = g;
-    target.copy_(work);
+    auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& e) { return e.first == g.device(); });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {g.device(), {}});
+    it->second.push_back(g);
   }
-  if (!on_device.empty()) finite &= unscale_cuda(on_device, scale_);
-  return finite;
+  bool found_inf = false;
+  for (const auto& [device, list] : by_device) found_inf |= detail::backend_for(device).unscale_grads(list, scale_);
+  return !found_inf;
 }
 
 void DynamicLossScaler::update(bool found_inf) {

@@ -22,6 +22,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/device.h"
 #include "memtrain/core/elementwise_ops.h"
+#include "memtrain/core/fp8_tiling.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
 
@@ -162,6 +163,56 @@ class Backend {
   // accumulates (dW summed over chunks). f32 products and sums (CUDA: cuBLAS in full f32, never TF32).
   virtual void gemm_f32(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                         double alpha, double beta) const = 0;
+
+  // ---- fp8 scaling, batch norm (task B) ----
+  // FP8 (the element rules of memtrain/amp/fp8.h; src/amp/fp8_quantize.cpp checks the operands). x: contiguous
+  // f32 or bf16 with >= 1 dim; codes: contiguous f8_e4m3 or f8_e5m2 of x's shape; out: contiguous f32 or bf16 of
+  // the codes' shape; all allocated by the caller on x's device. Blockwise views x as (rows, cols = last dim)
+  // and inv_scales is the contiguous f32 (fp8_scale_rows(rows, tiling), fp8_scale_cols(cols)) grid.
+  // What a quantize pass counted (amp::QuantStats): the CPU counts; CUDA and meta return zeros.
+  struct Fp8Counts {
+    std::int64_t saturated = 0, underflowed = 0, nonfinite = 0;
+  };
+  // max |x| (0 when empty, NaN when any element is NaN), read back to the host. Meta: 0.
+  virtual float amax(const Tensor& x) const = 0;
+  // codes = fp8(x * scale) (scale finite, > 0). amax_out: null, or where max |x| goes (as amax()); on CUDA it
+  // comes from the same pass.
+  virtual Fp8Counts quantize_fp8(const Tensor& codes, const Tensor& x, float scale, float* amax_out) const = 0;
+  // out = fp8_value(codes) * inv_scale (finite, > 0).
+  virtual void dequantize_fp8(const Tensor& out, const Tensor& codes, float inv_scale) const = 0;
+  virtual Fp8Counts quantize_fp8_blockwise(const Tensor& codes, const Tensor& inv_scales, const Tensor& x,
+                                           Fp8Tiling tiling) const = 0;
+  virtual void dequantize_fp8_blockwise(const Tensor& out, const Tensor& codes, const Tensor& inv_scales,
+                                        Fp8Tiling tiling) const = 0;
+  // fp8_linear's emulated product: c [m, n] = op(a) op(b) (+ c when accumulate), op = transpose when flagged; a, b
+  // and c contiguous f32 matrices on this device. Full f32 products (never TF32), so backends differ only in
+  // summation order; the matmul entry offers neither the accumulation nor that guarantee.
+  virtual void gemm_full_f32(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                        bool accumulate) const = 0;
+  // out [cols] (f32 or bf16, allocated by the caller) = the column sums of g [rows, cols] (contiguous f32 or
+  // bf16), accumulated in f64 (CPU: row order, one rounding; CUDA: a fixed order, rounded to f32 and then to
+  // out's dtype): fp8_linear's bias gradient. Its accumulator is workspace on g's device.
+  virtual void column_sums(const Tensor& out, const Tensor& g) const = 0;
+  // The loss scaler's unscale: every tensor of grads (defined, on this device, f64/f32/f16/bf16, any layout) is
+  // divided by scale in place (rounded once to its dtype; CUDA multiplies by 1 / scale, equal whenever scale is a
+  // power of two). Returns true when any result is NaN or Inf. Meta: false, the documented "no overflow" branch.
+  virtual bool unscale_grads(const std::vector<Tensor>& grads, double scale) const = 0;
+  // batch_norm over NCHW (ops::batch_norm holds the rule, nn::BatchNorm2d's). Where a backend has no fused
+  // kernels (CPU, meta) ops::batch_norm composes differentiable ops instead: that composition is the reference,
+  // and its backward is autograd's, which no backend entry can record. The fused entries: x [B, C, H, W]
+  // contiguous; weight, bias [C] (undefined: none); running_mean, running_var [C] (undefined: neither read nor
+  // written); all one dtype. y like x; save_mean, save_invstd [C] f32: the statistics y was normalised with.
+  // training: the batch's statistics, and the running ones (when given) updated with momentum, the variance
+  // unbiased; else the running ones. Backward: dx like x, dw, db [C] in x's dtype (undefined: not wanted) from
+  // dout (contiguous, like x).
+  virtual bool has_batch_norm_kernels() const = 0;
+  virtual void batch_norm_forward(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& running_mean, const Tensor& running_var, const Tensor& x,
+                                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                  double eps) const = 0;
+  virtual void batch_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                   const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                                   const Tensor& save_invstd, bool training) const = 0;
 
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
   // Fused optimizer steps on one parameter, in place (src/optim/: the optimizer allocates the state and

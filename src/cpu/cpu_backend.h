@@ -79,6 +79,26 @@ class CpuBackend : public detail::Backend {
   void gemm_f32(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
                 double beta) const override;
 
+  // ---- fp8 scaling, batch norm (task B) ----
+  float amax(const Tensor& x) const override;
+  Fp8Counts quantize_fp8(const Tensor& codes, const Tensor& x, float scale, float* amax_out) const override;
+  void dequantize_fp8(const Tensor& out, const Tensor& codes, float inv_scale) const override;
+  Fp8Counts quantize_fp8_blockwise(const Tensor& codes, const Tensor& inv_scales, const Tensor& x,
+                                   Fp8Tiling tiling) const override;
+  void dequantize_fp8_blockwise(const Tensor& out, const Tensor& codes, const Tensor& inv_scales,
+                                Fp8Tiling tiling) const override;
+  void gemm_full_f32(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                bool accumulate) const override;
+  void column_sums(const Tensor& out, const Tensor& g) const override;
+  bool unscale_grads(const std::vector<Tensor>& grads, double scale) const override;
+  bool has_batch_norm_kernels() const override;
+  void batch_norm_forward(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                          const Tensor& running_mean, const Tensor& running_var, const Tensor& x, const Tensor& weight,
+                          const Tensor& bias, bool training, double momentum, double eps) const override;
+  void batch_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
+                           const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                           bool training) const override;
+
   // ---- optimizer steps and gradient utilities (src/optim/, src/train/grad_clip.cpp, src/amp/) ----
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, double lr,
                   double beta1, double beta2, double eps, double weight_decay, std::int64_t step) const override;

@@ -3,13 +3,13 @@
 // recompute x_hat from them. The front-ends check shapes and dtypes, allocate the results on x's device and
 // call that device's backend (src/core/backend.h; kernels in src/cpu/norm.cpp and kernels/nn_norm.cu), which
 // keeps the statistics in its own dtype (CPU: the compute dtype, CUDA: f32).
-// batch_norm (NCHW, per channel; the rule of nn::BatchNorm2d): on CUDA the kernels of memtrain/cuda/nn_spatial.h
-// with their own backward; on the CPU the composition of differentiable ops the module has always used.
+// batch_norm (NCHW, per channel; the rule of nn::BatchNorm2d): a backend with fused kernels (CUDA) gets the
+// batch_norm_forward / batch_norm_backward entries; elsewhere (CPU, meta) the composition of differentiable ops
+// the module has always used, whose backward autograd derives.
 #include "core/backend.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
-#include "memtrain/cuda/nn_spatial.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "memtrain/ops/nn.h"
@@ -142,6 +142,85 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out;
 }
 
+namespace {
+
+// y = (x - mean) * (invstd * weight) + bias with the ops' autograd: nn::BatchNorm2d's composition and rounding
+// order, which its golden tests against PyTorch pin. Every op runs on x's backend, so meta allocates what the
+// CPU does.
+Tensor batch_norm_composed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, bool training, double momentum, double eps,
+                           bool update_running) {
+  const std::int64_t C = x.size(1);
+  const Shape per_channel{1, C, 1, 1};
+  const Tensor w = weight.defined() ? weight.reshape(per_channel) : Tensor();
+  const Tensor b = bias.defined() ? bias.reshape(per_channel) : Tensor();
+  // One expression each, so every temporary lives as long as it did in the module's own code.
+  auto normalise = [&](const Tensor& centred, const Tensor& invstd) {
+    if (w.defined()) return b.defined() ? centred * (invstd * w) + b : centred * (invstd * w);
+    return b.defined() ? centred * invstd + b : centred * invstd;
+  };
+  if (!training) {
+    const Tensor invstd = ops::rsqrt(running_var.reshape(per_channel) + eps);  // (1,C,1,1), constants
+    return normalise(x - running_mean.reshape(per_channel), invstd);
+  }
+  const Tensor mean = ops::mean(x, {0, 2, 3}, true);       // (1,C,1,1)
+  const Tensor xc = x - mean;                              // (B,C,H,W)
+  const Tensor var = ops::mean(xc * xc, {0, 2, 3}, true);  // (1,C,1,1), biased: what normalises the batch
+  Tensor y = normalise(xc, ops::rsqrt(var + eps));
+  if (update_running && running_mean.defined()) {
+    autograd::NoGradGuard no_grad;
+    const std::int64_t n = x.size(0) * x.size(2) * x.size(3);  // values per channel
+    const double unbias = static_cast<double>(n) / static_cast<double>(n - 1);
+    Tensor rm = running_mean, rv = running_var;  // handles: copy_ writes the caller's storage
+    rm.copy_(running_mean * (1.0 - momentum) + mean.detach().reshape({C}) * momentum);
+    rv.copy_(running_var * (1.0 - momentum) + var.detach().reshape({C}) * (momentum * unbias));
+  }
+  return y;
+}
+
+// The backend's fused kernels: x, weight and bias as contiguous copies (saved for the backward), the statistics
+// the output was normalised with saved as f32 [C].
+Tensor batch_norm_fused(const ::memtrain::detail::Backend& backend, const Tensor& x, const Tensor& weight,
+                        const Tensor& bias, const Tensor& running_mean, const Tensor& running_var, bool training,
+                        double momentum, double eps, bool update_running) {
+  const std::int64_t C = x.size(1);
+  const Tensor xc = ::memtrain::detail::dense(x), wc = ::memtrain::detail::dense(weight);
+  const Tensor bc = ::memtrain::detail::dense(bias);
+  // In training without an update the running statistics are neither read nor written.
+  const bool running = !training || (update_running && running_mean.defined());
+  const Device dev = x.device();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev);
+  Tensor save_mean = Tensor::empty({C}, DType::f32, dev), save_invstd = Tensor::empty({C}, DType::f32, dev);
+  backend.batch_norm_forward(y, save_mean, save_invstd, running ? running_mean : Tensor(),
+                             running ? running_var : Tensor(), xc, wc, bc, training, momentum, eps);
+  const std::vector<Tensor> inputs = defined_only({x, weight, bias});
+  if (autograd::needs_grad(inputs)) {
+    const bool want_dw = weight.defined() && weight.requires_grad();
+    const bool want_db = bias.defined() && bias.requires_grad();
+    SavedTensor sx(xc), sw(wc), smean(save_mean), sinv(save_invstd);
+    autograd::record("batch_norm", inputs, {y},
+                     [sx, sw, smean, sinv, want_dw, want_db, training, C, has_w = weight.defined(),
+                      has_b = bias.defined()](const std::vector<Tensor>& g) {
+                       const Tensor xs = sx.unpack();
+                       const Tensor dout = g[0].contiguous();
+                       check_grad_device("batch_norm_backward", dout, xs);
+                       const Device d = xs.device();
+                       Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), d);
+                       Tensor dw = want_dw ? Tensor::empty({C}, xs.dtype(), d) : Tensor();
+                       Tensor db = want_db ? Tensor::empty({C}, xs.dtype(), d) : Tensor();
+                       ::memtrain::detail::backend_for(d).batch_norm_backward(dx, dw, db, dout, xs, sw.unpack(),
+                                                                              smean.unpack(), sinv.unpack(), training);
+                       std::vector<Tensor> grads{dx};
+                       if (has_w) grads.push_back(dw);
+                       if (has_b) grads.push_back(db);
+                       return grads;
+                     });
+  }
+  return y;
+}
+
+}  // namespace
+
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, bool update_running) {
   const char* op = "batch_norm";
@@ -158,85 +237,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   MT_CHECK(training || (running_mean.defined() && running_var.defined()), op, "eval mode needs running statistics");
   MT_CHECK(!training || B * HW > 1, op, "training needs more than one value per channel, got input {}",
            shape_str(x.shape()));
-  const Shape per_channel{1, C, 1, 1};
-  if (!x.device().is_cuda()) {
-    detail::check_cpu(op, x);
-    const Tensor w = weight.defined() ? weight.reshape(per_channel) : Tensor();
-    const Tensor b = bias.defined() ? bias.reshape(per_channel) : Tensor();
-    auto affine = [&](Tensor y) {
-      if (w.defined()) y = y * w;
-      return b.defined() ? y + b : y;
-    };
-    if (!training) {
-      const Tensor invstd = ops::rsqrt(running_var.reshape(per_channel) + eps);
-      return affine((x - running_mean.reshape(per_channel)) * invstd);
-    }
-    const Tensor mean = ops::mean(x, {0, 2, 3}, true);       // (1,C,1,1)
-    const Tensor xc = x - mean;                              // (B,C,H,W)
-    const Tensor var = ops::mean(xc * xc, {0, 2, 3}, true);  // (1,C,1,1), biased
-    Tensor y = affine(xc * ops::rsqrt(var + eps));
-    if (update_running && running_mean.defined()) {
-      autograd::NoGradGuard no_grad;
-      const double n = static_cast<double>(B * HW), unbias = n / (n - 1.0);
-      Tensor rm = running_mean, rv = running_var;  // handles: copy_ writes the caller's storage
-      rm.copy_(running_mean * (1.0 - momentum) + mean.detach().reshape({C}) * momentum);
-      rv.copy_(running_var * (1.0 - momentum) + var.detach().reshape({C}) * (momentum * unbias));
-    }
-    return y;
-  }
-  // CUDA: one dtype (f32, bf16 or f16) for every operand, contiguous.
-  auto operand = [&](const char* what, const Tensor& t) {
-    if (!t.defined()) return Tensor();
-    detail::check_cuda_same_dtype(op, what, t, "input", x);
-    const Tensor c = t.detach().contiguous();
-    detail::check_cuda_data(op, what, c);
-    return c;
-  };
-  const Tensor xc = operand("input", x), wc = operand("weight", weight), bc = operand("bias", bias);
-  const bool update = training && update_running && running_mean.defined();
-  for (const auto& [what, p] : {std::pair<const char*, const Tensor&>{"running_mean", running_mean},
-                                {"running_var", running_var}}) {
-    if (!p.defined() || (training && !update)) continue;
-    detail::check_cuda_same_dtype(op, what, p, "input", x);
-    MT_CHECK(p.is_contiguous(), op, "{} must be contiguous on {}", what, p.device().str());
-  }
-  const Device dev = x.device();
-  const auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev);
-  Tensor save_mean = Tensor::empty({C}, DType::f32, dev), save_invstd = Tensor::empty({C}, DType::f32, dev);
-  cuda::batch_norm_forward(y.data_ptr(), save_mean.data<float>(), save_invstd.data<float>(),
-                           training && !update ? nullptr : running_mean.data_ptr(),
-                           training && !update ? nullptr : running_var.data_ptr(), xc.data_ptr(), ptr(wc), ptr(bc),
-                           x.dtype(), B, C, HW, training, momentum, eps, dev.index);
-  const std::vector<Tensor> inputs = defined_only({x, weight, bias});
-  if (autograd::needs_grad(inputs)) {
-    const bool want_dw = weight.defined() && weight.requires_grad();
-    const bool want_db = bias.defined() && bias.requires_grad();
-    SavedTensor sx(xc), sw(wc), smean(save_mean), sinv(save_invstd);
-    autograd::record(op, inputs, {y},
-                     [sx, sw, smean, sinv, want_dw, want_db, training, B, C, HW, has_w = weight.defined(),
-                      has_b = bias.defined()](const std::vector<Tensor>& g) {
-                       const Tensor xs = sx.unpack(), ws = sw.unpack();
-                       const Tensor dout = g[0].contiguous();
-                       check_grad_device("batch_norm_backward", dout, xs);
-                       detail::check_cuda_same_dtype("batch_norm_backward", "output gradient", dout, "input", xs);
-                       detail::check_cuda_data("batch_norm_backward", "output gradient", dout);
-                       const Device d = xs.device();
-                       Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), d);
-                       Tensor dw = want_dw ? Tensor::empty({C}, xs.dtype(), d) : Tensor();
-                       Tensor db = want_db ? Tensor::empty({C}, xs.dtype(), d) : Tensor();
-                       cuda::batch_norm_backward(dx.data_ptr(), want_dw ? dw.data_ptr() : nullptr,
-                                                 want_db ? db.data_ptr() : nullptr, dout.data_ptr(), xs.data_ptr(),
-                                                 ws.defined() ? ws.data_ptr() : nullptr, smean.unpack().data<float>(),
-                                                 sinv.unpack().data<float>(), xs.dtype(), B, C, HW, training,
-                                                 d.index);
-                       std::vector<Tensor> grads{dx};
-                       if (has_w) grads.push_back(dw);
-                       if (has_b) grads.push_back(db);
-                       return grads;
-                     });
-  }
-  return y;
+  const auto& backend = ::memtrain::detail::backend_for(x.device());
+  if (!backend.has_batch_norm_kernels())
+    return batch_norm_composed(x, weight, bias, running_mean, running_var, training, momentum, eps, update_running);
+  return batch_norm_fused(backend, x, weight, bias, running_mean, running_var, training, momentum, eps,
+                          update_running);
 }
 
 }  // namespace memtrain::ops

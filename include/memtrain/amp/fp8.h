@@ -3,8 +3,9 @@
 // forward pass (activations, weights) and E5M2 for gradients.
 //
 // The CPU emulates FP8 exactly: quantize, dequantize, and compute in f32. The quantization functions below
-// also take CUDA tensors: they run the kernels of cuda/convert.h on the tensor's device and allocate their
-// outputs there, with the same results bit for bit. Every rule below is the CUDA path's:
+// take a tensor on any device: they call that device's backend (src/core/backend.h; on CUDA the kernels of
+// cuda/convert.h, on meta nothing is computed) and allocate their outputs there, with the same results bit
+// for bit on the CPU and CUDA. Every rule below is the CUDA path's:
 //   per tensor  q = fp8(f32(x * scale)), rounded as a cast (nearest even; finite values past the range
 //               saturate to +-fp8_max; NaN stays NaN; Inf -> NaN in e4m3, Inf in e5m2), and the
 //               dequantized value is f32(fp8_value(q) * inv_scale), then rounded to the output dtype.
@@ -18,7 +19,7 @@
 
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/tensor.h"
-#include "memtrain/cuda/convert.h"
+#include "memtrain/core/fp8_tiling.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -115,8 +116,9 @@ struct QuantStats {
   std::int64_t nonfinite = 0;
 };
 
-// Device: every tensor argument of one call is on one device (CPU or CUDA), and so are the results. A strided
-// input is copied to a contiguous one first. stats (counts of the CPU loops) must be null for a CUDA input.
+// Device: every tensor argument of one call is on one device (CPU, CUDA or meta), and so are the results. A
+// strided input is copied to a contiguous one first. stats (counts of the CPU loops) must be null for an input
+// on another device. On meta nothing is computed: an amax is 0.
 
 // max |x| over an f32 or bf16 tensor (0 when empty, NaN when any element is NaN): the amax to record. For a
 // CUDA x the device result is copied back, so this waits for the device.
@@ -135,8 +137,9 @@ Fp8WithAmax quantize_fp8_with_amax(const Tensor& x, Fp8Format f, float scale);
 // q: f8_e4m3 / f8_e5m2. Returns fp8_value(q) * inv_scale in `out` (f32 or bf16); inv_scale finite, > 0.
 Tensor dequantize_fp8(const Tensor& q, float inv_scale, DType out = DType::f32);
 
-// The CUDA path's tiling, so a tensor quantized on either device carries the same scale grid.
-using Fp8Tiling = cuda::Fp8Tiling;
+// The tiling of core/fp8_tiling.h, shared by every backend, so a tensor quantized on any device carries the
+// same scale grid.
+using Fp8Tiling = ::memtrain::Fp8Tiling;
 
 // Blockwise FP8 of x viewed as a (rows, cols) matrix, rows = numel / cols, cols = the last dim.
 struct BlockwiseFp8 {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "memtrain/core/dtype.h"
+#include "memtrain/core/fp8_tiling.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -43,16 +44,12 @@ void dequantize_fp8(const void* src, DType src_dtype, float inv_scale, void* dst
 void dequantize_fp8(const void* src, DType src_dtype, const float* inv_scale, void* dst, DType dst_dtype,
                     std::size_t n, int device);
 
-// Tile shapes of blockwise FP8: 1 x 128 (per row) or 128 x 128.
-enum class Fp8Tiling { row_1x128, block_128x128 };
-
-constexpr std::int64_t kFp8TileCols = 128;
-constexpr std::int64_t fp8_tile_rows(Fp8Tiling tiling) { return tiling == Fp8Tiling::row_1x128 ? 1 : 128; }
-// Shape of the inverse-scale matrix for a (rows, cols) input: (ceil(rows / tile rows), ceil(cols / 128)).
-constexpr std::int64_t fp8_scale_rows(std::int64_t rows, Fp8Tiling tiling) {
-  return (rows + fp8_tile_rows(tiling) - 1) / fp8_tile_rows(tiling);
-}
-constexpr std::int64_t fp8_scale_cols(std::int64_t cols) { return (cols + kFp8TileCols - 1) / kFp8TileCols; }
+// Tile shapes and scale-grid geometry of blockwise FP8: the one definition of core/fp8_tiling.h.
+using ::memtrain::Fp8Tiling;
+using ::memtrain::fp8_scale_cols;
+using ::memtrain::fp8_scale_rows;
+using ::memtrain::fp8_tile_rows;
+using ::memtrain::kFp8TileCols;
 
 // src (rows, cols) f32 or bf16 -> dst (rows, cols) f8_e4m3 / f8_e5m2 codes and
 // inv_scales (fp8_scale_rows, fp8_scale_cols) f32, all row-major and contiguous.

@@ -18,7 +18,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 // Batch norm over x [B, C, H, W] per channel; weight, bias, running_mean, running_var [C] (weight/bias may be
 // undefined: 1 / 0). training: batch statistics (the biased variance normalises) and, when update_running, the
 // running statistics move by momentum (unbiased variance), outside the graph; eval: the running statistics as
-// constants. Gradients flow to x, weight and bias. nn::BatchNorm2d calls it for CUDA inputs.
+// constants. Gradients flow to x, weight and bias. A device whose backend has fused kernels (CUDA) runs those;
+// elsewhere (CPU, meta) it composes differentiable ops. nn::BatchNorm2d calls it.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, bool update_running);
 

@@ -1,0 +1,175 @@
+// The Fashion-MNIST CNN (conv, batch norm, relu, max-pool, linear) on the meta device: a training step through
+// train::Trainer (two optimizer steps and an evaluation, as tests/test_meta_training.cpp does for the language
+// models) must account, per category, exactly the bytes the same steps account on the CPU; so must batch norm
+// alone, in training (batch statistics, running statistics updated) and in eval mode, forward and backward.
+// Random small images stand in for the data set files.
+#include <gtest/gtest.h>
+
+#include "meta_footprint.h"
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/core/tensor.h"
+#include "memtrain/data/loader.h"
+#include "memtrain/nn/batch_norm.h"
+#include "memtrain/nn/cnn.h"
+#include "memtrain/ops/nn.h"
+#include "memtrain/train/train.h"
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace memtrain {
+namespace {
+
+using test_support::expect_same_footprint;
+using train::TrainerConfig;
+
+constexpr std::int64_t kImage = 12;  // divisible by 4: two 2x2 pools
+
+std::shared_ptr<nn::CNN> make_cnn() {
+  manual_seed(3);
+  nn::CNNConfig c;
+  c.image_size = kImage;
+  c.conv1_channels = 4;
+  c.conv2_channels = 8;
+  c.hidden = 16;
+  c.dropout = 0.1;
+  return std::make_shared<nn::CNN>(c);
+}
+
+// n random grey images [n, 12, 12] u8 and labels [n] u8 < 10, from a fixed seed.
+std::shared_ptr<data::ImageDataset> random_images(std::int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> byte(0, 255), label(0, 9);
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(n * kImage * kImage)), labels(static_cast<std::size_t>(n));
+  for (auto& p : pixels) p = static_cast<std::uint8_t>(byte(gen));
+  for (auto& l : labels) l = static_cast<std::uint8_t>(label(gen));
+  Tensor images = Tensor::empty({n, kImage, kImage}, DType::u8);
+  Tensor targets = Tensor::empty({n}, DType::u8);
+  std::copy(pixels.begin(), pixels.end(), images.data<std::uint8_t>());
+  std::copy(labels.begin(), labels.end(), targets.data<std::uint8_t>());
+  return std::make_shared<data::ImageDataset>(images, targets, 10, "random images", 0.2860, 0.3530);
+}
+
+struct Footprint {
+  std::array<std::size_t, kNumMemoryCategories> peak{}, live{};
+};
+
+// Two optimizer steps and an evaluation on `device`; the bytes each category reached above what was live once
+// the Trainer stood (the model already on the device).
+Footprint run(const TrainerConfig& base, Device device) {
+  TrainerConfig c = base;
+  c.device = device;
+  auto model = make_cnn();
+  auto loss_fn = [model](const data::Batch& b) { return ops::cross_entropy(model->forward(b.inputs), b.targets); };
+  train::Trainer trainer(c, model, loss_fn, random_images(32, 1), random_images(16, 2));
+  Allocator& alloc = Allocator::get(device);
+  const MemoryStats before = alloc.stats();
+  alloc.reset_peak();
+  trainer.train_step();
+  trainer.train_step();
+  trainer.evaluate();
+  const MemoryStats after = alloc.stats();
+  Footprint f;
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    f.peak[i] = after.by_category[i].peak_bytes - before.by_category[i].live_bytes;
+    f.live[i] = after.by_category[i].live_bytes - before.by_category[i].live_bytes;
+  }
+  return f;
+}
+
+TrainerConfig base_config() {
+  TrainerConfig c;
+  c.micro_batch = 4;
+  c.max_steps = 10;
+  c.eval_interval = 0;
+  c.eval_batches = 2;
+  c.log_interval = 1000;
+  c.data.prefetch = 0;
+  c.schedule.decay = train::LrDecay::constant;
+  c.seed = 5;
+  return c;
+}
+
+struct Variant {
+  std::string name;
+  std::function<void(TrainerConfig&)> configure;
+};
+
+TEST(MetaCnn, TrainingStepAccountsTheCpuBytes) {
+  const std::vector<Variant> variants = {
+      {"adamw", [](TrainerConfig&) {}},
+      {"sgd+accum", [](TrainerConfig& c) {
+         c.optimizer = optim::Spec::sgd({.lr = 1e-2});
+         c.grad_accum = 2;
+       }},
+      {"full checkpointing", [](TrainerConfig& c) { c.activation_checkpointing = ckpt::Policy::full(); }},
+      {"selective checkpointing", [](TrainerConfig& c) { c.activation_checkpointing = ckpt::Policy::selective(); }},
+  };
+  constexpr std::array<MemoryCategory, 6> compared = {
+      MemoryCategory::parameters, MemoryCategory::compute_weights, MemoryCategory::gradients,
+      MemoryCategory::optimizer_state, MemoryCategory::activations, MemoryCategory::workspace};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    TrainerConfig c = base_config();
+    v.configure(c);
+    const Footprint cpu = run(c, Device::cpu());
+    Footprint meta;
+    try {
+      meta = run(c, Device::meta());
+    } catch (const Error& e) {
+      ADD_FAILURE() << v.name << ": the step does not run on meta: " << e.what();
+      continue;
+    }
+    EXPECT_GT(cpu.peak[static_cast<int>(MemoryCategory::activations)], 0u) << v.name << ": nothing was measured";
+    EXPECT_GT(cpu.peak[static_cast<int>(MemoryCategory::gradients)], 0u) << v.name << ": nothing was measured";
+    for (const MemoryCategory cat : compared) {
+      const int i = static_cast<int>(cat);
+      EXPECT_EQ(meta.peak[i], cpu.peak[i]) << v.name << ": peak " << category_name(cat);
+      EXPECT_EQ(meta.live[i], cpu.live[i]) << v.name << ": live " << category_name(cat);
+    }
+  }
+}
+
+// The module in training mode (forward, backward, running statistics moved) and then in eval mode.
+TEST(MetaCnn, BatchNormMatchesCpuBytesInTrainingAndEval) {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    expect_same_footprint(std::string("BatchNorm2d ") + std::string(dtype_name(dtype)), [&](Device dev) {
+      nn::BatchNorm2d bn(6, 1e-5, 0.1, dtype);
+      bn.to(dev);
+      CategoryGuard acts(MemoryCategory::activations);
+      Tensor x = randn({3, 6, 5, 4}, dtype, dev).set_requires_grad(true);
+      const Tensor y = bn.forward(x);
+      EXPECT_EQ(y.shape(), x.shape());
+      {
+        CategoryGuard grads(MemoryCategory::gradients);
+        y.backward(ones(y.shape(), y.dtype(), dev));
+      }
+      EXPECT_TRUE(x.grad().defined());
+      bn.eval();
+      const Tensor z = bn.forward(randn({2, 6, 5, 4}, dtype, dev));
+      EXPECT_EQ(z.shape(), (Shape{2, 6, 5, 4}));
+    });
+  }
+}
+
+// ops::batch_norm without an affine transform and without running statistics (training only).
+TEST(MetaCnn, BatchNormOpWithoutAffineMatchesCpuBytes) {
+  expect_same_footprint("ops::batch_norm, no weight or bias", [](Device dev) {
+    CategoryGuard acts(MemoryCategory::activations);
+    Tensor x = randn({4, 3, 6, 6}, DType::f32, dev).set_requires_grad(true);
+    const Tensor y = ops::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, true);
+    CategoryGuard grads(MemoryCategory::gradients);
+    y.backward(ones(y.shape(), y.dtype(), dev));
+    EXPECT_TRUE(x.grad().defined());
+  });
+}
+
+}  // namespace
+}  // namespace memtrain
