@@ -7,7 +7,7 @@
 // tree_groups: the share of 16-lane groups it hands to the search tree, over 4096 fresh blocks of the same
 // distribution. docs/results/optim_cpu.md has figures.
 #include "memtrain/optim/quantized_state.h"
-#include "optim/quantized_kernels.h"
+#include "cpu/quantized_kernels.h"
 
 #include <benchmark/benchmark.h>
 

@@ -27,7 +27,7 @@
 #include "memtrain/optim/lion8bit.h"
 #include "memtrain/optim/quantized_state.h"
 #include "memtrain/optim/sgd.h"
-#include "optim/quantized_kernels.h"
+#include "cpu/quantized_kernels.h"
 
 #define MEMTRAIN_OPTIM_ENCODE_ONLY
 #include "../kernels/optim.cuh"

@@ -16,7 +16,7 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/ops/reduce.h"
-#include "optim/quantized_kernels.h"
+#include "cpu/quantized_kernels.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>

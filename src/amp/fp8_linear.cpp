@@ -1,7 +1,7 @@
 // amp::fp8_linear (amp/fp8_linear.h): the FP8 linear layer, emulated on any device through its backend
 // (src/core/backend.h). x is quantized before the product, outside compute_or_replay, so its codes are saved
 // whether the product is computed or handed back by a checkpoint re-run. Every GEMM runs in f32 on dequantized
-// copies that live only as workspace while it runs: the backend's gemm_full_f32 (full f32 products, no TF32), so
+// copies that live only as workspace while it runs: the backend's gemm_f32 (full f32 products, no TF32), so
 // every device computes the same products and they differ only in summation order. Delayed scales stay on the
 // host (Fp8TensorMeta) and reach the kernels by value.
 #include "memtrain/amp/fp8_linear.h"
@@ -53,18 +53,20 @@ namespace {
 
 constexpr const char* kOp = "fp8_linear";
 
-// FP8 codes and the inverse scales that turn them back into values: one f32 on the host (delayed) or a tile grid on
-// the codes' device (blockwise).
+// FP8 codes and the inverse scales that turn them back into values: one f32 on the host side (delayed; inv_scale
+// is its value) or a tile grid on the codes' device (blockwise).
 struct Quantized {
   Tensor codes;
   Tensor inv_scales;
+  float inv_scale = 0.0f;
 };
 
-// A host f32 even when the codes are on a device: the kernels take a delayed scale by value, and the host already
-// has it, so neither side waits for the other.
-Tensor scalar_f32(float value) {
-  Tensor t = Tensor::empty({1}, DType::f32);
-  t.data<float>()[0] = value;
+// A delayed inverse scale as a one-element f32 tensor on the host side of the codes' device even when the codes
+// are on a GPU: the kernels take the scale by value and the host already has it, so neither side waits for the
+// other. On meta it is a meta tensor, accounted where the CPU run accounts its 4 bytes.
+Tensor scalar_f32(float value, Device codes_device) {
+  Tensor t = Tensor::empty({1}, DType::f32, detail::backend_for(codes_device).host_side());
+  t.fill_(value);
   return t;
 }
 
@@ -78,13 +80,14 @@ Quantized quantize_rows(const Tensor& x, Fp8Format f, Fp8ScalingKind kind, Fp8Te
   Fp8WithAmax q = quantize_fp8_with_amax(x, f, meta->scale());
   meta->record_amax(q.amax);
   // The inverse scale is saved as it was now: update_scales() may run before the backward reads it.
-  return {q.codes, scalar_f32(meta->inv_scale())};
+  const float inv = meta->inv_scale();
+  return {q.codes, scalar_f32(inv, x.device()), inv};
 }
 
-// f32 values of codes, on the codes' device; tiling only matters for blockwise. item() reads the delayed scale
-// wherever it is (quantize_rows and quantize_weight keep it on the host).
-Tensor dequantize(const Tensor& codes, const Tensor& inv_scales, Fp8ScalingKind kind, Fp8Tiling tiling) {
-  if (kind == Fp8ScalingKind::delayed) return dequantize_fp8(codes, static_cast<float>(inv_scales.item()));
+// f32 values of codes, on the codes' device; tiling only matters for blockwise, inv_scale only for delayed.
+Tensor dequantize(const Tensor& codes, const Tensor& inv_scales, float inv_scale, Fp8ScalingKind kind,
+                  Fp8Tiling tiling) {
+  if (kind == Fp8ScalingKind::delayed) return dequantize_fp8(codes, inv_scale);
   return dequantize_fp8_blockwise({codes, inv_scales, tiling});
 }
 
@@ -97,9 +100,10 @@ Tensor f32_result(const Shape& shape, DType final_dtype, Device device) {
 }
 
 // c [m, n] = op(a) op(b) (+ c when accumulate); all contiguous f32 matrices on one device, op = transpose when
-// flagged: the backend's full-f32 GEMM.
+// flagged: the backend's full-f32 GEMM (never TF32, so backends differ only in summation order).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, bool accumulate) {
-  detail::backend_for(c.device()).gemm_full_f32(c, a, trans_a, b, trans_b, accumulate);
+  if (c.numel() == 0) return;
+  detail::backend_for(c.device()).gemm_f32(c, a, b, trans_a, trans_b, 1.0, accumulate ? 1.0 : 0.0);
 }
 
 // db: column sums of g [rows, cols] (contiguous f32/bf16), accumulated in f64, in `dtype`.
@@ -159,6 +163,7 @@ void check_inputs(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
 struct BackwardState {
   autograd::SavedTensor x_codes, x_inv_scales;  // only when the weight wants a gradient
   autograd::SavedTensor w_codes, w_inv_scales;  // only when x wants a gradient
+  float x_inv_scale, w_inv_scale;                // delayed: the values the two scale tensors hold
   Fp8ScalingKind kind;
   Fp8LinearMeta* meta;  // delayed: the grad scale and its amax
   Shape x_shape;
@@ -178,13 +183,14 @@ std::vector<Tensor> fp8_linear_backward(const BackwardState& s, const Tensor& dy
     {
       CategoryGuard workspace(MemoryCategory::workspace);
       const Quantized gq = quantize_rows(g, Fp8Format::e5m2, s.kind, s.meta ? &s.meta->grad : nullptr);
-      gd = dequantize(gq.codes, gq.inv_scales, s.kind, Fp8Tiling::row_1x128);
+      gd = dequantize(gq.codes, gq.inv_scales, gq.inv_scale, s.kind, Fp8Tiling::row_1x128);
     }
     if (s.want_dx) {
       Tensor dx32 = f32_result({s.rows, s.in}, s.x_dtype, g.device());
       {
         CategoryGuard workspace(MemoryCategory::workspace);
-        const Tensor wd = dequantize(s.w_codes.unpack(), s.w_inv_scales.unpack(), s.kind, Fp8Tiling::block_128x128);
+        const Tensor wd =
+            dequantize(s.w_codes.unpack(), s.w_inv_scales.unpack(), s.w_inv_scale, s.kind, Fp8Tiling::block_128x128);
         gemm(gd, false, wd, false, dx32, false);  // dx = g W
       }
       dx = dx32.to(s.x_dtype).reshape(s.x_shape);
@@ -193,7 +199,8 @@ std::vector<Tensor> fp8_linear_backward(const BackwardState& s, const Tensor& dy
       Tensor dw32 = f32_result({s.out, s.in}, s.w_dtype, g.device());
       {
         CategoryGuard workspace(MemoryCategory::workspace);
-        const Tensor xd = dequantize(s.x_codes.unpack(), s.x_inv_scales.unpack(), s.kind, Fp8Tiling::row_1x128);
+        const Tensor xd =
+            dequantize(s.x_codes.unpack(), s.x_inv_scales.unpack(), s.x_inv_scale, s.kind, Fp8Tiling::row_1x128);
         gemm(gd, true, xd, false, dw32, false);  // dW = g^T x, in the weight's [out, in] layout
       }
       dw = dw32.to(s.w_dtype);
@@ -219,7 +226,8 @@ Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8Line
   MT_CHECK(meta != nullptr, op, "delayed scaling needs an Fp8LinearMeta (got null)");
   Fp8WithAmax q = quantize_fp8_with_amax(w, Fp8Format::e4m3, meta->weight.scale());
   meta->weight.record_amax(q.amax);
-  return {q.codes, scalar_f32(meta->weight.inv_scale()), Fp8ScalingKind::delayed};
+  const float inv = meta->weight.inv_scale();
+  return {q.codes, scalar_f32(inv, w.device()), Fp8ScalingKind::delayed, inv};
 }
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
@@ -244,6 +252,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
                   autograd::SavedTensor(want_dw ? xq.inv_scales : Tensor()),
                   autograd::SavedTensor(want_dx ? wq.codes : Tensor()),
                   autograd::SavedTensor(want_dx ? wq.inv_scales : Tensor()),
+                  xq.inv_scale,
+                  wq.inv_scale,
                   recipe.kind,
                   meta,
                   x.shape(),
@@ -267,8 +277,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, co
                      }
                      {
                        CategoryGuard workspace(MemoryCategory::workspace);
-                       const Tensor xd = dequantize(xq.codes, xq.inv_scales, recipe.kind, Fp8Tiling::row_1x128);
-                       const Tensor wd = dequantize(wq.codes, wq.inv_scales, recipe.kind, Fp8Tiling::block_128x128);
+                       const Tensor xd =
+                           dequantize(xq.codes, xq.inv_scales, xq.inv_scale, recipe.kind, Fp8Tiling::row_1x128);
+                       const Tensor wd =
+                           dequantize(wq.codes, wq.inv_scales, wq.inv_scale, recipe.kind, Fp8Tiling::block_128x128);
                        gemm(xd, false, wd, true, y32, bias.defined());  // y = x W^T (+ b)
                      }
                      return std::vector<Tensor>{y32.to(x.dtype())};

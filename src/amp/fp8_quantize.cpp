@@ -23,13 +23,6 @@ void check_source(const char* op, const Tensor& x) {
   MT_CHECK(x.dim() >= 1, op, "input must have at least 1 dim, got a 0-dim tensor");
 }
 
-// Only the CPU counts: the CUDA kernels count nothing, and a host copy just to count would hide a device round
-// trip in the step (meta has nothing to count).
-void check_stats(const char* op, const Tensor& x, const QuantStats* stats) {
-  MT_CHECK(stats == nullptr || x.device().is_cpu(), op,
-           "QuantStats are counted on the CPU only; pass null for an input on {}", x.device().str());
-}
-
 void check_codes(const char* op, const Tensor& q, DType out) {
   MT_CHECK(q.defined(), op, "undefined codes");
   MT_CHECK(is_fp8(q.dtype()), op, "codes dtype {} is not an FP8 dtype (f8_e4m3, f8_e5m2)", dtype_name(q.dtype()));
@@ -38,8 +31,11 @@ void check_codes(const char* op, const Tensor& q, DType out) {
            dtype_name(out));
 }
 
-void add_to(QuantStats* total, const detail::Backend::Fp8Counts& st) {
+// Only the CPU counts: the CUDA kernels count nothing, and a host copy just to count would hide a device round
+// trip in the step (meta has nothing to count). The backend says whether it counted.
+void add_to(const char* op, const Tensor& x, QuantStats* total, const detail::Backend::Fp8Counts& st) {
   if (total == nullptr) return;
+  MT_CHECK(st.counted, op, "QuantStats are counted on the CPU only; pass null for an input on {}", x.device().str());
   total->saturated += st.saturated;
   total->underflowed += st.underflowed;
   total->nonfinite += st.nonfinite;
@@ -53,9 +49,8 @@ std::int64_t matrix_rows(const Tensor& x) {
 }
 
 // The checks of quantize_fp8, shared with quantize_fp8_with_amax.
-void check_quantize(const char* op, const Tensor& x, float scale, const QuantStats* stats) {
+void check_quantize(const char* op, const Tensor& x, float scale) {
   check_source(op, x);
-  check_stats(op, x, stats);
   MT_CHECK(std::isfinite(scale) && scale > 0.0f, op, "scale must be finite and > 0, got {}", scale);
 }
 
@@ -68,15 +63,15 @@ float amax(const Tensor& x) {
 }
 
 Tensor quantize_fp8(const Tensor& x, Fp8Format f, float scale, QuantStats* stats) {
-  check_quantize("amp::quantize_fp8", x, scale, stats);
+  check_quantize("amp::quantize_fp8", x, scale);
   const Tensor xc = x.contiguous();
   Tensor q = Tensor::empty(x.shape(), fp8_dtype(f), x.device());
-  add_to(stats, detail::backend_for(xc.device()).quantize_fp8(q, xc, scale, nullptr));
+  add_to("amp::quantize_fp8", x, stats, detail::backend_for(xc.device()).quantize_fp8(q, xc, scale, nullptr));
   return q;
 }
 
 Fp8WithAmax quantize_fp8_with_amax(const Tensor& x, Fp8Format f, float scale) {
-  check_quantize("amp::quantize_fp8_with_amax", x, scale, nullptr);
+  check_quantize("amp::quantize_fp8_with_amax", x, scale);
   const Tensor xc = x.contiguous();
   Fp8WithAmax r{Tensor::empty(x.shape(), fp8_dtype(f), x.device()), 0.0f};
   detail::backend_for(xc.device()).quantize_fp8(r.codes, xc, scale, &r.amax);
@@ -96,12 +91,11 @@ Tensor dequantize_fp8(const Tensor& q, float inv_scale, DType out) {
 BlockwiseFp8 quantize_fp8_blockwise(const Tensor& x, Fp8Format f, Fp8Tiling t, QuantStats* stats) {
   constexpr const char* op = "amp::quantize_fp8_blockwise";
   check_source(op, x);
-  check_stats(op, x, stats);
   const Tensor xc = x.contiguous();
   const std::int64_t cols = x.size(-1), rows = matrix_rows(x);
   BlockwiseFp8 r{Tensor::empty(x.shape(), fp8_dtype(f), x.device()),
                  Tensor::empty({fp8_scale_rows(rows, t), fp8_scale_cols(cols)}, DType::f32, x.device()), t};
-  add_to(stats, detail::backend_for(xc.device()).quantize_fp8_blockwise(r.codes, r.inv_scales, xc, t));
+  add_to(op, x, stats, detail::backend_for(xc.device()).quantize_fp8_blockwise(r.codes, r.inv_scales, xc, t));
   return r;
 }
 

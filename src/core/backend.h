@@ -49,6 +49,9 @@ class Backend {
   virtual void transfer(const Tensor& dst, const Tensor& src) const = 0;
   // The one element of t as a double (the caller checked numel() == 1).
   virtual double read_scalar(const Tensor& t) const = 0;
+  // Where small host-side values that go with this device's tensors live (fp8_linear's delayed scale): the CPU,
+  // except on meta, whose host side is meta itself so a meta run accounts those bytes where the CPU run does.
+  virtual Device host_side() const { return Device::cpu(); }
   // dst (contiguous, floating) = normal or uniform (0, 1] floats of the Philox stream at `state`; the
   // caller reserved the stream's blocks, so every backend draws the same numbers.
   virtual void fill_random(const Tensor& dst, const RngState& state, bool normal) const = 0;
@@ -156,7 +159,7 @@ class Backend {
   virtual void conv2d_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
                                const Tensor& x, const Tensor& weight, const Shape& x_shape, const Shape& w_shape,
                                std::int64_t stride, std::int64_t padding, std::int64_t groups) const = 0;
-  // ---- gemm_f32 (src/ops/fused_linear_cross_entropy.cpp) ----
+  // ---- gemm_f32 (src/ops/fused_linear_cross_entropy.cpp, fp8_linear's emulated product in src/amp/) ----
   // out [m, n] = alpha op(a) op(b) + beta out, op(t) = t^T when trans_*: a [m, k] ([k, m] when trans_a), b [k, n]
   // ([n, k] when trans_b); 2-D f32 tensors on this device, out allocated by the caller, row-major (unit column
   // stride); a and b in any strides (transposed views read in place). beta == 0: out is not read; beta == 1
@@ -169,9 +172,11 @@ class Backend {
   // f32 or bf16 with >= 1 dim; codes: contiguous f8_e4m3 or f8_e5m2 of x's shape; out: contiguous f32 or bf16 of
   // the codes' shape; all allocated by the caller on x's device. Blockwise views x as (rows, cols = last dim)
   // and inv_scales is the contiguous f32 (fp8_scale_rows(rows, tiling), fp8_scale_cols(cols)) grid.
-  // What a quantize pass counted (amp::QuantStats): the CPU counts; CUDA and meta return zeros.
+  // What a quantize pass counted (amp::QuantStats): the CPU counts (counted = true); CUDA and meta count
+  // nothing and leave counted false, so a caller that asked for counts is refused instead of reading zeros.
   struct Fp8Counts {
     std::int64_t saturated = 0, underflowed = 0, nonfinite = 0;
+    bool counted = false;
   };
   // max |x| (0 when empty, NaN when any element is NaN), read back to the host. Meta: 0.
   virtual float amax(const Tensor& x) const = 0;
@@ -184,11 +189,6 @@ class Backend {
                                            Fp8Tiling tiling) const = 0;
   virtual void dequantize_fp8_blockwise(const Tensor& out, const Tensor& codes, const Tensor& inv_scales,
                                         Fp8Tiling tiling) const = 0;
-  // fp8_linear's emulated product: c [m, n] = op(a) op(b) (+ c when accumulate), op = transpose when flagged; a, b
-  // and c contiguous f32 matrices on this device. Full f32 products (never TF32), so backends differ only in
-  // summation order; the matmul entry offers neither the accumulation nor that guarantee.
-  virtual void gemm_full_f32(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                        bool accumulate) const = 0;
   // out [cols] (f32 or bf16, allocated by the caller) = the column sums of g [rows, cols] (contiguous f32 or
   // bf16), accumulated in f64 (CPU: row order, one rounding; CUDA: a fixed order, rounded to f32 and then to
   // out's dtype): fp8_linear's bias gradient. Its accumulator is workspace on g's device.

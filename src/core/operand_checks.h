@@ -51,6 +51,14 @@ void check_index_range(const char* op, const char* what, const I* idx, std::int6
   }
 }
 
+// Operands of one op live on one device: a clear error instead of a kernel reading foreign memory.
+inline void check_same_device(const char* op, const char* what_a, const Tensor& a, const char* what_b,
+                              const Tensor& b) {
+  MT_CHECK(a.device() == b.device(), op,
+           "{} {} is on {} but {} {} is on {}: all operands must be on one device", what_a, shape_str(a.shape()),
+           a.device().str(), what_b, shape_str(b.shape()), b.device().str());
+}
+
 // A contiguous index tensor on a CUDA device, copied to the host (a small [N] vector; the copy waits for
 // the device) so the front-end can range-check it like the CPU path does.
 inline Tensor index_to_host(const char* op, const char* what, const Tensor& t) {

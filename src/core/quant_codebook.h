@@ -4,6 +4,8 @@
 // and checks the maps once and defines quant_codebook() (src/optim/quantized_state.cpp).
 #pragma once
 
+#include "memtrain/core/quant_map.h"
+
 #include <cstdint>
 
 namespace memtrain::detail {
@@ -13,8 +15,8 @@ namespace memtrain::detail {
 inline constexpr std::uint32_t kQuantEncodeLoBits = 103u << 23;  // 2^-24
 inline constexpr std::uint32_t kQuantEncodeHiBits = 0x3f7fffffu;
 
-// The two maps, with the values of optim::QuantMap (checked where both are visible).
-enum class QuantCodebookKind : std::uint8_t { signed_dynamic = 0, unsigned_dynamic = 1 };
+// Which of the two maps (memtrain/core/quant_map.h).
+using QuantCodebookKind = ::memtrain::QuantMap;
 
 struct QuantCodebook {
   const float* values = nullptr;          // 256 map values, ascending

@@ -156,8 +156,7 @@ std::string Tensor::to_string() const {
   std::string out = fmt::format("Tensor(shape={}, dtype={}, device={}", shape_str(shape()), dtype_name(dtype()),
                                 device().str());
   if (device().is_meta()) return out + ")";  // no values to show
-  const Tensor host = device().is_cpu() ? detach() : to(Device::cpu());
-  const Tensor flat = host.detach().contiguous();
+  const Tensor flat = detach().to(Device::cpu()).contiguous();
   constexpr std::int64_t kShow = 8;
   const std::int64_t n = numel();
   out += ", values=[";
@@ -213,10 +212,7 @@ Tensor from_buffer(const void* data, const Shape& shape, DType src_dtype, DType 
   MT_CHECK(data != nullptr || shape_numel(shape) == 0, "from_buffer", "null data for shape {}", shape_str(shape));
   Tensor host = Tensor::empty(shape, dtype);
   detail::convert(data, src_dtype, host.data_ptr(), dtype, static_cast<std::size_t>(host.numel()));
-  if (device.is_cpu()) return host;
-  Tensor out = Tensor::empty(shape, dtype, device);
-  out.copy_(host);
-  return out;
+  return host.to(device);  // the host tensor itself on the CPU
 }
 
 }  // namespace memtrain

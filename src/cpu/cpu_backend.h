@@ -87,8 +87,6 @@ class CpuBackend : public detail::Backend {
                                    Fp8Tiling tiling) const override;
   void dequantize_fp8_blockwise(const Tensor& out, const Tensor& codes, const Tensor& inv_scales,
                                 Fp8Tiling tiling) const override;
-  void gemm_full_f32(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                bool accumulate) const override;
   void column_sums(const Tensor& out, const Tensor& g) const override;
   bool unscale_grads(const std::vector<Tensor>& grads, double scale) const override;
   bool has_batch_norm_kernels() const override;

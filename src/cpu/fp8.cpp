@@ -202,6 +202,7 @@ Fp8Counts CpuBackend::quantize_fp8(const Tensor& codes, const Tensor& x, float s
                                                     codes.data<std::uint8_t>(), x.numel(), scale);
   });
   if (amax_out != nullptr) *amax_out = amax_of(x);
+  st.counted = true;
   return st;
 }
 
@@ -224,6 +225,7 @@ Fp8Counts CpuBackend::quantize_fp8_blockwise(const Tensor& codes, const Tensor& 
                                                               codes.data<std::uint8_t>(), inv_scales.data<float>(),
                                                               matrix_rows(x), x.size(-1), fp8_tile_rows(tiling));
   });
+  st.counted = true;
   return st;
 }
 
@@ -237,14 +239,6 @@ void CpuBackend::dequantize_fp8_blockwise(const Tensor& out, const Tensor& codes
                                                            static_cast<Dst*>(out.data_ptr()), matrix_rows(codes),
                                                            codes.size(-1), fp8_tile_rows(tiling));
   });
-}
-
-void CpuBackend::gemm_full_f32(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                          bool accumulate) const {
-  const std::int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
-  if (m == 0 || n == 0 || !runs_kernels()) return;
-  cpu::gemm_f32(trans_a, trans_b, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(), b.size(1),
-                accumulate ? 1.0f : 0.0f, c.data<float>(), n);
 }
 
 // f64 sums in row order, rounded once into out's dtype by the copy.

@@ -1,6 +1,6 @@
 // The contract's adamw8bit_step and lion8bit_step on the CPU (moved from optim/adamw8bit.cpp and
 // lion8bit.cpp, whose classes keep the state and the step count). The encoder tables and block helpers are
-// the 8-bit state's own (optim/quantized_kernels.h).
+// the 8-bit state's own (cpu/quantized_kernels.h).
 //
 // AdamW8bit: OpenMP over blocks; a block is decoded, updated in fp32 together with its parameters, and
 // requantized with a fresh absmax, so no fp32 copy of the whole state ever exists. With AVX2 one pass per
@@ -26,7 +26,7 @@
 // portable paths give the same bits (tested).
 #include "cpu/cpu_backend.h"
 
-#include "optim/quantized_kernels.h"
+#include "cpu/quantized_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -43,7 +43,7 @@ namespace memtrain::cpu {
 namespace {
 
 namespace qk = ::memtrain::optim::detail;
-using ::memtrain::optim::QuantMap;
+using ::memtrain::QuantMap;
 
 // ---- AdamW8bit ----
 

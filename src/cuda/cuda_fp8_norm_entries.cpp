@@ -84,16 +84,6 @@ void CudaBackend::dequantize_fp8_blockwise(const Tensor& out, const Tensor& code
                                  out.dtype(), matrix_rows(codes), codes.size(-1), tiling, codes.device().index);
 }
 
-// cuda::gemm in f32 computes with CUBLAS_COMPUTE_32F (full f32 FMAs, never TF32), so the result differs from the
-// CPU's only in summation order.
-void CudaBackend::gemm_full_f32(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                           bool accumulate) const {
-  const std::int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
-  if (m == 0 || n == 0) return;
-  cuda::gemm(DType::f32, trans_a, trans_b, m, n, k, 1.0f, a.data_ptr(), a.size(1), b.data_ptr(), b.size(1),
-             accumulate ? 1.0f : 0.0f, c.data_ptr(), n, c.device().index);
-}
-
 // cuda::sum_dim over the rows of an f32 copy (exact), accumulated in f64 in a fixed order and rounded once to f32:
 // the CPU's f64 sums in another order. A bf16 out then rounds a second time, from f32, which can land one bf16 ulp
 // away from the CPU's single rounding.

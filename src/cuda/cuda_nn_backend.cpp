@@ -3,6 +3,7 @@
 // one dtype), naming the op; index operands are copied to the host once to be range-checked like the CPU's.
 #include "cuda/cuda_backend_entries.h"
 
+#include "core/operand_checks.h"
 #include "core/pool_shape.h"
 #include "memtrain/cuda/conv.h"
 #include "memtrain/cuda/nn.h"
@@ -16,6 +17,13 @@ namespace memtrain::cuda {
 namespace nd = ::memtrain::detail;
 
 namespace {
+
+// A small contiguous device vector in another dtype, converted on the host (no device cast is used here):
+// e.g. per-row losses f32 <-> bf16. No copy when it already has the dtype.
+inline Tensor convert_via_host(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  return t.detach().to(Device::cpu()).to(dtype).to(t.device());
+}
 
 // Rows of a contiguous array reduced over its last dim: the product of the other dims (1 for a scalar).
 std::int64_t rows_of(const Tensor& t) {
@@ -222,7 +230,7 @@ std::int64_t CudaBackend::cross_entropy_forward(const Tensor& out, const Tensor&
   cuda::cross_entropy_forward(losses.data<float>(), lse.data<float>(), logits.data_ptr(), logits.dtype(), t.data_ptr(),
                               t.dtype(), N, V, ignore_index, logits.device().index);
   if (per_row) {
-    if (!losses.shares_storage_with(out)) copy(out, nd::convert_via_host(losses, out.dtype()));
+    if (!losses.shares_storage_with(out)) copy(out, convert_via_host(losses, out.dtype()));
     return count;
   }
   // Summed in double on the host, in row order (a copy of [N] floats from the device).
@@ -254,7 +262,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& dl
     } else {
       MT_CHECK(g.is_contiguous(), op, "a non-contiguous {} loss gradient {} with strides {} on {} is not supported yet",
                dtype_name(g.dtype()), shape_str(g.shape()), shape_str(g.strides()), dev.str());
-      dl = nd::convert_via_host(g, DType::f32);
+      dl = convert_via_host(g, DType::f32);
       stride = 1;
     }
   } else {

@@ -30,9 +30,8 @@ static_assert(quant::kEncodeLoBits == ::memtrain::detail::kQuantEncodeLoBits &&
 using ::memtrain::detail::QuantCodebook;
 using ::memtrain::detail::QuantCodebookKind;
 
-// The code book of a public optim::QuantMap (declared opaque in memtrain/cuda/optim.h; its values are
-// QuantCodebookKind's), or an error naming op.
-QuantCodebookKind codebook_kind(const char* op, optim::QuantMap map) {
+// The code book kind of a QuantMap checked to be one of the two (a cast can make any byte), or an error naming op.
+QuantCodebookKind codebook_kind(const char* op, QuantMap map) {
   const auto value = static_cast<std::uint8_t>(map);
   MT_CHECK(value == static_cast<std::uint8_t>(QuantCodebookKind::signed_dynamic) ||
                value == static_cast<std::uint8_t>(QuantCodebookKind::unsigned_dynamic),
@@ -258,7 +257,7 @@ void lion8bit_step(float* param, const float* grad, std::uint8_t* m_codes, float
 }
 
 void quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, std::size_t n, std::int64_t block_size,
-                        optim::QuantMap map, int device) {
+                        QuantMap map, int device) {
   constexpr const char* op = "cuda::quantize_blockwise";
   check_block_size(op, block_size);
   const QuantCodebookKind kind = codebook_kind(op, map);
@@ -272,7 +271,7 @@ void quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, st
 }
 
 void dequantize_blockwise(const std::uint8_t* codes, const float* absmax, float* dst, std::size_t n,
-                          std::int64_t block_size, optim::QuantMap map, int device) {
+                          std::int64_t block_size, QuantMap map, int device) {
   constexpr const char* op = "cuda::dequantize_blockwise";
   check_block_size(op, block_size);
   const float* values = map_data(codebook_kind(op, map));

@@ -39,8 +39,6 @@ ImageDataset::ImageDataset(Tensor images, Tensor labels, std::int64_t num_classe
            "'{}': images must be u8 [N, H, W], got {} {}", src, dtype_name(images.dtype()), shape_str(images.shape()));
   MT_CHECK(labels.dtype() == DType::u8 && labels.dim() == 1, kWhere, "'{}': labels must be u8 [N], got {} {}", src,
            dtype_name(labels.dtype()), shape_str(labels.shape()));
-  MT_CHECK(images.device().is_cpu() && labels.device().is_cpu(), kWhere, "'{}': images and labels must be on the CPU",
-           src);
   if (files.labels.empty()) {
     MT_CHECK(images.size(0) == labels.size(0), kWhere, "'{}': {} images {} but {} labels", src, images.size(0),
              shape_str(images.shape()), labels.size(0));
@@ -53,8 +51,10 @@ ImageDataset::ImageDataset(Tensor images, Tensor labels, std::int64_t num_classe
            "'{}': normalisation mean {} / std {} must be finite with std > 0", src, mean, std);
   {
     CategoryGuard guard(MemoryCategory::data);
-    images_ = images.is_contiguous() ? images : images.contiguous();
-    labels_ = labels.is_contiguous() ? labels : labels.contiguous();
+    // Batches are gathered on the host (the loader copies each one to the model's device): tensors given on
+    // another device are copied here once; CPU tensors are kept without a copy when contiguous.
+    images_ = images.to(Device::cpu()).contiguous();
+    labels_ = labels.to(Device::cpu()).contiguous();
   }
   // Checked once here: a bad label would otherwise surface as an out-of-range index inside the loss.
   const auto* lab = labels_.data<std::uint8_t>();

@@ -44,6 +44,7 @@ class MetaBackend final : public cpu::CpuBackend {
     if (dst.device().is_cpu()) std::memset(dst.data_ptr(), 0, dst.nbytes());
   }
   double read_scalar(const Tensor&) const override { return 0.0; }
+  Device host_side() const override { return Device::meta(); }
 };
 
 }  // namespace

@@ -41,24 +41,10 @@ inline void check_index(const char* op, const char* what, const Tensor& t) {
 
 // ---- the CUDA branch ----
 
-// Operands of one op live on one device: a clear error instead of a kernel reading foreign memory.
-inline void check_same_device(const char* op, const char* what_a, const Tensor& a, const char* what_b,
-                              const Tensor& b) {
-  MT_CHECK(a.device() == b.device(), op,
-           "{} {} is on {} but {} {} is on {}: all operands must be on one device", what_a, shape_str(a.shape()),
-           a.device().str(), what_b, shape_str(b.shape()), b.device().str());
-}
-
 using ::memtrain::detail::check_cuda_data;
+using ::memtrain::detail::check_same_device;
 using ::memtrain::detail::check_cuda_same_dtype;
 using ::memtrain::detail::is_cuda_kernel_dtype;
-
-// A small contiguous device vector in another dtype, converted on the host (no device cast is used here):
-// e.g. per-row losses f32 <-> bf16. No copy when it already has the dtype.
-inline Tensor convert_via_host(const Tensor& t, DType dtype) {
-  if (t.dtype() == dtype) return t;
-  return t.detach().to(Device::cpu()).to(dtype).to(t.device());
-}
 
 // The index helpers live with the operand checks in core, where the backends' kernels reach them too.
 using ::memtrain::detail::check_index_range;

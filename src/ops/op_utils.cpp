@@ -21,11 +21,6 @@ void check_floating(const char* op, const Tensor& a) {
            dtype_name(a.dtype()));
 }
 
-void check_cpu(const char* op, const Tensor& a) {
-  MT_CHECK(a.device().is_cpu(), op, "no kernel on {} yet for a tensor of shape {}", a.device().str(),
-           shape_str(a.shape()));
-}
-
 std::int64_t wrap_dim(const char* op, std::int64_t dim, std::int64_t rank) {
   const std::int64_t r = std::max<std::int64_t>(rank, 1);
   MT_CHECK(dim >= -r && dim < r, op, "dimension {} out of range for rank {}", dim, rank);

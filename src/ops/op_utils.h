@@ -13,7 +13,6 @@ namespace memtrain::ops::detail {
 void check_same(const char* op, const Tensor& a, const Tensor& b);
 void check_defined(const char* op, const Tensor& a);
 void check_floating(const char* op, const Tensor& a);
-void check_cpu(const char* op, const Tensor& a);
 std::int64_t wrap_dim(const char* op, std::int64_t dim, std::int64_t rank);
 // The same, naming the tensor's shape in the error.
 std::int64_t wrap_dim(const char* op, std::int64_t dim, const Shape& shape);

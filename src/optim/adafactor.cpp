@@ -22,7 +22,7 @@ Adafactor::Adafactor(std::vector<ParamGroup> groups, AdafactorOptions options)
 }
 
 void Adafactor::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "Adafactor", /*cuda_ok=*/true);
+  check_f32_contiguous(param, "Adafactor");
   const Shape& s = param.shape();
   const Device device = param.device();
   if (s.size() >= 2) {

@@ -16,7 +16,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups) : Optimizer(std::move(groups)) {
 }
 
 void AdamW::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "AdamW", /*cuda_ok=*/true);
+  check_f32_contiguous(param, "AdamW");
   state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, param.device());
   state.tensors["exp_avg_sq"] = zeros(param.shape(), DType::f32, param.device());
 }

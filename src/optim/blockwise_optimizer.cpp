@@ -14,7 +14,7 @@ BlockwiseOptimizer::BlockwiseOptimizer(std::vector<ParamGroup> groups, std::int6
 }
 
 void BlockwiseOptimizer::check_param(const Tensor& param) const {
-  check_f32_contiguous(param, who_, /*cuda_ok=*/true);
+  check_f32_contiguous(param, who_);
   const Device device = param.device();
   MT_CHECK(param.numel() < min_8bit_size_ || ::memtrain::detail::backend_for(device).blockwise_block_size_ok(block_size_),
            who_, "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());

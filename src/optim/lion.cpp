@@ -14,7 +14,7 @@ Lion::Lion(std::vector<ParamGroup> groups) : Optimizer(std::move(groups)) {
 }
 
 void Lion::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_f32_contiguous(param, "Lion", /*cuda_ok=*/true);
+  check_f32_contiguous(param, "Lion");
   state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, param.device());
 }
 

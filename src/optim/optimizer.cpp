@@ -200,23 +200,20 @@ std::size_t Optimizer::state_bytes() const {
   return total;
 }
 
-void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who, bool cuda_ok) {
-  // The step is the backend's, so any device with one will do (meta: the CPU's code without data, so a step
-  // there accounts the CPU step's bytes); backend_for throws naming the device when none serves it. An
-  // optimizer without device entries (cuda_ok false) keeps to the CPU and meta.
-  const Device device = param.device();
-  const bool device_ok = device.is_cpu() || device.is_meta() || (cuda_ok && (::memtrain::detail::backend_for(device), true));
-  MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous() && device_ok, who,
-           "needs contiguous f32 parameters on {}, got shape {} dtype {} on {}{}", cuda_ok ? "CPU or CUDA" : "the CPU",
-           shape_str(param.shape()), dtype_name(param.dtype()), param.device().str(),
-           param.is_contiguous() ? "" : " (non-contiguous)");
+void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who) {
+  MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous(), who,
+           "needs contiguous f32 parameters, got shape {} dtype {} on {}{}", shape_str(param.shape()),
+           dtype_name(param.dtype()), param.device().str(), param.is_contiguous() ? "" : " (non-contiguous)");
+  // The step is the device's backend's (meta: the CPU's code without data, so a step there accounts the CPU
+  // step's bytes); backend_for throws naming the device when no backend serves it.
+  ::memtrain::detail::backend_for(param.device());
 }
 
 Tensor Optimizer::grad_f32(const Tensor& grad, Device device) {
   if (grad.dtype() == DType::f32 && grad.is_contiguous() && grad.device() == device) return grad;
   // Conversions run on the CPU; a device gradient of another dtype or layout makes a round trip.
   Tensor converted = grad.to(Device::cpu()).to(DType::f32).contiguous();
-  return device.is_cpu() ? converted : converted.to(device);
+  return converted.to(device);  // no copy when device is the CPU
 }
 
 }  // namespace memtrain::optim

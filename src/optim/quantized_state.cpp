@@ -13,7 +13,7 @@
 #include "memtrain/optim/quantized_state.h"
 
 #include "memtrain/core/allocator.h"
-#include "quantized_kernels.h"
+#include "cpu/quantized_kernels.h"
 
 #include <algorithm>
 #include <bit>
@@ -263,11 +263,6 @@ const std::array<float, 256>& dynamic_map(QuantMap map) { return encoder(map).ma
 }  // namespace memtrain::optim
 
 namespace memtrain::detail {
-
-static_assert(static_cast<int>(QuantCodebookKind::signed_dynamic) == static_cast<int>(optim::QuantMap::signed_dynamic) &&
-                  static_cast<int>(QuantCodebookKind::unsigned_dynamic) ==
-                      static_cast<int>(optim::QuantMap::unsigned_dynamic),
-              "the backends' map kinds are optim::QuantMap's");
 
 const QuantCodebook& quant_codebook(QuantCodebookKind kind) {
   static const auto make = [](optim::QuantMap map) {

@@ -15,7 +15,7 @@ SGD::SGD(std::vector<ParamGroup> groups, bool nesterov) : Optimizer(std::move(gr
 }
 
 void SGD::init_state(const Tensor& param, const ParamGroup& group, ParamState& state) {
-  check_f32_contiguous(param, "SGD", /*cuda_ok=*/true);
+  check_f32_contiguous(param, "SGD");
   if (group.beta1 > 0.0) state.tensors["momentum_buffer"] = Tensor::empty(param.shape(), DType::f32, param.device());
 }
 

@@ -14,17 +14,9 @@ namespace memtrain::train::detail {
 
 namespace {
 
-// L2 norm of a projected gradient, summed in double as global_grad_norm does: read in place when it is a
-// contiguous CPU f32 tensor, reduced on its device when it lives on CUDA.
-double l2_norm(const Tensor& t) {
-  if (!t.device().is_cpu()) return std::sqrt(sum_of_squares({t}));
-  const float* p = t.data<float>();
-  const std::int64_t n = t.numel();
-  double acc = 0.0;
-#pragma omp parallel for reduction(+ : acc) schedule(static) if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * static_cast<double>(p[i]);
-  return std::sqrt(acc);
-}
+// L2 norm of a projected gradient, summed in double on its device as global_grad_norm does (a contiguous CPU
+// f32 tensor is read in place).
+double l2_norm(const Tensor& t) { return std::sqrt(sum_of_squares({t})); }
 
 }  // namespace
 

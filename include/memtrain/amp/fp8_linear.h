@@ -52,6 +52,9 @@ struct Fp8Weight {
   Tensor codes;
   Tensor inv_scales;
   Fp8ScalingKind kind = Fp8ScalingKind::blockwise;
+  // delayed: the value inv_scales holds, kept as a float too so the product reads it without a round trip (and on
+  // meta, whose inv_scales holds no data). Unused for blockwise.
+  float inv_scale = 0.0f;
   std::size_t bytes() const;  // codes + scales
 };
 

@@ -23,12 +23,10 @@
 // no-op (hyper-parameters and block_size are still checked).
 #pragma once
 
+#include "memtrain/core/quant_map.h"
+
 #include <cstddef>
 #include <cstdint>
-
-namespace memtrain::optim {
-enum class QuantMap : std::uint8_t;  // optim/quantized_state.h: signed_dynamic, unsigned_dynamic
-}  // namespace memtrain::optim
 
 namespace memtrain::cuda {
 
@@ -84,10 +82,10 @@ void lion8bit_step(float* param, const float* grad, std::uint8_t* m_codes, float
 // src [n] -> codes [n] + absmax [ceil(n / block_size)]: per block the signed largest-magnitude value and the
 // nearest code of x / absmax (ties to the lower code); the same bits as detail::quantize_block_reference.
 void quantize_blockwise(const float* src, std::uint8_t* codes, float* absmax, std::size_t n,
-                        std::int64_t block_size, optim::QuantMap map, int device);
+                        std::int64_t block_size, QuantMap map, int device);
 // dst[i] = map[codes[i]] * absmax[i / block_size], as detail::dequantize_block.
 void dequantize_blockwise(const std::uint8_t* codes, const float* absmax, float* dst, std::size_t n,
-                          std::int64_t block_size, optim::QuantMap map, int device);
+                          std::int64_t block_size, QuantMap map, int device);
 
 // True when no element of x [n] is NaN or Inf (true for n == 0). Waits for the device.
 bool grad_is_finite(const float* x, std::size_t n, int device);

@@ -82,9 +82,9 @@ class Optimizer {
   // parameter's shape; it is finite but may be of any dtype/layout (see grad_f32).
   virtual void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) = 0;
 
-  // Helpers for fp32 kernels: throws "<who>: ..." unless `param` is a contiguous f32 tensor on the CPU,
-  // or on a CUDA device when the optimizer has a CUDA kernel (cuda_ok).
-  static void check_f32_contiguous(const Tensor& param, std::string_view who, bool cuda_ok = false);
+  // Helpers for fp32 kernels: throws "<who>: ..." unless `param` is a contiguous f32 tensor on a device
+  // with a backend (CPU, meta, CUDA in a CUDA build with a device).
+  static void check_f32_contiguous(const Tensor& param, std::string_view who);
   // `grad` itself when it is contiguous f32 on `device`, else a converted copy there (under the current
   // category).
   static Tensor grad_f32(const Tensor& grad, Device device = Device::cpu());

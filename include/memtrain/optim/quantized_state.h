@@ -7,6 +7,7 @@
 // (AdamW8bit, Lion8bit, GaLore's projected state, offloaded state).
 #pragma once
 
+#include "memtrain/core/quant_map.h"
 #include "memtrain/core/tensor.h"
 
 #include <array>
@@ -14,11 +15,8 @@
 
 namespace memtrain::optim {
 
-// The two dynamic tree maps. Signed (first moments): a sign, then k zero bits give the decade 10^-k
-// (k = 0..6), a 1 indicator bit, and the remaining 6-k bits a linear fraction in [0.1, 1]; 127 values a
-// sign, plus 0 and exactly 1.0 (so a block's absmax element is stored exactly). Unsigned (second moments):
-// no sign, so each decade gets one more fraction bit: 254 values, plus 0 and 1.0.
-enum class QuantMap : std::uint8_t { signed_dynamic, unsigned_dynamic };
+// The two dynamic tree maps (memtrain/core/quant_map.h describes them), sorted ascending.
+using ::memtrain::QuantMap;
 const std::array<float, 256>& dynamic_map(QuantMap map);
 
 namespace detail {
@@ -32,8 +30,7 @@ float quantize_block(const float* src, std::int64_t len, const float* map, std::
 void dequantize_block(const std::uint8_t* codes, std::int64_t len, float absmax, const float* map, float* dst);
 
 // The pieces of quantize_block, for kernels that track a block's max and min while they compute it.
-// The block scale from max(0, values) and min(0, values): the larger-magnitude one, with its sign.
-inline float block_scale(float hi, float lo) { return -lo > hi ? lo : hi; }
+using ::memtrain::detail::block_scale;  // (hi, lo): memtrain/core/quant_map.h
 float block_scale(const float* src, std::int64_t len);
 // Codes of src[i] / scale for i < len (all the zero code when scale is 0), by the fastest encoder built:
 // arithmetic with AVX-512 (the register search tree where that is unsure), else the table encoder with AVX2,

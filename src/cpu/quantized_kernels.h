@@ -1,5 +1,6 @@
-// Internal building blocks of block-wise 8-bit state, shared by quantized_state.cpp and the fused 8-bit
-// optimizer steps (adamw8bit.cpp, lion8bit.cpp). Not installed; the public API is quantized_state.h.
+// The CPU kernels of block-wise 8-bit state, shared by optim/quantized_state.cpp (which builds the tables) and
+// the CPU backend's fused 8-bit optimizer steps (optim_8bit.cpp). Not installed; the public API is
+// memtrain/optim/quantized_state.h. (The namespace stays optim::detail, the state's.)
 //
 // With AVX-512 (F, BW, DQ, VBMI, VBMI2) neither direction loads from memory per value. Encoding is
 // arithmetic (arith_encode_one below, 16 lanes a time): within a decade the dynamic map is a linear grid,
@@ -17,7 +18,7 @@
 #pragma once
 
 #include "core/quant_codebook.h"
-#include "memtrain/optim/quantized_state.h"
+#include "memtrain/core/quant_map.h"
 
 #include <algorithm>
 #include <bit>
@@ -43,6 +44,8 @@
 #endif
 
 namespace memtrain::optim::detail {
+
+using ::memtrain::detail::block_scale;
 
 // Magnitudes are clamped to [2^-24, largest float below 1] before the bucket lookup: below 2^-24 every
 // value encodes as the zero code (the smallest decision midpoint is above 1e-7), and at or above 1 the top
