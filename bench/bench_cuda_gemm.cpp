@@ -14,8 +14,8 @@
 // A plain main(): bench/CMakeLists.txt links Google Benchmark into every bench_*, which is harmless here.
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/gemm_lt.h"
+#include "cuda/device_ops.h"
+#include "cuda/gemm_lt.h"
 
 #include <fmt/format.h>
 

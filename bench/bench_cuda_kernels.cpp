@@ -30,11 +30,11 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
-#include "memtrain/cuda/attention.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/gemm_lt.h"
-#include "memtrain/cuda/nn.h"
-#include "memtrain/cuda/optim.h"
+#include "cuda/attention.h"
+#include "cuda/device_ops.h"
+#include "cuda/gemm_lt.h"
+#include "cuda/nn.h"
+#include "cuda/optim.h"
 #include "memtrain/optim/quantized_state.h"
 
 #include <fmt/format.h>

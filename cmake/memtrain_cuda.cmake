@@ -1,4 +1,5 @@
-# CUDA backend: kernels/*.cu + src/cuda/*.cpp when CUDA is on, src/no_cuda/*.cpp otherwise.
+# CUDA backend: kernels/*.cu + src/cuda/*.cpp when CUDA is on; otherwise there is no CUDA backend (the registry,
+# src/core/backend_registry.cpp, refuses CUDA devices and answers the public queries of memtrain/cuda/cuda.h).
 set(MEMTRAIN_HAVE_CUDA OFF)
 if(NOT MEMTRAIN_CUDA STREQUAL "OFF")
   include(CheckLanguage)
@@ -74,7 +75,5 @@ if(MEMTRAIN_HAVE_CUDA)
     message(STATUS "memtrain: NCCL not found (optional; set MEMTRAIN_NCCL_ROOT)")
   endif()
 else()
-  file(GLOB MEMTRAIN_NO_CUDA CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/no_cuda/*.cpp)
-  target_sources(memtrain PRIVATE ${MEMTRAIN_NO_CUDA})
   message(STATUS "memtrain: CUDA backend OFF")
 endif()

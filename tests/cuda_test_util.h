@@ -3,7 +3,7 @@
 #pragma once
 
 #include "memtrain/core/allocator.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -3,7 +3,7 @@
 // cuda::unavailable_reason() when no usable device exists; CudaAvailability runs everywhere.
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 
 #include "cuda_test_util.h"
 

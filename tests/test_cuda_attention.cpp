@@ -1,4 +1,4 @@
-// cuda::attention_forward / attention_backward (include/memtrain/cuda/attention.h) against the CPU kernel
+// cuda::attention_forward / attention_backward (src/cuda/attention.h) against the CPU kernel
 // cpu::attention_forward / attention_backward run in f64 on the same inputs (already rounded to the device
 // dtype), for causal and full attention, several (B, H, T, D) with T off the 64-row tiles, contiguous
 // operands, head views of a fused QKV buffer, and operands not 16-byte aligned. Both kernel families are
@@ -11,8 +11,8 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
-#include "memtrain/cuda/attention.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/attention.h"
+#include "cuda/device_ops.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,4 +1,4 @@
-// CUDA conv2d, pooling and batch norm (memtrain/cuda/conv.h, memtrain/cuda/nn_spatial.h) against the CPU on
+// CUDA conv2d, pooling and batch norm (src/cuda/conv.h, src/cuda/nn_spatial.h) against the CPU on
 // fresh random inputs of several shapes, f32, bf16 and f16. Outputs are poisoned (0xFF bytes: NaN) before each
 // call, so an unwritten element fails.
 // References: conv2d runs cpu::conv2d_forward/backward<double>; pooling runs cpu::*_pool2d<float> on the same
@@ -9,8 +9,8 @@
 // 2^-9 or 2^-12, plus f32 or tensor-core accumulation).
 // Conv runs both implementations on the device: the im2col fallback (ConvImpl::im2col) and, when the build has
 // cuDNN, cuDNN. Device tests skip without a usable device; argument checks run everywhere.
-#include "memtrain/cuda/conv.h"
-#include "memtrain/cuda/nn_spatial.h"
+#include "cuda/conv.h"
+#include "cuda/nn_spatial.h"
 
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"

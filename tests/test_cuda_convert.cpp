@@ -1,4 +1,4 @@
-// CUDA conversions, FP8 scaling and reductions (memtrain/cuda/convert.h) against host references:
+// CUDA conversions, FP8 scaling and reductions (src/cuda/convert.h) against host references:
 // cpu::convert and core/float_types.h for casts and FP8 codes, float64 arithmetic for scales and sums.
 // Casts and FP8 codes must match bit for bit; sums within rel 1e-5 of the float64 sum (see each test).
 // CudaConvertRules checks the kernels' bit-level rules (kernels/convert.cuh, host-callable) in every
@@ -6,8 +6,8 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
-#include "memtrain/cuda/convert.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/convert.h"
+#include "cuda/device_ops.h"
 
 #include "cpu/convert.h"
 

@@ -19,7 +19,7 @@
 #include "memtrain/core/error.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/elementwise.h"
+#include "cuda/elementwise.h"
 #include "memtrain/ops/elementwise.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// cuda::gemm_lt (include/memtrain/cuda/gemm_lt.h) against a float64 host reference. Inputs are drawn
+// cuda::gemm_lt (src/cuda/gemm_lt.h) against a float64 host reference. Inputs are drawn
 // already rounded to their dtype (random bit fields for bf16/f16/fp8), so the reference sees exactly the
 // values the GPU sees and every difference is the GPU's rounding. Outputs start as 0xFF bytes (NaN in
 // f32, bf16 and f16): padding columns and the gaps between batches must still hold them afterwards, and
@@ -22,8 +22,8 @@
 // GELU. A wrong transpose, stride, bias or epilogue gives errors of order S.
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/gemm_lt.h"
+#include "cuda/device_ops.h"
+#include "cuda/gemm_lt.h"
 
 #include "cuda_test_util.h"
 

@@ -1,10 +1,10 @@
-// CUDA neural-net kernels (memtrain/cuda/nn.h) against the CPU kernels of src/cpu/ on fresh random inputs:
+// CUDA neural-net kernels (src/cuda/nn.h) against the CPU kernels of src/cpu/ on fresh random inputs:
 // layer/RMS norm, softmax/log-softmax, cross entropy, GELU, dropout, embedding; f32 and bf16, odd shapes.
 // Outputs are poisoned (0xFF bytes: NaN in f32 and bf16) before each call, so an unwritten element fails.
 // bf16 inputs are bf16 values, and the CPU reference runs in f32 on exactly those values, so the only
 // bf16 error is the final rounding (half an ulp, 2^-9 relative) plus f32 rounding differences.
 // Device tests skip without a usable device; the argument checks run everywhere (they throw first).
-#include "memtrain/cuda/nn.h"
+#include "cuda/nn.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"

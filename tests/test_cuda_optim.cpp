@@ -1,4 +1,4 @@
-// CUDA optimizer steps and block-wise quantization (memtrain/cuda/optim.h) against the CPU references:
+// CUDA optimizer steps and block-wise quantization (src/cuda/optim.h) against the CPU references:
 // the optimizer classes (optim::SGD, AdamW, Lion, AdamW8bit, Lion8bit) stepped side by side with the
 // kernels on the same gradients, and detail::quantize_block_reference / dequantize_block bit for bit.
 // Every device buffer carries a sentinel tail that must survive (out-of-bounds writes), outputs are
@@ -19,8 +19,8 @@
 //   must equal detail::quantize_nearest exactly on every adversarial float (CudaOptimEncode, no GPU needed).
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/optim.h"
+#include "cuda/device_ops.h"
+#include "cuda/optim.h"
 #include "memtrain/optim/adamw.h"
 #include "memtrain/optim/adamw8bit.h"
 #include "memtrain/optim/lion.h"

@@ -1,4 +1,4 @@
-// CUDA reductions (memtrain/cuda/reduce.h and ops::sum / mean / max / argmax / sum_to on cuda:0) against
+// CUDA reductions (src/cuda/reduce.h and ops::sum / mean / max / argmax / sum_to on cuda:0) against
 // the CPU: the raw kernels over every thread mapping (rows by warp and by block, columns, chunked long
 // axes, empty axes) with poisoned outputs, and the ops end to end through autograd.
 // Tolerances, and why:
@@ -14,8 +14,8 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/tensor.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/reduce.h"
+#include "cuda/device_ops.h"
+#include "cuda/reduce.h"
 #include "memtrain/ops/reduce.h"
 
 #include "cuda_test_util.h"

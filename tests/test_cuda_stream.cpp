@@ -1,4 +1,4 @@
-// CUDA streams and events (include/memtrain/cuda/stream.h): events time work, Stream::wait orders work
+// CUDA streams and events (src/cuda/stream.h): events time work, Stream::wait orders work
 // across streams, StreamGuard nests and sends memtrain's launches to its stream, ops run on a
 // non-default stream match the CPU, and the device allocator keeps freed blocks on their own stream.
 // Tolerances: f32 ops compare normwise (||cuda - cpu|| / ||cpu||) at 1e-5 (add: exact in both; matmul and
@@ -7,8 +7,8 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/tensor.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/stream.h"
+#include "cuda/device_ops.h"
+#include "cuda/stream.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/ops/nn.h"

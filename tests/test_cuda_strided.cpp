@@ -1,4 +1,4 @@
-// Strided copies and dtype conversions of CUDA tensors (memtrain/cuda/strided.h and Tensor::copy_, fill_,
+// Strided copies and dtype conversions of CUDA tensors (src/cuda/strided.h and Tensor::copy_, fill_,
 // contiguous(), to(dtype), to(device) on cuda:0) against the same operations on the CPU.
 // Tolerance: none. Copies move bits, and conversions follow the CPU's rules bit for bit (cuda::cast for
 // floating dtypes, cpu::convert itself for integer/bool ones), so every result must equal the CPU's byte
@@ -11,8 +11,8 @@
 // everything else needs a device and skips without one.
 #include "memtrain/core/error.h"
 #include "memtrain/core/tensor.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/strided.h"
+#include "cuda/device_ops.h"
+#include "cuda/strided.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/nn.h"
 

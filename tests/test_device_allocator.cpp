@@ -8,7 +8,10 @@
 #include "memtrain/cuda/cuda.h"
 
 #include "core/segment_pool.h"
+#ifdef MEMTRAIN_HAVE_CUDA
+#include "cuda/device_ops.h"  // the backend's raw fill, for the tests on a real device
 #include "cuda_test_util.h"
+#endif
 
 #include <gtest/gtest.h>
 
@@ -659,6 +662,7 @@ TEST(SegmentPool, StreamsNeverShareASegment) {
   pool.check_invariants();
 }
 
+#ifdef MEMTRAIN_HAVE_CUDA  // (a build without CUDA has no raw device entry points to test with)
 // ---- the real cuda:0 allocator (skips without a device) ----
 
 TEST(DeviceAllocatorOnDevice, SplitBlocksHoldTheirOwnBytes) {
@@ -708,6 +712,7 @@ TEST(DeviceAllocatorOnDevice, ALargeBlockSplitsAndMergesBack) {
   alloc.empty_cache();
   EXPECT_EQ(alloc.stats().reserved_bytes, reserved0);
 }
+#endif  // MEMTRAIN_HAVE_CUDA
 
 }  // namespace
 }  // namespace memtrain

@@ -3,6 +3,7 @@
 #include "core/backend.h"
 
 #include "memtrain/core/error.h"
+#include "memtrain/cuda/cuda.h"
 
 namespace memtrain::detail {
 
@@ -24,7 +25,7 @@ static const Backend& backend_of_kind(Device device) {
       if (const Backend* b = cuda_backend(why)) return *b;
       throw_error(device.str(), "no usable CUDA device: " + why);
 #else
-      throw_error(device.str(), "memtrain was built without CUDA");
+      throw_error(device.str(), cuda::unavailable_reason());
 #endif
     }
   }
@@ -39,3 +40,20 @@ const Backend& backend_for(Device device) {
 }
 
 }  // namespace memtrain::detail
+
+#ifndef MEMTRAIN_HAVE_CUDA
+// The public CUDA queries (memtrain/cuda/cuda.h) in a build with no CUDA backend to ask.
+namespace memtrain::cuda {
+
+namespace {
+constexpr const char* kNotBuilt = "memtrain was built without CUDA";
+}  // namespace
+
+bool built_with_cuda() { return false; }
+bool is_available() { return false; }
+int device_count() { return 0; }
+std::string unavailable_reason() { return kNotBuilt; }
+void synchronize(int) { ::memtrain::detail::throw_error("cuda::synchronize", kNotBuilt); }
+
+}  // namespace memtrain::cuda
+#endif

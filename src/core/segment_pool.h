@@ -20,7 +20,7 @@
 // in enqueue order, so a block freed on the host while that stream's kernels may still use it can be lent
 // at once to later work on the same stream; it is never lent to another stream, which could run first.
 // A block comes back to its own stream's free list whichever stream is current when it is freed (using a
-// tensor on a second stream is the caller's to order; see include/memtrain/cuda/stream.h).
+// tensor on a second stream is the caller's to order; see src/cuda/stream.h).
 // Releasing segments (empty_cache, the out-of-memory retry) ignores streams: cudaFree waits for the device.
 #pragma once
 

@@ -1,7 +1,7 @@
-// Adafactor on CUDA, host side (include/memtrain/cuda/optim.h): argument checks, beta2_t and the f32
+// Adafactor on CUDA, host side (src/cuda/optim.h): argument checks, beta2_t and the f32
 // coefficients computed as optim::Adafactor computes them, the caller's workspace split into the kernels'
-// scratch, and the five launches of kernels/adafactor.cuh on the legacy default stream.
-#include "memtrain/cuda/optim.h"
+// scratch, and the five launches of kernels/adafactor.cuh on the current stream.
+#include "cuda/optim.h"
 
 #include "cuda/cuda_common.h"
 #include "kernels/adafactor.cuh"
@@ -12,7 +12,7 @@
 namespace memtrain::cuda {
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// Where this file's launches go: the current stream of the current device (src/cuda/stream.h);
 // every entry point calls it under its DeviceGuard, so that is the entry point's device.
 cudaStream_t launch_stream() { return detail::current_stream(); }
 constexpr std::size_t kAlign = 256;

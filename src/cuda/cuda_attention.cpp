@@ -1,9 +1,9 @@
-// Attention on CUDA, host side: argument checks, then dispatch on the legacy default stream by dtype and
+// Attention on CUDA, host side: argument checks, then dispatch on the current stream by dtype and
 // device: f32 to the CUDA-core launchers of kernels/attention.cuh, bf16 and f16 to the tensor-core launchers of
 // kernels/attention_tc.cuh (bf16 to the CUDA-core ones when set_attention_kernels asks, or below sm_80). The backward's rowsum(dout * out) scratch comes from
 // the device allocator (category workspace) and goes back to its cache right after the launches: the
 // cache hands it out again only to later work, which the one stream orders after these kernels.
-#include "memtrain/cuda/attention.h"
+#include "cuda/attention.h"
 
 #include "memtrain/core/allocator.h"
 #include "cuda/cuda_common.h"

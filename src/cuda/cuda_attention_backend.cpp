@@ -1,9 +1,9 @@
 // The CUDA backend's attention entries (src/core/backend.h) over the flash-attention kernels of
-// memtrain/cuda/attention.h: f32, bf16 or f16, D in {32, 64, 128}, unit stride along D; lse in f32.
+// cuda/attention.h: f32, bf16 or f16, D in {32, 64, 128}, unit stride along D; lse in f32.
 #include "cuda/cuda_backend_entries.h"
 
 #include "core/operand_checks.h"
-#include "memtrain/cuda/attention.h"
+#include "cuda/attention.h"
 
 #include <cmath>
 #include <cstdint>

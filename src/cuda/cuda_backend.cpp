@@ -2,9 +2,9 @@
 // kernels/elementwise.cuh. gemm lives in cuda_gemm.cpp, device memory in cuda_memory.cpp.
 //
 // Ordering: every kernel and cuBLAS call goes to the current stream of its device (the legacy default
-// stream unless a cuda::StreamGuard is active; include/memtrain/cuda/stream.h), so memtrain's work on one
+// stream unless a cuda::StreamGuard is active; src/cuda/stream.h), so memtrain's work on one
 // stream runs in call order; copies (cudaMemcpy, on the legacy stream) and synchronize() wait for it.
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 
 #include "cpu/convert.h"
 #include "cuda/cuda_common.h"

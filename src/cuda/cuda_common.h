@@ -19,7 +19,7 @@ void check_cublas(cublasStatus_t status, const char* where, const char* fn);
 // is usable, unavailable_reason().
 void require_device(const char* where, int device);
 
-// The calling thread's current stream on `device` (include/memtrain/cuda/stream.h): nullptr, the legacy
+// The calling thread's current stream on `device` (src/cuda/stream.h): nullptr, the legacy
 // default stream, unless a StreamGuard is active. Every launch and library call goes to it.
 cudaStream_t current_stream(int device);
 // The current stream of the current device: what entry points use under their DeviceGuard. Costs a

@@ -1,4 +1,4 @@
-// CUDA backend, conv2d (memtrain/cuda/conv.h): argument checks, then cuDNN when the build has it
+// CUDA backend, conv2d (cuda/conv.h): argument checks, then cuDNN when the build has it
 // (MEMTRAIN_HAVE_CUDNN, set by cmake/memtrain_cuda.cmake) or the im2col fallback.
 //
 // im2col fallback, for a chunk of nb images at a time (Kg = Cin/groups * KH * KW, L = OH * OW):
@@ -10,11 +10,11 @@
 // widened by the kernels that build col / dy / W), so bf16 rounds once at the end, as on the CPU.
 // Chunks keep the column buffers near kFallbackBytes. Scratch is workspace from the device's Allocator,
 // returned to its cache once the kernels are enqueued (see cuda_nn.cpp: same stream, so never overtaken).
-#include "memtrain/cuda/conv.h"
+#include "cuda/conv.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 #include "cuda/cuda_common.h"
 #include "cuda/type_dispatch.h"
 #include "kernels/conv.cuh"

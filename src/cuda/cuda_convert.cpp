@@ -1,13 +1,13 @@
-// CUDA backend, host side of include/memtrain/cuda/convert.h: argument checks and the dispatch from DType
+// CUDA backend, host side of src/cuda/convert.h: argument checks and the dispatch from DType
 // to the launchers in kernels/convert.cuh (conversion and FP8 in convert.cu, reductions in reduce.cu).
 //
 // Every entry point checks its arguments first (so bad arguments throw before any device is touched),
-// then requires the device, switches to it and enqueues on its legacy default stream.
-#include "memtrain/cuda/convert.h"
+// then requires the device, switches to it and enqueues on its current stream (cuda/stream.h).
+#include "cuda/convert.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 #include "cuda/cuda_common.h"
 #include "cuda/float_format.h"
 #include "kernels/convert.cuh"

@@ -1,18 +1,18 @@
-// CUDA backend, host side of memtrain/cuda/elementwise.h: argument checks, merging the layout down to the
+// CUDA backend, host side of cuda/elementwise.h: argument checks, merging the layout down to the
 // fewest dims, and the dispatch to the launchers in kernels/elementwise_broadcast.cuh.
 //
 // Every entry point checks its arguments first (so a bad call throws without touching a device), then
-// requires the device, makes it current and enqueues on the legacy default stream like cuda_backend.cpp.
+// requires the device, makes it current and enqueues on its current stream (cuda/stream.h).
 // Merging: size-1 dims are dropped and a dim joins its outer neighbour when every input continues the
 // neighbour's run (outer stride == size * stride; the output is contiguous, so it always does). A plain
 // contiguous op becomes one dim, a bias add [N, C] + [C] two. Layouts still deeper than the kernel's 8 dims
 // are looped here over the outermost dims, one launch per index.
-#include "memtrain/cuda/elementwise.h"
+#include "cuda/elementwise.h"
 
 #include "cuda/cuda_backend_entries.h"
 #include "cuda/cuda_common.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/nn.h"
+#include "cuda/nn.h"
 #include "kernels/elementwise_broadcast.cuh"
 
 #include <array>
@@ -265,7 +265,7 @@ namespace {
 using CoreUnary = ::memtrain::detail::Backend::UnaryOp;
 using CoreBinary = ::memtrain::detail::Backend::BinaryOp;
 
-// The contract's op enums list the kernels' ops in the same order (memtrain/cuda/elementwise.h is public
+// The contract's op enums list the kernels' ops in the same order (cuda/elementwise.h is public
 // and cannot name the backend's header), so an op converts by value.
 static_assert(static_cast<int>(CoreUnary::clamp) == static_cast<int>(UnaryOp::clamp) &&
               static_cast<int>(CoreUnary::gelu_tanh) == static_cast<int>(UnaryOp::gelu_tanh) &&
@@ -278,7 +278,7 @@ static_assert(static_cast<int>(CoreBinary::silu_backward) == static_cast<int>(Bi
 // device and the result rounded back, which is what the CPU computes too.
 bool native_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
 
-// The fused gelu kernels of memtrain/cuda/nn.h take contiguous f32, bf16 or f16.
+// The fused gelu kernels of cuda/nn.h take contiguous f32, bf16 or f16.
 bool gelu_fused(const Tensor& t) {
   return (t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16) && t.is_contiguous();
 }

@@ -1,14 +1,14 @@
 // The CUDA backend's FP8, loss-scaler and batch-norm entries (src/cuda/cuda_backend_entries.h) over the raw
-// launchers of memtrain/cuda/convert.h, cuda.h, reduce.h and nn_spatial.h, called with the arguments the amp
+// launchers of cuda/convert.h, cuda.h, reduce.h and nn_spatial.h, called with the arguments the amp
 // and ops front-ends passed them before these entries existed. Host results (an amax, a finiteness verdict)
 // come back through one small device buffer, counted as workspace, whose read waits for the kernels.
 #include "cuda/cuda_backend_entries.h"
 
 #include "memtrain/core/allocator.h"
-#include "memtrain/cuda/convert.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/nn_spatial.h"
-#include "memtrain/cuda/reduce.h"
+#include "cuda/convert.h"
+#include "cuda/device_ops.h"
+#include "cuda/nn_spatial.h"
+#include "cuda/reduce.h"
 
 #include <cmath>
 #include <cstdint>
@@ -136,7 +136,7 @@ bool CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double scale) 
   return found_inf;
 }
 
-// ---- batch norm: the fused kernels of memtrain/cuda/nn_spatial.h ----
+// ---- batch norm: the fused kernels of cuda/nn_spatial.h ----
 
 bool CudaBackend::has_batch_norm_kernels() const { return true; }
 

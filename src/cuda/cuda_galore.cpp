@@ -1,11 +1,11 @@
-// Dense linear algebra for GaLore's projector on CUDA (include/memtrain/cuda/optim.h): Householder QR
+// Dense linear algebra for GaLore's projector on CUDA (src/cuda/optim.h): Householder QR
 // (cusolverDnSgeqrf + cusolverDnSorgqr), a thin SVD by Jacobi rotations (cusolverDnSgesvdj) and a transpose.
 // One cuSOLVER handle per device, created on first use and kept for the process (as cuda_gemm.cpp's cuBLAS
-// handles), on the legacy default stream so its work is ordered with every other memtrain kernel. Scratch is
+// handles), set to the current stream at each call so its work is ordered with every other memtrain kernel. Scratch is
 // memtrain allocator memory (MemoryCategory::workspace): returned to the caching allocator while cuSOLVER's
 // work may still be queued, which is safe because everything runs on one stream. A basis refresh is rare
 // (every update_gap steps), so each call waits for its info flag and reports failures at once.
-#include "memtrain/cuda/optim.h"
+#include "cuda/optim.h"
 
 #include "cuda/cuda_common.h"
 #include "kernels/galore.cuh"
@@ -22,7 +22,7 @@
 namespace memtrain::cuda {
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// Where this file's launches go: the current stream of the current device (src/cuda/stream.h);
 // every entry point calls it under its DeviceGuard, so that is the entry point's device.
 cudaStream_t launch_stream() { return detail::current_stream(); }
 

@@ -1,11 +1,11 @@
 // Row-major gemm through cuBLAS (cublasGemmEx, f32 accumulation), one cuBLAS handle per device,
-// enqueued on the current stream of the device (include/memtrain/cuda/stream.h).
+// enqueued on the current stream of the device (src/cuda/stream.h).
 //
 // Row-major <-> column-major: a row-major [r, c] matrix with row stride ld is, to cuBLAS, the
 // column-major [c, r] matrix with leading dimension ld, i.e. its transpose. So row-major
 // C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: call cuBLAS with B first, A second, and
 // the sizes (n, m, k); each operand keeps its own transpose flag.
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 
 #include "memtrain/core/allocator.h"
 #include "cuda/cuda_common.h"

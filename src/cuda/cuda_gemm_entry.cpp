@@ -3,7 +3,7 @@
 #include "cuda/cuda_backend_entries.h"
 
 #include "core/matrix_operand.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 
 namespace memtrain::cuda {
 

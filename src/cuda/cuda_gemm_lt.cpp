@@ -1,4 +1,4 @@
-// Row-major gemm through cuBLASLt (include/memtrain/cuda/gemm_lt.h): one cuBLASLt handle and one workspace
+// Row-major gemm through cuBLASLt (src/cuda/gemm_lt.h): one cuBLASLt handle and one workspace
 // per device, and a cache of the heuristic's algorithm per problem.
 //
 // Row-major <-> column-major, as in cuda_gemm.cpp: a row-major [r, c] matrix with row stride ld is the
@@ -7,11 +7,11 @@
 // operand keeps its own transpose flag. A bias of n elements added along each row of our C is added along
 // each column of cuBLASLt's D, whose row count is n: exactly what CUBLASLT_EPILOGUE_BIAS does. cuBLASLt's
 // fp8 "TN" rule (its A transposed, its B not) is, in our terms, trans_b && !trans_a.
-#include "memtrain/cuda/gemm_lt.h"
+#include "cuda/gemm_lt.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/device.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 #include "cuda/cuda_common.h"
 
 #include <cublasLt.h>

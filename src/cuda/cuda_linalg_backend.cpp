@@ -3,9 +3,9 @@
 #include "cuda/cuda_backend_entries.h"
 
 #include "core/matrix_operand.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/elementwise.h"
-#include "memtrain/cuda/gemm_lt.h"
+#include "cuda/device_ops.h"
+#include "cuda/elementwise.h"
+#include "cuda/gemm_lt.h"
 
 #include <cstdint>
 

@@ -1,16 +1,19 @@
-// CUDA backend, host side of the neural-net kernels (memtrain/cuda/nn.h): argument checks, dispatch from
-// DType to the launchers in kernels/nn.cuh, and the scratch the norm and embedding backwards need.
+// CUDA backend, host side of the neural-net kernels (cuda/nn.h): argument checks, dispatch from
+// DType to the launchers in kernels/nn.cuh, and the scratch the norm and embedding backwards need; at the
+// bottom, the contract's normalisation entries, so one file holds a norm's whole host side.
 //
 // Every entry point checks its arguments first (so a bad call throws without touching a device), then
-// requires the device, makes it current and enqueues on the legacy default stream like cuda_backend.cpp.
+// requires the device, makes it current and enqueues on its current stream (cuda/stream.h).
 // Scratch comes from the device's Allocator (category workspace) and goes back to its cache as soon as
 // the kernels are enqueued: the cache hands a block only to work enqueued later on the same stream, and
 // cudaFree (empty_cache) waits for the device, so the kernels still using it are never overtaken.
-#include "memtrain/cuda/nn.h"
+#include "cuda/nn.h"
+
+#include "cuda/cuda_backend_entries.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 #include "cuda/cuda_common.h"
 #include "cuda/type_dispatch.h"
 #include "kernels/nn.cuh"
@@ -315,6 +318,45 @@ void embedding_backward(void* dweight, const void* dout, const void* indices, DT
     MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
                   scratch.get(), scratch.size(), launch_stream());
   });
+}
+
+// ---- the backend contract's normalisation entries (src/core/backend.h), beside the launchers they call: f32,
+// bf16 or f16, one dtype for x, weight and bias, contiguous; stats in f32 ----
+
+DType CudaBackend::norm_stats_dtype(DType) const { return DType::f32; }
+
+void CudaBackend::layer_norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                     const Tensor& weight, const Tensor& bias, double eps) const {
+  check_nn_operands("layer_norm", x, {{"weight", &weight}, {"bias", &bias}});
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  cuda::layer_norm_forward(out.data_ptr(), mean.data<float>(), rstd.data<float>(), x.data_ptr(), ptr_or_null(weight),
+                           ptr_or_null(bias), x.dtype(), N, C, eps, x.device().index);
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                      const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd) const {
+  check_nn_operands("layer_norm_backward", x, {{"output gradient", &dout}, {"weight", &weight}});
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  cuda::layer_norm_backward(dx.data_ptr(), out_or_null(dw), out_or_null(db), dout.data_ptr(), x.data_ptr(),
+                            ptr_or_null(weight), mean.data<float>(), rstd.data<float>(), x.dtype(), N, C,
+                            x.device().index);
+}
+
+void CudaBackend::rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                   double eps) const {
+  check_nn_operands("rms_norm", x, {{"weight", &weight}});
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  cuda::rms_norm_forward(out.data_ptr(), rstd.data<float>(), x.data_ptr(), ptr_or_null(weight), x.dtype(), N, C, eps,
+                         x.device().index);
+}
+
+void CudaBackend::rms_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                                    const Tensor& weight, const Tensor& rstd) const {
+  check_nn_operands("rms_norm_backward", x, {{"output gradient", &dout}, {"weight", &weight}});
+  const std::int64_t C = x.size(-1), N = x.numel() / C;
+  cuda::rms_norm_backward(dx.data_ptr(), out_or_null(dw), dout.data_ptr(), x.data_ptr(), ptr_or_null(weight),
+                          rstd.data<float>(), x.dtype(), N, C, x.device().index);
 }
 
 }  // namespace memtrain::cuda

@@ -1,13 +1,13 @@
 // The CUDA backend's entries for the nn ops of src/ops/nn_*.cpp (embedding, softmax, losses, dropout) over the
-// raw launchers of memtrain/cuda/nn.h. Each entry checks what its kernels take (f32, bf16 or f16, contiguous,
+// raw launchers of cuda/nn.h. Each entry checks what its kernels take (f32, bf16 or f16, contiguous,
 // one dtype), naming the op; index operands are copied to the host once to be range-checked like the CPU's.
 #include "cuda/cuda_backend_entries.h"
 
 #include "core/operand_checks.h"
 #include "core/pool_shape.h"
-#include "memtrain/cuda/conv.h"
-#include "memtrain/cuda/nn.h"
-#include "memtrain/cuda/nn_spatial.h"
+#include "cuda/conv.h"
+#include "cuda/nn.h"
+#include "cuda/nn_spatial.h"
 
 #include <cstdint>
 #include <limits>

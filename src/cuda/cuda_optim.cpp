@@ -1,9 +1,9 @@
-// CUDA optimizer steps, host side (include/memtrain/cuda/optim.h): argument checks, the f32 coefficients
+// CUDA optimizer steps, host side (src/cuda/optim.h): argument checks, the f32 coefficients
 // computed from the double hyper-parameters exactly as each CPU optimizer class computes them, the device
 // flag of the non-finite gate, the device copies of the CPU's encoder tables (core/quant_codebook.h: built and
 // verified against the binary search by the optimizer layer), and dispatch to the launchers in
 // kernels/optim.cuh.
-#include "memtrain/cuda/optim.h"
+#include "cuda/optim.h"
 
 #include "cuda/cuda_common.h"
 #include "kernels/optim.cuh"
@@ -19,7 +19,7 @@
 namespace memtrain::cuda {
 namespace {
 
-// Where this file's launches go: the current stream of the current device (include/memtrain/cuda/stream.h);
+// Where this file's launches go: the current stream of the current device (src/cuda/stream.h);
 // every entry point calls it under its DeviceGuard, so that is the entry point's device.
 cudaStream_t launch_stream() { return detail::current_stream(); }
 

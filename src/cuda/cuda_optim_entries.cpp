@@ -1,10 +1,10 @@
 // The CUDA backend's optimizer-step and gradient-utility entries (src/cuda/cuda_backend_entries.h) over the
-// raw launchers of memtrain/cuda/optim.h and reduce.h. The steps read an f32 contiguous gradient; any other
+// raw launchers of cuda/optim.h and reduce.h. The steps read an f32 contiguous gradient; any other
 // gradient is converted through the host, as the optimizers did before their steps moved here.
 #include "cuda/cuda_backend_entries.h"
 
-#include "memtrain/cuda/optim.h"
-#include "memtrain/cuda/reduce.h"
+#include "cuda/optim.h"
+#include "cuda/reduce.h"
 
 #include <cstdint>
 

@@ -1,5 +1,5 @@
 // The CUDA backend's optimizer-state entries (src/cuda/cuda_backend_entries.h, block "optimizer state kinds")
-// over the raw host functions of memtrain/cuda/optim.h and cuda.h, called with the arguments the optimizers
+// over the raw host functions of cuda/optim.h and cuda.h, called with the arguments the optimizers
 // passed them before their steps moved behind the contract: cuda::adamw8bit_step / lion8bit_step (and the
 // fp32 adamw_step / lion_step for small tensors), adafactor_*_step with its workspace, and GaLore's
 // projector on cuBLAS / cuSOLVER. Working matrices are column-major: the gradient's row-major (m, n) buffer
@@ -7,8 +7,8 @@
 #include "cuda/cuda_backend_entries.h"
 
 #include "memtrain/core/rng.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/optim.h"
+#include "cuda/device_ops.h"
+#include "cuda/optim.h"
 
 #include <algorithm>
 #include <cstdint>

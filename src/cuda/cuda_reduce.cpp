@@ -1,16 +1,16 @@
-// CUDA backend, host side of memtrain/cuda/reduce.h: argument checks, the DType dispatch to the launchers
+// CUDA backend, host side of cuda/reduce.h: argument checks, the DType dispatch to the launchers
 // of kernels/reduce_dims.cuh, and the f64 scratch of chunked sums.
 //
 // Every entry point checks its arguments first (so a bad call throws without touching a device), then
-// requires the device, makes it current and enqueues on the legacy default stream. Scratch goes back to
+// requires the device, makes it current and enqueues on its current stream. Scratch goes back to
 // the allocator's cache as soon as the kernels are enqueued: the cache hands a block only to work enqueued
 // later on the same stream, and cudaFree (empty_cache) waits for the device (see cuda_nn.cpp).
-#include "memtrain/cuda/reduce.h"
+#include "cuda/reduce.h"
 
 #include "cuda/cuda_backend_entries.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 #include "cuda/cuda_common.h"
 #include "cuda/float_format.h"
 #include "kernels/reduce_dims.cuh"

@@ -1,6 +1,6 @@
-// CUDA backend, host side of pooling and batch norm (memtrain/cuda/nn_spatial.h): argument checks, then
-// dispatch from DType to the launchers of kernels/spatial.cuh on the legacy default stream.
-#include "memtrain/cuda/nn_spatial.h"
+// CUDA backend, host side of pooling and batch norm (cuda/nn_spatial.h): argument checks, then
+// dispatch from DType to the launchers of kernels/spatial.cuh on the current stream (cuda/stream.h).
+#include "cuda/nn_spatial.h"
 
 #include "memtrain/core/error.h"
 #include "cuda/cuda_common.h"

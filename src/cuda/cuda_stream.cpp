@@ -1,11 +1,11 @@
-// Streams, events, and the per-thread current stream (include/memtrain/cuda/stream.h).
+// Streams, events, and the per-thread current stream (src/cuda/stream.h).
 //
 // The current stream is thread-local state: one slot per device, nullptr (the legacy default stream)
 // unless a StreamGuard is active. `t_active` counts non-default slots so that current_stream() without a
 // device answers the common case (no guard anywhere on this thread) without asking CUDA for the device.
-#include "memtrain/cuda/stream.h"
+#include "cuda/stream.h"
 
-#include "memtrain/cuda/cuda.h"
+#include "cuda/device_ops.h"
 #include "cuda/cuda_common.h"
 
 #include <array>

@@ -1,13 +1,13 @@
-// CUDA backend, host side of memtrain/cuda/strided.h: argument checks, merging the layout down to the
+// CUDA backend, host side of cuda/strided.h: argument checks, merging the layout down to the
 // fewest dims, and the dispatch to kernels/strided_copy.cuh (or cudaMemcpyAsync when both sides are one
 // contiguous run).
 //
 // The entry point checks its arguments first (so bad arguments throw before any device is touched), then
-// requires the device, makes it current and enqueues on the legacy default stream like cuda_backend.cpp.
+// requires the device, makes it current and enqueues on its current stream (cuda/stream.h).
 // Overlapping source and destination go through a workspace block from the device's Allocator, returned
 // to its cache once the copies are enqueued (the cache hands it only to work enqueued later on the same
 // stream; see cuda_nn.cpp).
-#include "memtrain/cuda/strided.h"
+#include "cuda/strided.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"

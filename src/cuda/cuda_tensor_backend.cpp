@@ -6,10 +6,10 @@
 #include "cpu/convert.h"
 #include "cuda/cuda_common.h"
 #include "memtrain/core/error.h"
-#include "memtrain/cuda/convert.h"
-#include "memtrain/cuda/cuda.h"
-#include "memtrain/cuda/nn.h"
-#include "memtrain/cuda/strided.h"
+#include "cuda/convert.h"
+#include "cuda/device_ops.h"
+#include "cuda/nn.h"
+#include "cuda/strided.h"
 
 #include <cstdint>
 
@@ -94,44 +94,6 @@ void CudaBackend::fill_random(const Tensor& dst, const RngState& state, bool nor
   if (normal) ::memtrain::cpu::fill_normal(f.data<float>(), f.numel(), state);
   else ::memtrain::cpu::fill_uniform(f.data<float>(), f.numel(), state);
   Tensor(dst).copy_(f);
-}
-
-// ---- normalisation: f32, bf16 or f16, one dtype for x, weight and bias, contiguous; stats in f32 ----
-
-DType CudaBackend::norm_stats_dtype(DType) const { return DType::f32; }
-
-void CudaBackend::layer_norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                                     const Tensor& weight, const Tensor& bias, double eps) const {
-  check_nn_operands("layer_norm", x, {{"weight", &weight}, {"bias", &bias}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::layer_norm_forward(out.data_ptr(), mean.data<float>(), rstd.data<float>(), x.data_ptr(), ptr_or_null(weight),
-                           ptr_or_null(bias), x.dtype(), N, C, eps, x.device().index);
-}
-
-void CudaBackend::layer_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
-                                      const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                      const Tensor& rstd) const {
-  check_nn_operands("layer_norm_backward", x, {{"output gradient", &dout}, {"weight", &weight}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::layer_norm_backward(dx.data_ptr(), out_or_null(dw), out_or_null(db), dout.data_ptr(), x.data_ptr(),
-                            ptr_or_null(weight), mean.data<float>(), rstd.data<float>(), x.dtype(), N, C,
-                            x.device().index);
-}
-
-void CudaBackend::rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                                   double eps) const {
-  check_nn_operands("rms_norm", x, {{"weight", &weight}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::rms_norm_forward(out.data_ptr(), rstd.data<float>(), x.data_ptr(), ptr_or_null(weight), x.dtype(), N, C, eps,
-                         x.device().index);
-}
-
-void CudaBackend::rms_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
-                                    const Tensor& weight, const Tensor& rstd) const {
-  check_nn_operands("rms_norm_backward", x, {{"output gradient", &dout}, {"weight", &weight}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::rms_norm_backward(dx.data_ptr(), out_or_null(dw), dout.data_ptr(), x.data_ptr(), ptr_or_null(weight),
-                          rstd.data<float>(), x.dtype(), N, C, x.device().index);
 }
 
 }  // namespace memtrain::cuda

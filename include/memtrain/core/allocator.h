@@ -12,7 +12,7 @@
 // Streams: a request is served only from cache of the stream current when it is made (the source's
 // stream_key()), and a block goes back to the cache of the stream it was allocated on, so freed device
 // memory is never lent to another stream's work while its own stream may still use it. A block used on
-// a second stream must be ordered by the caller (include/memtrain/cuda/stream.h).
+// a second stream must be ordered by the caller (src/cuda/stream.h).
 #pragma once
 
 #include "memtrain/core/device.h"

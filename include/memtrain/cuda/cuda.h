@@ -1,22 +1,11 @@
-// The CUDA backend as the rest of memtrain sees it: raw-pointer entry points. Built from src/cuda/ +
-// kernels/ when CUDA is on; otherwise src/no_cuda/ provides the same functions, which throw
-// "cuda::<name>: memtrain was built without CUDA".
+// What a user asks about CUDA: was memtrain built with it, and is a device usable. Every CUDA operation is
+// reached through tensors on Device::cuda(i) (the backend contract, src/core/backend.h); the backend's raw
+// entry points are private (src/cuda/).
 //
-// Ordering: kernels and library calls are enqueued on the calling thread's current stream of the device:
-// the default (legacy) stream unless a cuda::StreamGuard (memtrain/cuda/stream.h) selects another, so
-// memtrain's work on a stream runs in call order and a launch returns before the kernel finishes. memtrain's
-// streams are blocking streams, ordered with the legacy stream: copy() to the host and synchronize() wait
-// for everything enqueued before them on any of them. A launch error throws at once; an error
-// inside a running kernel surfaces at the next call that waits.
-// Errors: every failing CUDA/cuBLAS call becomes a memtrain::Error "cuda::<name>: <function> failed:
-// <CUDA error>". Entry points other than the four queries throw when no usable device exists.
+// The queries never throw. In a build without CUDA there is no CUDA backend: built_with_cuda() is false, no
+// device is available, and a tensor on Device::cuda(i) is refused with "memtrain was built without CUDA".
 #pragma once
 
-#include "memtrain/core/device.h"
-#include "memtrain/core/dtype.h"
-
-#include <cstddef>
-#include <cstdint>
 #include <string>
 
 namespace memtrain::cuda {
@@ -24,28 +13,13 @@ namespace memtrain::cuda {
 bool built_with_cuda();  // true when this build has the CUDA backend (MEMTRAIN_HAVE_CUDA)
 // True when a usable device exists: cudaGetDeviceCount succeeds, finds a device, and cuda:0 can run
 // the compiled kernels. Any CUDA error (no driver, driver too old, no device) means false. Probed once
-// (the probe creates a context on cuda:0) and cached; never throws.
+// (the probe creates a context on cuda:0) and cached.
 bool is_available();
 int device_count();                // 0 when not available
 std::string unavailable_reason();  // why is_available() is false ("" when it is true)
 
-// Copies nbytes between any two devices (host<->device, device<->device, host<->host). Returns when
-// the source may be reused; a copy to the host has then also landed. The buffers must not overlap.
-void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes);
-void synchronize(int device);  // waits for all work on the device
-
-// Elementwise kernels on contiguous device buffers of n elements. dtype: f32, f16 or bf16 (fill: any).
-// fill converts `value` like cpu::write_from_double (round to nearest even, integers clamp). add/mul
-// compute f16/bf16 in f32 and round once; out may be a or b.
-void fill(void* dst, DType dtype, std::size_t n, double value, int device);
-void add(const void* a, const void* b, void* out, DType dtype, std::size_t n, int device);
-void mul(const void* a, const void* b, void* out, DType dtype, std::size_t n, int device);
-
-// Row-major C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C through cuBLAS (f32, bf16 or f16 inputs with
-// f32 accumulation; C has the dtype of A and B). lda/ldb/ldc are row strides in elements of the
-// matrices as stored (A is [k,m] when trans_a). beta == 0: C is not read (it may hold NaN).
-void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-          const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c, std::int64_t ldc,
-          int device);
+// Waits for all work memtrain enqueued on the device (on any of its streams): for timing. Throws when the
+// device does not exist or memtrain was built without CUDA.
+void synchronize(int device);
 
 }  // namespace memtrain::cuda
