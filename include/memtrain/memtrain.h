@@ -1,5 +1,5 @@
-// memtrain: everything a training program needs, in one include: every public header under memtrain/,
-// except the raw CUDA entry points of memtrain/cuda/ beyond cuda.h (internal, to become private).
+// memtrain: everything a training program needs, in one include: every public header under memtrain/ (the CUDA
+// backend's raw entry points are private, in src/cuda/; memtrain/cuda/cuda.h holds the device queries).
 // tests/install/consumer uses parts reachable only through this file, so a header left out fails it.
 #pragma once
 
@@ -19,10 +19,15 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/device.h"
 #include "memtrain/core/dtype.h"
+#include "memtrain/core/elementwise_ops.h"
 #include "memtrain/core/error.h"
+#include "memtrain/core/float_formats.h"
 #include "memtrain/core/float_types.h"
+#include "memtrain/core/fp8_tiling.h"
 #include "memtrain/core/philox.h"
+#include "memtrain/core/quant_map.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/core/storage.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/data/bpe_tokenizer.h"
