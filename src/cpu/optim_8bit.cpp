@@ -33,11 +33,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#elif defined(__clang__)
-#pragma clang fp contract(off)
-#endif
+#include "cpu/fp_contract_off.h"  // last: it applies to what follows
 
 namespace memtrain::cpu {
 namespace {

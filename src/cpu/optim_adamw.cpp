@@ -12,11 +12,7 @@
 // below; GCC contracts a*b+c into an FMA by default even in ISO mode, so turn that off for this file.
 // The loop vectorises only with -fno-math-errno (sqrt's errno branch is control flow; a pragma cannot
 // turn math-errno off per function), which the build should pass.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#elif defined(__clang__)
-#pragma clang fp contract(off)
-#endif
+#include "cpu/fp_contract_off.h"  // last: it applies to what follows
 
 namespace memtrain::cpu {
 namespace {

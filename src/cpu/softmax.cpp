@@ -18,8 +18,6 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;  // elements per outer block below which threads are not worth it
 
-// Per outer block: max and log-sum-exp of every column (o, :, i); calls emit(o, max, lse, inner) with arrays of
-// `inner` (a literal 1 on the row path, so the emitter's loops collapse).
 // max and log-sum-exp of one contiguous row.
 template <typename T>
 void row_max_lse(const T* x, int64_t C, T* mx, T* lse) {
@@ -31,6 +29,8 @@ void row_max_lse(const T* x, int64_t C, T* mx, T* lse) {
   *lse = std::log(s);
 }
 
+// Per outer block: max and log-sum-exp of every column (o, :, i); calls emit(o, max, lse, inner) with arrays of
+// `inner` (a literal 1 on the row path, so the emitter's loops collapse).
 template <typename T, typename Emit>
 void for_each_block(const T* x, int64_t outer, int64_t C, int64_t inner, Emit emit) {
   if (inner == 1) {
@@ -60,26 +60,34 @@ void for_each_block(const T* x, int64_t outer, int64_t C, int64_t inner, Emit em
   }
 }
 
+// Both forwards, per outer block: z = x - max - lse, written as is (log-softmax) or as e^z (softmax).
+template <bool Log, typename T>
+void forward_blocks(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
+  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse, int64_t inner) {
+    const T* xo = x + o * C * inner;
+    T* yo = out + o * C * inner;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const T z = xo[c * inner + i] - mx[i] - lse[i];
+        if constexpr (Log) {
+          yo[c * inner + i] = z;
+        } else {
+          yo[c * inner + i] = std::exp(z);
+        }
+      }
+  });
+}
+
 }  // namespace
 
 template <typename T>
 void softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
-  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse, int64_t inner) {
-    const T* xo = x + o * C * inner;
-    T* yo = out + o * C * inner;
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t i = 0; i < inner; ++i) yo[c * inner + i] = std::exp(xo[c * inner + i] - mx[i] - lse[i]);
-  });
+  forward_blocks<false>(out, x, outer, C, inner);
 }
 
 template <typename T>
 void log_softmax_forward(T* out, const T* x, int64_t outer, int64_t C, int64_t inner) {
-  for_each_block(x, outer, C, inner, [&](int64_t o, const T* mx, const T* lse, int64_t inner) {
-    const T* xo = x + o * C * inner;
-    T* yo = out + o * C * inner;
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t i = 0; i < inner; ++i) yo[c * inner + i] = xo[c * inner + i] - mx[i] - lse[i];
-  });
+  forward_blocks<true>(out, x, outer, C, inner);
 }
 
 namespace {

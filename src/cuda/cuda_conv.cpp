@@ -257,68 +257,83 @@ bool inexact_bwd_filter(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// Each returns false (having enqueued nothing) when cuDNN offers no acceptable algorithm.
+// What the three cuDNN calls share: rank cuDNN's algorithms (find), pick one (pick), set its math type, size
+// its workspace (workspace_size) and run it there (run). False, having enqueued nothing, when none is
+// acceptable. Perf/Algo are the direction's cuDNN types, kCount its algorithm count.
+template <typename Perf, typename Algo, int kCount, typename Find, typename WorkspaceSize, typename Run>
+bool run_best_algorithm(const char* op, const ConvDescriptors& d, DType dtype, int device, bool (*inexact)(Algo),
+                        Find find, WorkspaceSize workspace_size, Run run) {
+  Perf perfs[kCount];
+  int count = 0;
+  find(kCount, &count, perfs);
+  Algo algo{};
+  cudnnMathType_t math{};
+  if (!pick(perfs, count, dtype, inexact, &algo, &math)) return false;
+  MT_CUDNN_CHECK(op, cudnnSetConvolutionMathType, d.conv, math);
+  std::size_t bytes = 0;
+  workspace_size(algo, &bytes);
+  Scratch ws(device, bytes);
+  run(algo, ws.get(), bytes);
+  return true;
+}
+
+constexpr float kOne = 1.0f, kZero = 0.0f;  // alpha and beta: the result overwrites its buffer
+
 bool cudnn_forward(void* out, const void* x, const void* w, DType dtype, const Conv2dShape& s, int device) {
   constexpr const char* op = "cuda::conv2d_forward";
   const cudnnHandle_t h = handle_for(device, op);
-  ConvDescriptors d(s, dtype, op);
-  cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int count = 0;
-  MT_CUDNN_CHECK(op, cudnnGetConvolutionForwardAlgorithm_v7, h, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                 &count, perfs);
-  cudnnConvolutionFwdAlgo_t algo{};
-  cudnnMathType_t math{};
-  if (!pick(perfs, count, dtype, inexact_fwd, &algo, &math)) return false;
-  MT_CUDNN_CHECK(op, cudnnSetConvolutionMathType, d.conv, math);
-  std::size_t bytes = 0;
-  MT_CUDNN_CHECK(op, cudnnGetConvolutionForwardWorkspaceSize, h, d.x, d.w, d.conv, d.y, algo, &bytes);
-  Scratch ws(device, bytes);
-  const float alpha = 1.0f, beta = 0.0f;
-  MT_CUDNN_CHECK(op, cudnnConvolutionForward, h, &alpha, d.x, x, d.w, w, d.conv, algo, ws.get(), bytes, &beta, d.y,
-                 out);
-  return true;
+  const ConvDescriptors d(s, dtype, op);
+  return run_best_algorithm<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t,
+                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+      op, d, dtype, device, inexact_fwd,
+      [&](int n, int* count, cudnnConvolutionFwdAlgoPerf_t* perfs) {
+        MT_CUDNN_CHECK(op, cudnnGetConvolutionForwardAlgorithm_v7, h, d.x, d.w, d.conv, d.y, n, count, perfs);
+      },
+      [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
+        MT_CUDNN_CHECK(op, cudnnGetConvolutionForwardWorkspaceSize, h, d.x, d.w, d.conv, d.y, algo, bytes);
+      },
+      [&](cudnnConvolutionFwdAlgo_t algo, void* ws, std::size_t bytes) {
+        MT_CUDNN_CHECK(op, cudnnConvolutionForward, h, &kOne, d.x, x, d.w, w, d.conv, algo, ws, bytes, &kZero, d.y,
+                       out);
+      });
 }
 
 bool cudnn_backward_data(void* dx, const void* dout, const void* w, DType dtype, const Conv2dShape& s, int device) {
   constexpr const char* op = "cuda::conv2d_backward";
   const cudnnHandle_t h = handle_for(device, op);
-  ConvDescriptors d(s, dtype, op);
-  cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-  int count = 0;
-  MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7, h, d.w, d.y, d.conv, d.x,
-                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perfs);
-  cudnnConvolutionBwdDataAlgo_t algo{};
-  cudnnMathType_t math{};
-  if (!pick(perfs, count, dtype, inexact_bwd_data, &algo, &math)) return false;
-  MT_CUDNN_CHECK(op, cudnnSetConvolutionMathType, d.conv, math);
-  std::size_t bytes = 0;
-  MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardDataWorkspaceSize, h, d.w, d.y, d.conv, d.x, algo, &bytes);
-  Scratch ws(device, bytes);
-  const float alpha = 1.0f, beta = 0.0f;
-  MT_CUDNN_CHECK(op, cudnnConvolutionBackwardData, h, &alpha, d.w, w, d.y, dout, d.conv, algo, ws.get(), bytes, &beta,
-                 d.x, dx);
-  return true;
+  const ConvDescriptors d(s, dtype, op);
+  return run_best_algorithm<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t,
+                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+      op, d, dtype, device, inexact_bwd_data,
+      [&](int n, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perfs) {
+        MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7, h, d.w, d.y, d.conv, d.x, n, count, perfs);
+      },
+      [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
+        MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardDataWorkspaceSize, h, d.w, d.y, d.conv, d.x, algo, bytes);
+      },
+      [&](cudnnConvolutionBwdDataAlgo_t algo, void* ws, std::size_t bytes) {
+        MT_CUDNN_CHECK(op, cudnnConvolutionBackwardData, h, &kOne, d.w, w, d.y, dout, d.conv, algo, ws, bytes, &kZero,
+                       d.x, dx);
+      });
 }
 
 bool cudnn_backward_filter(void* dw, const void* dout, const void* x, DType dtype, const Conv2dShape& s, int device) {
   constexpr const char* op = "cuda::conv2d_backward";
   const cudnnHandle_t h = handle_for(device, op);
-  ConvDescriptors d(s, dtype, op);
-  cudnnConvolutionBwdFilterAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-  int count = 0;
-  MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardFilterAlgorithm_v7, h, d.x, d.y, d.conv, d.w,
-                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perfs);
-  cudnnConvolutionBwdFilterAlgo_t algo{};
-  cudnnMathType_t math{};
-  if (!pick(perfs, count, dtype, inexact_bwd_filter, &algo, &math)) return false;
-  MT_CUDNN_CHECK(op, cudnnSetConvolutionMathType, d.conv, math);
-  std::size_t bytes = 0;
-  MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardFilterWorkspaceSize, h, d.x, d.y, d.conv, d.w, algo, &bytes);
-  Scratch ws(device, bytes);
-  const float alpha = 1.0f, beta = 0.0f;
-  MT_CUDNN_CHECK(op, cudnnConvolutionBackwardFilter, h, &alpha, d.x, x, d.y, dout, d.conv, algo, ws.get(), bytes,
-                 &beta, d.w, dw);
-  return true;
+  const ConvDescriptors d(s, dtype, op);
+  return run_best_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t,
+                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+      op, d, dtype, device, inexact_bwd_filter,
+      [&](int n, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perfs) {
+        MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardFilterAlgorithm_v7, h, d.x, d.y, d.conv, d.w, n, count, perfs);
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
+        MT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardFilterWorkspaceSize, h, d.x, d.y, d.conv, d.w, algo, bytes);
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, void* ws, std::size_t bytes) {
+        MT_CUDNN_CHECK(op, cudnnConvolutionBackwardFilter, h, &kOne, d.x, x, d.y, dout, d.conv, algo, ws, bytes,
+                       &kZero, d.w, dw);
+      });
 }
 
 #undef MT_CUDNN_CHECK

@@ -1,21 +1,10 @@
 // Arithmetic with broadcasting: add, sub, mul, div (tensor-tensor and tensor-scalar), neg, in-place add.
 // Backward rules sum each gradient back to its input's shape (sum_to undoes the broadcast).
-#include "memtrain/autograd/node.h"
-#include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "ops/elementwise_common.h"
 
 namespace memtrain::ops {
-
-using autograd::needs_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using detail::binary_kernel;
-using detail::unary_kernel;
-
-using BOp = detail::BinaryOp;
-using UOp = detail::UnaryOp;
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_kernel("add", a, b, BOp::add);

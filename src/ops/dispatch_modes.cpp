@@ -7,13 +7,30 @@ namespace {
 // Plain pointers, constant-initialised: reading one is a single thread-local load, no guard variable.
 thread_local CastMode* t_cast_mode = nullptr;
 thread_local RecomputeMode* t_recompute_mode = nullptr;
+
+// The thread's slot for each kind of mode.
+template <class Mode>
+Mode*& current_slot();
+template <>
+CastMode*& current_slot<CastMode>() {
+  return t_cast_mode;
+}
+template <>
+RecomputeMode*& current_slot<RecomputeMode>() {
+  return t_recompute_mode;
+}
 }  // namespace
 
-CastModeGuard::CastModeGuard(CastMode* mode) : previous_(t_cast_mode) { t_cast_mode = mode; }
-CastModeGuard::~CastModeGuard() { t_cast_mode = previous_; }
-
-RecomputeModeGuard::RecomputeModeGuard(RecomputeMode* mode) : previous_(t_recompute_mode) { t_recompute_mode = mode; }
-RecomputeModeGuard::~RecomputeModeGuard() { t_recompute_mode = previous_; }
+template <class Mode>
+ModeGuard<Mode>::ModeGuard(Mode* mode) : previous_(current_slot<Mode>()) {
+  current_slot<Mode>() = mode;
+}
+template <class Mode>
+ModeGuard<Mode>::~ModeGuard() {
+  current_slot<Mode>() = previous_;
+}
+template class ModeGuard<CastMode>;
+template class ModeGuard<RecomputeMode>;
 
 namespace detail {
 CastMode* current_cast_mode() { return t_cast_mode; }

@@ -1,9 +1,12 @@
 // Front-end scaffolding shared by the elementwise ops: check the operands once, allocate the result on their
 // device in their dtype, and call that device's backend with the op's name (src/core/backend.h: unary,
-// binary; the CPU maps are in src/cpu/elementwise.cpp).
+// binary; the CPU maps are in src/cpu/elementwise.cpp). Private to binary.cpp and unary.cpp, which write their
+// ops in the names brought into memtrain::ops at the end.
 #pragma once
 
 #include "core/backend.h"
+#include "memtrain/autograd/node.h"
+#include "memtrain/autograd/saved_tensor.h"
 #include "ops/op_utils.h"
 
 namespace memtrain::ops::detail {
@@ -31,3 +34,15 @@ inline Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b, Bi
 }
 
 }  // namespace memtrain::ops::detail
+
+namespace memtrain::ops {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using detail::binary_kernel;
+using detail::unary_kernel;
+using BOp = detail::BinaryOp;
+using UOp = detail::UnaryOp;
+
+}  // namespace memtrain::ops

@@ -5,23 +5,12 @@
 // (<op>_backward: one named binary map of the gradient and one saved tensor), so the rule lives once and a
 // device backend only adds that op's kernel. Where the derivative is cheaper from the output (exp, sqrt,
 // rsqrt, tanh, sigmoid, relu) the output is saved instead of the input.
-#include "memtrain/autograd/node.h"
-#include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ops/elementwise.h"
 #include "ops/elementwise_common.h"
 
 namespace memtrain::ops {
 
-using autograd::needs_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using detail::binary_kernel;
-using detail::unary_kernel;
-
 namespace {
-
-using BOp = detail::BinaryOp;
-using UOp = detail::UnaryOp;
 
 // ---- backward ops: dx = g * f'(saved), one map each; not recorded (backward runs without grad) ----
 

@@ -9,13 +9,8 @@
 namespace memtrain::optim {
 
 AdamW8bit::AdamW8bit(std::vector<ParamGroup> groups, std::int64_t block_size, std::int64_t min_8bit_size)
-    : BlockwiseOptimizer(std::move(groups), block_size, min_8bit_size, "AdamW8bit") {}
-
-void AdamW8bit::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
-  check_param(param);
-  init_moment(param, state, "exp_avg", QuantMap::signed_dynamic);
-  init_moment(param, state, "exp_avg_sq", QuantMap::unsigned_dynamic);
-}
+    : BlockwiseOptimizer(std::move(groups), block_size, min_8bit_size, "AdamW8bit",
+                         {{"exp_avg", QuantMap::signed_dynamic}, {"exp_avg_sq", QuantMap::unsigned_dynamic}}) {}
 
 void AdamW8bit::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
   const auto [m, m_absmax] = moment(state, "exp_avg", QuantMap::signed_dynamic);

@@ -7,32 +7,34 @@
 namespace memtrain::optim {
 
 BlockwiseOptimizer::BlockwiseOptimizer(std::vector<ParamGroup> groups, std::int64_t block_size,
-                                       std::int64_t min_8bit_size, const char* who)
-    : Optimizer(std::move(groups)), block_size_(block_size), min_8bit_size_(min_8bit_size), who_(who) {
+                                       std::int64_t min_8bit_size, const char* who, std::vector<Moment> moments)
+    : Optimizer(std::move(groups)),
+      block_size_(block_size),
+      min_8bit_size_(min_8bit_size),
+      who_(who),
+      moments_(std::move(moments)) {
   MT_CHECK(block_size > 0, who, "block_size must be positive, got {}", block_size);
   MT_CHECK(min_8bit_size >= 0, who, "min_8bit_size must be >= 0, got {}", min_8bit_size);
 }
 
-void BlockwiseOptimizer::check_param(const Tensor& param) const {
+void BlockwiseOptimizer::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
   check_f32_contiguous(param, who_);
   const Device device = param.device();
-  MT_CHECK(param.numel() < min_8bit_size_ || ::memtrain::detail::backend_for(device).blockwise_block_size_ok(block_size_),
-           who_, "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());
-}
-
-void BlockwiseOptimizer::init_moment(const Tensor& param, ParamState& state, const std::string& name,
-                                     QuantMap map) const {
-  CategoryGuard guard(MemoryCategory::optimizer_state);
   const std::int64_t n = param.numel();
-  const Device device = param.device();
-  if (n < min_8bit_size_) {
-    state.tensors[name] = zeros(param.shape(), DType::f32, device);
-    return;
+  MT_CHECK(n < min_8bit_size_ || ::memtrain::detail::backend_for(device).blockwise_block_size_ok(block_size_), who_,
+           "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());
+  CategoryGuard guard(MemoryCategory::optimizer_state);
+  for (const Moment& m : moments_) {
+    const std::string name = m.name;
+    if (n < min_8bit_size_) {
+      state.tensors[name] = zeros(param.shape(), DType::f32, device);
+      continue;
+    }
+    // Made on the CPU (the fresh codes come from the map's encoder) and moved: meta keeps the bytes, reads zeros.
+    QuantizedState q(n, m.map, block_size_);
+    state.tensors[name + ".codes"] = q.codes().to(device);
+    state.tensors[name + ".absmax"] = q.absmax().to(device);
   }
-  // Made on the CPU (the fresh codes come from the map's encoder) and moved: meta keeps the bytes, reads zeros.
-  QuantizedState q(n, map, block_size_);
-  state.tensors[name + ".codes"] = q.codes().to(device);
-  state.tensors[name + ".absmax"] = q.absmax().to(device);
 }
 
 std::pair<Tensor, Tensor> BlockwiseOptimizer::moment(const ParamState& state, const std::string& name,

@@ -53,29 +53,23 @@ class RecomputeMode {
                                                 const std::function<std::vector<Tensor>()>& compute) = 0;
 };
 
-// Installs `mode` (not owned; nullptr suspends casting) on this thread until the guard ends.
-class CastModeGuard {
+// Installs `mode` (not owned; nullptr suspends that kind of mode) on this thread until the guard ends, then
+// puts back the one it replaced. Mode: CastMode or RecomputeMode (the two instantiations).
+template <class Mode>
+class ModeGuard {
  public:
-  explicit CastModeGuard(CastMode* mode);
-  ~CastModeGuard();
-  CastModeGuard(const CastModeGuard&) = delete;
-  CastModeGuard& operator=(const CastModeGuard&) = delete;
+  explicit ModeGuard(Mode* mode);
+  ~ModeGuard();
+  ModeGuard(const ModeGuard&) = delete;
+  ModeGuard& operator=(const ModeGuard&) = delete;
 
  private:
-  CastMode* previous_;
+  Mode* previous_;
 };
-
-// Installs `mode` (not owned; nullptr suspends recomputation modes) on this thread until the guard ends.
-class RecomputeModeGuard {
- public:
-  explicit RecomputeModeGuard(RecomputeMode* mode);
-  ~RecomputeModeGuard();
-  RecomputeModeGuard(const RecomputeModeGuard&) = delete;
-  RecomputeModeGuard& operator=(const RecomputeModeGuard&) = delete;
-
- private:
-  RecomputeMode* previous_;
-};
+extern template class ModeGuard<CastMode>;
+extern template class ModeGuard<RecomputeMode>;
+using CastModeGuard = ModeGuard<CastMode>;
+using RecomputeModeGuard = ModeGuard<RecomputeMode>;
 
 namespace detail {
 

@@ -17,7 +17,6 @@ class AdamW8bit : public BlockwiseOptimizer {
   std::string_view name() const override { return "AdamW8bit"; }
 
  protected:
-  void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
 };
 

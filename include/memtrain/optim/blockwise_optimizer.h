@@ -1,7 +1,8 @@
 // The common part of the optimizers whose moments are block-wise 8-bit state (quantized_state.h):
 // AdamW8bit and Lion8bit. A parameter of n >= min_8bit_size elements keeps each moment "<name>" as
 // "<name>.codes" (u8 [n]) and "<name>.absmax" (f32 [ceil(n / block_size)]); a smaller one keeps "<name>" in
-// f32 (the scales would cost more than they save). The step itself is the backend's (core/backend.h).
+// f32 (the scales would cost more than they save). The base makes that state; a subclass names its moments
+// and implements the step, which is the backend's (core/backend.h).
 #pragma once
 
 #include "memtrain/optim/optimizer.h"
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace memtrain::optim {
 
@@ -19,13 +21,17 @@ class BlockwiseOptimizer : public Optimizer {
   std::int64_t min_8bit_size() const { return min_8bit_size_; }
 
  protected:
+  // A moment of the state and the map its 8-bit codes use.
+  struct Moment {
+    const char* name;
+    QuantMap map;
+  };
   // `who` names the optimizer in errors. block_size > 0, min_8bit_size >= 0.
   BlockwiseOptimizer(std::vector<ParamGroup> groups, std::int64_t block_size, std::int64_t min_8bit_size,
-                     const char* who);
-  // Checks param (contiguous f32 on a device whose backend takes this block size) before its state is made.
-  void check_param(const Tensor& param) const;
-  // Allocates moment `name` of param (zeros, as QuantizedState makes them) on param's device.
-  void init_moment(const Tensor& param, ParamState& state, const std::string& name, QuantMap map) const;
+                     const char* who, std::vector<Moment> moments);
+  // Checks param (contiguous f32 on a device whose backend takes this block size), then allocates each
+  // moment (zeros, as QuantizedState makes them) on param's device.
+  void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) final;
   // The backend's view of moment `name`: (codes, absmax) of 8-bit state, checked against its block layout,
   // or (f32 values, undefined).
   std::pair<Tensor, Tensor> moment(const ParamState& state, const std::string& name, QuantMap map) const;
@@ -34,6 +40,7 @@ class BlockwiseOptimizer : public Optimizer {
   std::int64_t block_size_;
   std::int64_t min_8bit_size_;
   const char* who_;
+  std::vector<Moment> moments_;
 };
 
 }  // namespace memtrain::optim

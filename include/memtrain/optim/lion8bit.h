@@ -17,7 +17,6 @@ class Lion8bit : public BlockwiseOptimizer {
   std::string_view name() const override { return "Lion8bit"; }
 
  protected:
-  void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
 };
 
