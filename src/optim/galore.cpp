@@ -44,12 +44,6 @@ ParamGroup hyper_of(const ParamGroup& group, double weight_decay) {
   return out;
 }
 
-Tensor cpu_copy(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
-  out.copy_(t);
-  return out;
-}
-
 std::string key_of(std::size_t index, const char* name) { return fmt::format("{}.{}", index, name); }
 
 // True when `name`, split at '.', has a component equal to one of the GaLore target module names.
@@ -262,15 +256,15 @@ std::size_t GaLore::accumulator_bytes() const {
   return total;
 }
 
-StateDict GaLore::state_dict() const {
+StateDict GaLore::collect_state(StateCopy copy) const {
   StateDict out;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
-    rule_->save_external(e.base, std::to_string(i), out);
+    rule_->save_external(e.base, std::to_string(i), out, copy);
     if (!e.projector || e.projector->refresh_count() == 0) continue;
     const GaLoreProjector& proj = *e.projector;
-    if (proj.left_matrix().defined()) out.emplace(key_of(i, "galore.left"), cpu_copy(proj.left_matrix()));
-    if (proj.right_matrix().defined()) out.emplace(key_of(i, "galore.right"), cpu_copy(proj.right_matrix()));
+    if (proj.left_matrix().defined()) out.emplace(key_of(i, "galore.left"), collected(proj.left_matrix(), copy));
+    if (proj.right_matrix().defined()) out.emplace(key_of(i, "galore.right"), collected(proj.right_matrix(), copy));
     // The Philox seed and offset are u64; they travel bit-cast in an i64 tensor.
     std::int64_t rng[2];
     std::memcpy(&rng[0], &proj.rng_state().seed, sizeof(rng[0]));

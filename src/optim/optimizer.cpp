@@ -13,12 +13,6 @@
 namespace memtrain::optim {
 namespace {
 
-Tensor cpu_copy(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
-  out.copy_(t);
-  return out;
-}
-
 std::string key_of(const std::string& prefix, const std::string& name) { return fmt::format("{}.{}", prefix, name); }
 
 }  // namespace
@@ -114,15 +108,22 @@ void Optimizer::zero_grad(bool set_to_none) {
   autograd::zero_grad(all, set_to_none);
 }
 
-StateDict Optimizer::state_dict() const {
-  StateDict out;
-  for (const auto& [impl, slot] : slots_) save_state(states_[slot.index], std::to_string(slot.index), out);
+Tensor Optimizer::collected(const Tensor& t, StateCopy copy) {
+  if (copy == StateCopy::none) return t.detach();
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  out.copy_(t);
   return out;
 }
 
-void Optimizer::save_state(const ParamState& state, const std::string& prefix, StateDict& out) const {
+StateDict Optimizer::collect_state(StateCopy copy) const {
+  StateDict out;
+  for (const auto& [impl, slot] : slots_) save_state(states_[slot.index], std::to_string(slot.index), out, copy);
+  return out;
+}
+
+void Optimizer::save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const {
   out.emplace(key_of(prefix, "step"), tensor<std::int64_t>({state.step}, {}));
-  for (const auto& [name, t] : state.tensors) out.emplace(key_of(prefix, name), cpu_copy(t));
+  for (const auto& [name, t] : state.tensors) out.emplace(key_of(prefix, name), collected(t, copy));
 }
 
 Optimizer::ParamState Optimizer::load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
@@ -175,8 +176,9 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   states_ = std::move(fresh);
 }
 
-void Optimizer::save_external(const ExternalState& state, const std::string& prefix, StateDict& out) const {
-  save_state(state.state_, prefix, out);
+void Optimizer::save_external(const ExternalState& state, const std::string& prefix, StateDict& out,
+                              StateCopy copy) const {
+  save_state(state.state_, prefix, out, copy);
 }
 
 Optimizer::ExternalState Optimizer::load_external(const StateDict& dict, const std::string& prefix,

@@ -130,11 +130,13 @@ std::string Trainer::save_checkpoint() {
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  // The optimizer's state_dict and the file's staging copies are transient: count them as workspace.
+  // What saving allocates is transient: count it as workspace (the step counts, and for device tensors the
+  // host copy the file is written from, one tensor at a time).
   CategoryGuard category(MemoryCategory::workspace);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back(kModelPrefix + name, t);
-  for (auto& [key, t] : optimizer_->state_dict()) tensors.emplace_back(kOptimPrefix + key, t);
+  // The state itself, not a copy: written out before anything steps again.
+  for (auto& [key, t] : optimizer_->state_view()) tensors.emplace_back(kOptimPrefix + key, t);
   optim::StateDict amp_sd;
   if (scaler_) scaler_->save(amp_sd, kLossScalerKey);
   if (fp8_) fp8_->save(amp_sd, kFp8Key, model_->named_parameters());

@@ -73,7 +73,7 @@ class GaLore final : public Optimizer {
   // Keys per parameter i: the base's own ("i.step", "i.exp_avg", ...) and, for a projected parameter once
   // stepped, "i.galore.left" (m, r) and/or "i.galore.right" (n, r), "i.galore.rng" (i64 [2]: Philox seed
   // and offset) and "i.galore.refresh_count" (i64): a restored optimizer continues bit-identically.
-  StateDict state_dict() const override;
+  StateDict collect_state(StateCopy copy) const override;
   void load_state_dict(const StateDict& state) override;
 
   std::size_t state_bytes() const override;  // the three below

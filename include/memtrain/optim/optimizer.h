@@ -61,7 +61,12 @@ class Optimizer {
   bool step_param(const Tensor& param);
   void zero_grad(bool set_to_none = true);
 
-  virtual StateDict state_dict() const;
+  // The state as CPU copies: a snapshot that later steps do not change.
+  StateDict state_dict() const { return collect_state(StateCopy::to_cpu); }
+  // The same entries without copying the state tensors: they are the optimizer's own, on their device, valid
+  // until its next step. For a caller that reads them at once (Trainer::save_checkpoint writes them out), so a
+  // checkpoint does not hold a second copy of the optimizer state.
+  StateDict state_view() const { return collect_state(StateCopy::none); }
   // Restores state saved by the same optimizer type over the same parameter shapes; throws naming the key
   // on a missing, unexpected or mis-shaped entry.
   virtual void load_state_dict(const StateDict& state);
@@ -109,8 +114,14 @@ class Optimizer {
   // changed, when grad holds NaN or Inf; `grad_checked` skips that scan for a caller that already made it.
   bool step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
                      bool grad_checked = false);
-  // Writes `state` as "<prefix>.step" and "<prefix>.<state name>" (CPU copies), as state_dict does.
-  void save_external(const ExternalState& state, const std::string& prefix, StateDict& out) const;
+  // Whether collected state tensors are CPU copies (state_dict) or the tensors themselves (state_view).
+  enum class StateCopy { to_cpu, none };
+  // state_dict's and state_view's entries; an optimizer with state of its own (GaLore) extends it.
+  virtual StateDict collect_state(StateCopy copy) const;
+  // The tensor as collected: a CPU copy, or t itself.
+  static Tensor collected(const Tensor& t, StateCopy copy);
+  // Writes `state` as "<prefix>.step" and "<prefix>.<state name>", as collect_state does.
+  void save_external(const ExternalState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
   // Reads back what save_external wrote under `prefix` for a target shaped like `target`, checking names,
   // shapes and dtypes against init_state; adds the keys it read to `used`. Throws "<where>: ..." naming
   // the key.
@@ -129,7 +140,7 @@ class Optimizer {
   Outcome step_slot(const Slot& slot);
   // init_state at the first step, then the update; the gradient is known to be finite.
   void apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state);
-  void save_state(const ParamState& state, const std::string& prefix, StateDict& out) const;
+  void save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
   ParamState load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
                         const ParamGroup& group, std::set<std::string>& used, std::string_view where);
 
