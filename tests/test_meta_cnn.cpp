@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "meta_footprint.h"
+#include "tiny_lm.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
@@ -84,19 +85,6 @@ Footprint run(const TrainerConfig& base, Device device) {
   return f;
 }
 
-TrainerConfig base_config() {
-  TrainerConfig c;
-  c.micro_batch = 4;
-  c.max_steps = 10;
-  c.eval_interval = 0;
-  c.eval_batches = 2;
-  c.log_interval = 1000;
-  c.data.prefetch = 0;
-  c.schedule.decay = train::LrDecay::constant;
-  c.seed = 5;
-  return c;
-}
-
 struct Variant {
   std::string name;
   std::function<void(TrainerConfig&)> configure;
@@ -117,7 +105,7 @@ TEST(MetaCnn, TrainingStepAccountsTheCpuBytes) {
       MemoryCategory::optimizer_state, MemoryCategory::activations, MemoryCategory::workspace};
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    TrainerConfig c = base_config();
+    TrainerConfig c = test_support::short_run_config();
     v.configure(c);
     const Footprint cpu = run(c, Device::cpu());
     Footprint meta;

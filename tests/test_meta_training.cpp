@@ -7,11 +7,10 @@
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
-#include "memtrain/nn/gpt.h"
-#include "memtrain/nn/llama.h"
 #include "memtrain/optim/spec.h"
 #include "memtrain/train/train.h"
 
+#include "tiny_lm.h"
 #include "token_dataset.h"
 
 #include <array>
@@ -28,37 +27,8 @@ using mt::Device;
 using mt::MemoryCategory;
 using mt::train::TrainerConfig;
 
-constexpr std::int64_t kVocab = 64, kT = 16;
-
-std::shared_ptr<mt::nn::Module> make_model(bool llama) {
-  mt::manual_seed(21);
-  if (llama) {
-    mt::nn::LlamaConfig c;
-    c.vocab_size = kVocab;
-    c.block_size = kT;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 32;
-    c.intermediate_size = 64;
-    return std::make_shared<mt::nn::Llama>(c);
-  }
-  mt::nn::GPTConfig c;
-  c.vocab_size = kVocab;
-  c.block_size = kT;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  return std::make_shared<mt::nn::GPT>(c);
-}
-
-mt::train::LossFn loss_of(const std::shared_ptr<mt::nn::Module>& model, bool llama) {
-  if (llama) {
-    auto m = std::static_pointer_cast<mt::nn::Llama>(model);
-    return [m](const mt::data::Batch& b) { return m->loss(b.inputs, b.targets); };
-  }
-  auto m = std::static_pointer_cast<mt::nn::GPT>(model);
-  return [m](const mt::data::Batch& b) { return m->loss(b.inputs, b.targets); };
-}
+using mt::test_support::kTinyVocab;
+using mt::test_support::kTinyWindow;
 
 // The categories a plan is made of (data and other differ by design: the loader's host buffers).
 constexpr std::array<MemoryCategory, 6> kCompared = {MemoryCategory::parameters,      MemoryCategory::compute_weights,
@@ -74,10 +44,11 @@ struct Footprint {
 Footprint run(const TrainerConfig& base, bool llama, Device device) {
   TrainerConfig c = base;
   c.device = device;
-  auto model = make_model(llama);
-  auto train = std::make_shared<mt::test_support::TokenDataset>(32, kT, kVocab);
-  auto val = std::make_shared<mt::test_support::TokenDataset>(8, kT, kVocab);
-  mt::train::Trainer trainer(c, model, loss_of(model, llama), train, val);
+  mt::manual_seed(21);
+  auto model = mt::test_support::make_tiny_lm(llama);
+  auto train = std::make_shared<mt::test_support::TokenDataset>(32, kTinyWindow, kTinyVocab);
+  auto val = std::make_shared<mt::test_support::TokenDataset>(8, kTinyWindow, kTinyVocab);
+  mt::train::Trainer trainer(c, model, mt::test_support::tiny_lm_loss(model, llama), train, val);
   mt::Allocator& alloc = mt::Allocator::get(device);
   const mt::MemoryStats before = alloc.stats();
   alloc.reset_peak();
@@ -144,24 +115,11 @@ std::vector<Variant> variants() {
   };
 }
 
-TrainerConfig base_config() {
-  TrainerConfig c;
-  c.micro_batch = 4;
-  c.max_steps = 10;
-  c.eval_interval = 0;
-  c.eval_batches = 2;
-  c.log_interval = 1000;
-  c.data.prefetch = 0;
-  c.schedule.decay = mt::train::LrDecay::constant;
-  c.seed = 5;
-  return c;
-}
-
 void expect_meta_equals_cpu(bool llama) {
   for (const Variant& v : variants()) {
     const std::string what = std::string(llama ? "llama " : "gpt ") + v.name;
     SCOPED_TRACE(what);
-    TrainerConfig c = base_config();
+    TrainerConfig c = mt::test_support::short_run_config();
     v.configure(c);
     const Footprint cpu = run(c, llama, Device::cpu());
     if (!v.runs_on_meta) {

@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   std::int64_t epochs = 2, batch = 64;
   double lr = 2e-3;
   std::uint64_t seed = 1;
+  bool plan_only = false;
+  std::string summary_json;
   app.add_option("--data", data_dir, "directory with the four IDX files (.gz or raw)")->capture_default_str();
   app.add_option("--epochs", epochs, "passes over the 60k training images")->capture_default_str();
   app.add_option("--batch", batch, "images per step")->capture_default_str();
@@ -63,12 +65,23 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint, "activation checkpointing of the two conv stages: none, full, every:K, "
                  "selective[:op1,op2], budget:SIZE")->capture_default_str();
   app.add_option("--seed", seed, "seed for init, data order and dropout")->capture_default_str();
+  app.add_flag("--plan-only", plan_only,
+               "predict the run's memory on the meta device and stop (no data read, nothing trained); "
+               "--summary-json gets it under \"predicted\"");
+  app.add_option("--summary-json", summary_json, "run summary path (default <out-dir>/summary.json)");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    auto train_set = data::ImageDataset::from_idx_dir(data_dir, "train");
-    auto test_set = data::ImageDataset::from_idx_dir(data_dir, "t10k");
-    fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
+    // A plan reads no data: blank 28x28 images stand in for Fashion-MNIST's 60k train and 10k test images.
+    std::shared_ptr<const data::Dataset> train_set, test_set;
+    if (plan_only) {
+      train_set = std::make_shared<data::BlankDataset>(60000, Shape{1, 28, 28}, DType::f32, Shape{});
+      test_set = std::make_shared<data::BlankDataset>(10000, Shape{1, 28, 28}, DType::f32, Shape{});
+    } else {
+      train_set = data::ImageDataset::from_idx_dir(data_dir, "train");
+      test_set = data::ImageDataset::from_idx_dir(data_dir, "t10k");
+      fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
+    }
 
     train::TrainerConfig config;
     config.model.preset = "cnn";
@@ -82,9 +95,28 @@ int main(int argc, char** argv) {
     config.log_interval = 50;
     config.seed = seed;
     config.activation_checkpointing = ckpt::Policy::parse(checkpoint);
-    fs::create_directories(out_dir);
+    if (!plan_only) fs::create_directories(out_dir);
     config.metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
-    config.summary_path = (fs::path(out_dir) / "summary.json").string();
+    config.summary_path = summary_json.empty() ? (fs::path(out_dir) / "summary.json").string() : summary_json;
+
+    if (plan_only) {
+      train::RunInputs inputs;
+      inputs.make_model = [seed] {
+        manual_seed(seed);
+        return std::static_pointer_cast<nn::Module>(std::make_shared<nn::CNN>(nn::CNNConfig{}));
+      };
+      inputs.make_loss = [](const std::shared_ptr<nn::Module>& m) -> train::LossFn {
+        auto cnn = std::static_pointer_cast<nn::CNN>(m);
+        return [cnn](const data::Batch& b) { return ops::cross_entropy(cnn->forward(b.inputs), b.targets); };
+      };
+      inputs.train = train_set;
+      inputs.val = test_set;
+      const train::MemoryPrediction p = train::predict_memory(config, inputs);
+      fmt::print("plan: CNN, {} images per step, optimizer {}, checkpointing {}\n{}", batch,
+                 config.optimizer.to_string(), config.activation_checkpointing.to_string(), p.report());
+      if (!summary_json.empty()) train::write_prediction(p, config, summary_json);
+      return 0;
+    }
 
     manual_seed(seed);
     auto model = std::make_shared<nn::CNN>(nn::CNNConfig{});

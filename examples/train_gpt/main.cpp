@@ -32,7 +32,7 @@ struct Flags {
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
   std::int64_t sample_tokens = 96;
-  bool eval_only = false, resume = false, layerwise = false;
+  bool eval_only = false, resume = false, layerwise = false, plan_only = false;
 };
 
 // The defaults of a run without --config: small enough for minutes on 2 CPU cores.
@@ -163,6 +163,49 @@ void print_sample(nn::GPT& model, const data::BpeTokenizer& tokenizer, std::int6
              tokenizer.decode(generated));
 }
 
+// --plan-only: the configured run on the meta device (train::predict_memory) over blank windows of its shapes,
+// printed and, with --summary-json, written under "predicted". Nothing is read or trained, and no GPU is needed
+// to plan a --device cuda run. The corpus is not tokenized, so the vocabulary is --vocab-size or the preset's
+// (with --init-from, the checkpoint's config.json: its weights are not loaded, only its shapes matter).
+void plan_only(const Flags& f, const train::TrainerConfig& config) {
+  nn::GPTConfig g = nn::GPTConfig::preset(config.model.preset);
+  if (!config.model.init_from.empty()) {
+    const fs::path from(config.model.init_from);
+    g = nn::gpt2_config_from_hf_json(((fs::is_directory(from) ? from : from.parent_path()) / "config.json").string());
+  } else if (f.vocab_size) {
+    g.vocab_size = *f.vocab_size;
+  }
+  MT_CHECK(config.model.seq_len <= g.block_size || config.model.init_from.empty(), "train_gpt",
+           "--seq-len {} is longer than the model's {} positions (n_positions of --init-from {})", config.model.seq_len,
+           g.block_size, config.model.init_from);
+  if (config.model.seq_len > 0 && config.model.init_from.empty()) g.block_size = config.model.seq_len;
+  g.dropout = config.model.dropout;
+  const std::int64_t T = config.model.seq_len > 0 ? config.model.seq_len : g.block_size;
+  const std::int64_t windows = config.micro_batch * std::max(config.grad_accum, config.eval_batches);
+  train::RunInputs inputs;
+  inputs.make_model = [g, seed = config.seed] {
+    manual_seed(seed);
+    return std::static_pointer_cast<nn::Module>(std::make_shared<nn::GPT>(g));
+  };
+  inputs.make_loss = [](const std::shared_ptr<nn::Module>& m) -> train::LossFn {
+    auto gpt = std::static_pointer_cast<nn::GPT>(m);
+    return [gpt](const data::Batch& b) { return gpt->loss(b.inputs, b.targets); };
+  };
+  inputs.train = std::make_shared<data::BlankDataset>(windows, Shape{T}, DType::i64, Shape{T});
+  inputs.val = config.eval_batches > 0 ? inputs.train : nullptr;
+  fmt::print("plan: GPT L{} H{} C{} V{}, windows of {} tokens, micro-batch {} x {}, optimizer {}, precision {}, "
+             "checkpointing {}\n",
+             g.n_layer, g.n_head, g.n_embd, g.vocab_size, T, config.micro_batch, config.grad_accum,
+             config.optimizer.to_string(), amp::precision_name(config.precision),
+             config.activation_checkpointing.to_string());
+  const train::MemoryPrediction p = train::predict_memory(config, inputs);
+  fmt::print("{}", p.report());
+  if (!f.summary_json.empty()) {
+    train::write_prediction(p, config, f.summary_json);
+    fmt::print("prediction written to {}\n", f.summary_json);
+  }
+}
+
 void print_scale_up_hints() {
   fmt::print(
       "To scale up: --model small (or gpt2-124M) --seq-len 256 --steps 5000 --grad-accum 4;\n"
@@ -205,6 +248,9 @@ int main(int argc, char** argv) {
   app.add_flag("--layerwise", f.layerwise,
                "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training; the summary gets the val loss and what it covered");
+  app.add_flag("--plan-only", f.plan_only,
+               "predict the run's memory on the meta device and stop (no data read, nothing trained, no GPU needed); "
+               "--summary-json gets it under \"predicted\"");
   app.add_flag("--resume", f.resume, "continue from the newest checkpoint in <out-dir>/checkpoints");
   app.add_option("--summary-json", f.summary_json, "run summary path (default <out-dir>/summary.json)");
   app.add_option("--seed", f.seed, "seed for init, data order and dropout");
@@ -215,6 +261,10 @@ int main(int argc, char** argv) {
 
   try {
     train::TrainerConfig config = resolve_config(f);
+    if (f.plan_only) {
+      plan_only(f, config);
+      return 0;
+    }
     // Before any data is prepared: a run asked for a GPU that is not there stops at once, saying why.
     const Device device = config.device;
     MT_CHECK(device.is_cpu() || cuda::is_available(), "train_gpt", "--device {}: CUDA is not usable here ({})",

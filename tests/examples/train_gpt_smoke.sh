@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the train_gpt example on the public API, end to end: prepare a text corpus, train a few
-# steps, checkpoint, resume to more steps, evaluate only (with its summary); then short bf16 and fp8 runs.
+# steps, check that --plan-only predicted that run's peak, checkpoint, resume to more steps, evaluate only (with
+# its summary); then short bf16 and fp8 runs.
 # Fails on a non-zero exit or missing outputs.
 #   train_gpt_smoke.sh <memtrain_train_gpt binary> <corpus.txt> <scratch dir>
 set -euo pipefail
@@ -10,6 +11,15 @@ base=(--model tiny --vocab-size 300 --data "$corpus" --data-dir "$dir/data" --mi
 common=("${base[@]}" --out-dir "$dir/run")
 
 "$bin" "${common[@]}" --steps 4 > "$dir/first.log" 2>&1 || { cat "$dir/first.log"; exit 1; }
+# --plan-only predicts that run on the meta device (reading no data): its peak_bytes_total must be within
+# -0.5% / +1.5% of what the run measured.
+"$bin" "${base[@]}" --steps 4 --plan-only --summary-json "$dir/plan.json" > "$dir/plan.log" 2>&1 ||
+  { cat "$dir/plan.log"; exit 1; }
+peak() { grep -o '"peak_bytes_total": [0-9]*' "$1" | grep -o '[0-9]*$'; }
+predicted=$(peak "$dir/plan.json") measured=$(peak "$dir/run/summary.json")
+awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p != "" && m > 0 && p >= 0.995 * m && p <= 1.015 * m) }' ||
+  { echo "predicted peak $predicted vs measured $measured: outside -0.5%/+1.5%"; cat "$dir/plan.log"; exit 1; }
+grep -q "predicted memory on cpu" "$dir/plan.log" || { echo "--plan-only printed no prediction"; cat "$dir/plan.log"; exit 1; }
 "$bin" "${common[@]}" --steps 6 --resume > "$dir/resumed.log" 2>&1 || { cat "$dir/resumed.log"; exit 1; }
 grep -q "resumed at step 4" "$dir/resumed.log" || { echo "no resume"; cat "$dir/resumed.log"; exit 1; }
 lines=$(wc -l < "$dir/run/metrics.jsonl")

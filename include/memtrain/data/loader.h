@@ -59,6 +59,24 @@ class TokenWindowDataset : public Dataset {
   std::int64_t vocab_size_;
 };
 
+// Samples with the shapes and dtypes of a real dataset and zeros for contents: what train::predict_memory needs
+// from data (the bytes of each batch) without reading a corpus. inputs [B, input_shape...] in input_dtype,
+// targets [B, target_shape...] i64 (zeros are valid token ids and class labels); targets_count = B times the
+// elements of target_shape. E.g. GPT windows: ({T}, i64, {T}); images: ({C, H, W}, f32, {}).
+class BlankDataset : public Dataset {
+ public:
+  BlankDataset(std::int64_t size, Shape input_shape, DType input_dtype, Shape target_shape);
+  std::int64_t size() const override { return size_; }
+  Batch collate(const std::vector<std::int64_t>& indices) const override;
+  std::string describe() const override;
+
+ private:
+  std::int64_t size_;
+  Shape input_shape_;
+  DType input_dtype_;
+  Shape target_shape_;
+};
+
 // Image classification samples: images [N, H, W] u8 (as read_idx returns) scaled to [0, 1] and normalised
 // by (x - mean) / std, yielded as [B, 1, H, W] f32; labels [N] u8 as i64 [B]. Every label is checked to be
 // < num_classes when the dataset is made (error names `source`, the sample index and the byte offset).

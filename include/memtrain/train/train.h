@@ -1,5 +1,7 @@
-// The training layer: TrainerConfig (a run as a JSON-round-tripping value) and the Trainer that runs it.
+// The training layer: TrainerConfig (a run as a JSON-round-tripping value), the Trainer that runs it, and
+// predict_memory, which runs it on the meta device first to say what it will hold.
 #pragma once
 
+#include "memtrain/train/predict.h"
 #include "memtrain/train/trainer.h"
 #include "memtrain/train/trainer_config.h"

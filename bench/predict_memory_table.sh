@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# How close train::predict_memory comes to the run it predicts: for each configuration, memtrain_train_gpt
+# --plan-only writes the prediction (the run on the meta device), then the same flags train for real (--steps 2:
+# two optimizer steps, the evaluation and the checkpoint save fit() ends with) and write their summary. One
+# markdown row per configuration: predicted and measured peak_bytes_total, the error, the prediction's wall
+# time, and the category that held the most at the measured peak.
+#
+# Error = predicted / measured - 1; the goal is within [-0.5%, +1.5%] (never more than 0.5% under).
+#
+# Usage: bench/predict_memory_table.sh [config...]
+#   config = "preset|flags": the flags are train_gpt's (optimizer, precision, checkpoint, micro-batch, ...).
+#   Default: a grid of 16 over the tiny, mini and small presets.
+# Environment: MEMTRAIN_BUILD_DIR (default build), SKIP_BUILD=1 to use the built example, VOCAB (512: the
+#   tokenizer size; the plan and the run must agree on it), SEQ (64), WORK (a scratch dir, default a mktemp).
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
+cd "$MEMTRAIN_ROOT"
+
+build_dir=${MEMTRAIN_BUILD_DIR:-build}
+[[ ${SKIP_BUILD:-0} == 1 ]] || MEMTRAIN_BUILD_DIR=$build_dir bash scripts/build.sh memtrain_train_gpt
+bin=$build_dir/examples/memtrain_train_gpt
+[[ -x $bin ]] || mt_die "$bin is missing (build it, or unset SKIP_BUILD)"
+vocab=${VOCAB:-512} seq=${SEQ:-64}
+work=${WORK:-$(mktemp -d)}
+mkdir -p "$work"
+
+if (($# > 0)); then
+  configs=("$@")
+else
+  configs=(
+    "tiny|--optimizer adamw"
+    "tiny|--optimizer adamw8bit --checkpoint full"
+    "tiny|--optimizer lion8bit --precision bf16"
+    "tiny|--optimizer adafactor --checkpoint selective"
+    "mini|--optimizer adamw"
+    "mini|--optimizer adamw8bit"
+    "mini|--optimizer adamw --precision bf16 --checkpoint every:2"
+    "mini|--optimizer adamw --precision fp16 --grad-accum 2"
+    "mini|--optimizer adamw --precision fp8"
+    "mini|--optimizer adamw8bit --galore-rank 16 --galore-gap 1"
+    "mini|--optimizer adamw --layerwise"
+    "mini|--optimizer adamw --checkpoint budget:1MiB --micro-batch 8"
+    "small|--optimizer adamw"
+    "small|--optimizer adamw8bit --checkpoint selective --precision bf16"
+    "small|--optimizer adafactor --grad-accum 2 --micro-batch 2"
+    "small|--optimizer adamw --layerwise --checkpoint full"
+  )
+fi
+
+# peak_bytes_total of a summary file's top level, or of its "predicted" object.
+json_field() { "${PYTHON:-python3}" -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+for k in sys.argv[2:]: j = j[k]
+print(j)' "$@"; }
+largest_at_peak() { "${PYTHON:-python3}" -c 'import json, sys
+c = json.load(open(sys.argv[1]))["peak_bytes_by_category"]
+k = max(c, key=c.get); print(f"{k} ({100 * c[k] / max(1, sum(c.values())):.0f}%)")' "$1"; }
+
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) threads; vocab $vocab, windows of $seq tokens, micro-batch 4 unless set"
+echo
+echo "| preset | flags | predicted | measured | error | plan s | largest at peak |"
+echo "|---|---|---:|---:|---:|---:|---|"
+i=0
+for config in "${configs[@]}"; do
+  preset=${config%%|*} flags=${config#*|}
+  i=$((i + 1))
+  [[ $flags == *--micro-batch* ]] || flags="--micro-batch 4 $flags"
+  # shellcheck disable=SC2206  # the flags are split on purpose
+  args=(--model "$preset" --vocab-size "$vocab" --seq-len "$seq" $flags --steps 2 --sample-tokens 0 --data-dir "$work/data")
+  "$bin" "${args[@]}" --plan-only --summary-json "$work/plan$i.json" > "$work/plan$i.log" 2>&1 ||
+    { cat "$work/plan$i.log"; mt_die "plan of '$config' failed"; }
+  "$bin" "${args[@]}" --out-dir "$work/run$i" --summary-json "$work/run$i.json" > "$work/run$i.log" 2>&1 ||
+    { cat "$work/run$i.log"; mt_die "run of '$config' failed"; }
+  predicted=$(json_field "$work/plan$i.json" predicted peak_bytes_total)
+  measured=$(json_field "$work/run$i.json" peak_bytes_total)
+  seconds=$(json_field "$work/plan$i.json" predicted seconds)
+  awk -v p="$predicted" -v m="$measured" -v s="$seconds" -v pre="$preset" -v f="$flags" -v big="$(largest_at_peak "$work/run$i.json")" \
+    'BEGIN { printf "| %s | %s | %d | %d | %+.2f%% | %.2f | %s |\n", pre, f, p, m, 100 * (p / m - 1), s, big }'
+done

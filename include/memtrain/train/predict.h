@@ -1,0 +1,68 @@
+// Predicting a run's memory before it starts. predict_memory() runs the configured training on the meta
+// device (core/backend.h): the same Trainer, model, optimizer, precision and checkpoint policy, every op
+// allocating what it allocates on the CPU, but no kernel and no data. What it runs is what fit() spends its
+// peak on: the first optimizer step (the optimizer state is made), a steady-state step, and an evaluation
+// when there is a val set. The allocator's byte accounting on meta is the prediction: per category, the total
+// peak with what each category held at that moment, and the bytes the allocator's cache reserves.
+//
+// On the CPU a run's data loaders keep batches in flight on the host (config.data.prefetch per loader); the
+// meta run sees only the batches a step holds, so for a CPU run the prediction adds the loaders' queues (one
+// train and one val batch per prefetch slot). A CUDA run keeps those on the host, outside the device's peak.
+//
+// Not predicted yet: the checkpoint save (on the CPU it writes from the tensors in place; on CUDA it copies one
+// tensor at a time to the host), the device allocator's rounding for CUDA (the meta allocator caches in the
+// CPU's size classes) and the process's peak RSS.
+#pragma once
+
+#include "memtrain/data/loader.h"
+#include "memtrain/nn/module.h"
+#include "memtrain/train/trainer.h"
+#include "memtrain/train/trainer_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace memtrain::train {
+
+struct MemoryPrediction {
+  std::string device;                // the device the configuration trains on (config.device)
+  std::size_t peak_bytes_total = 0;  // predicted RunSummary::peak_bytes_total
+  std::map<std::string, std::size_t> peak_bytes_by_category;  // what each category held at that peak
+  std::map<std::string, std::size_t> category_peak_bytes;     // each category's own peak
+  std::size_t reserved_bytes = 0;  // the allocator's reserved bytes at the end: live blocks + its cache
+  std::size_t host_data_bytes = 0;  // of the above, the CPU loaders' queued batches (CPU runs only)
+  std::int64_t steps = 0;           // optimizer steps run on meta
+  bool evaluated = false;           // whether an evaluation ran (a val set was given)
+  double seconds = 0.0;             // wall time the prediction took
+  // {"device", "peak_bytes_total", "peak_bytes_by_category": {name: bytes}, "category_peak_bytes": {...},
+  //  "reserved_bytes", "host_data_bytes", "steps", "evaluated", "seconds"}: a run summary's "predicted".
+  nlohmann::json to_json() const;
+  // Lines for a terminal: the total, then each category at the peak and its own peak.
+  std::string report() const;
+};
+
+// What a Trainer is given, with the model as a factory: the prediction builds its own copy (on the CPU; the
+// Trainer moves it to meta) and discards it. make_loss gets that model. Datasets are only collated (their
+// batches copied to meta), so data::BlankDataset of the real sample shapes predicts as well as the real data.
+struct RunInputs {
+  std::function<std::shared_ptr<nn::Module>()> make_model;
+  std::function<LossFn(const std::shared_ptr<nn::Module>&)> make_loss;
+  std::shared_ptr<const data::Dataset> train;
+  std::shared_ptr<const data::Dataset> val;  // may be null: no evaluation
+};
+
+// Runs `config` on the meta device and returns what it allocates (see above). config.device says which
+// device the prediction is for; config.memory_budget_bytes is ignored (the prediction says whether it fits).
+// The default RNG stream is left as it was. Throws what the Trainer throws for a bad configuration.
+MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs);
+
+// Writes {"config": config.to_json(), "predicted": prediction.to_json()} to path atomically: the shape of a
+// run summary, so the prediction and a run's measured "peak_bytes_total" compare key for key.
+void write_prediction(const MemoryPrediction& prediction, const TrainerConfig& config, const std::string& path);
+
+}  // namespace memtrain::train

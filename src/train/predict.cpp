@@ -1,0 +1,124 @@
+// predict_memory (memtrain/train/predict.h): the configured Trainer on the meta device, and its allocator's
+// accounting read back as the prediction.
+#include "memtrain/train/predict.h"
+
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/error.h"
+#include "memtrain/core/rng.h"
+#include "io/atomic_file.h"
+#include "train/progress.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace memtrain::train {
+
+namespace {
+
+// Bytes of one batch of `size` samples of `dataset`, as the loader would collate it.
+std::size_t batch_bytes(const data::Dataset& dataset, std::int64_t size) {
+  std::vector<std::int64_t> indices;
+  for (std::int64_t i = 0; i < std::min(size, dataset.size()); ++i) indices.push_back(i);
+  const data::Batch b = dataset.collate(indices);
+  return b.inputs.nbytes() + b.targets.nbytes();
+}
+
+}  // namespace
+
+MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs) {
+  const char* where = "predict_memory";
+  MT_CHECK(static_cast<bool>(inputs.make_model), where, "RunInputs::make_model is empty");
+  MT_CHECK(static_cast<bool>(inputs.make_loss), where, "RunInputs::make_loss is empty");
+  MT_CHECK(inputs.train != nullptr, where, "RunInputs::train is null");
+  config.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  // Building the model draws its initial weights: the caller's stream must not move.
+  RngStateGuard rng;
+
+  TrainerConfig meta_config = config;
+  meta_config.device = Device::meta();
+  meta_config.memory_budget_bytes.reset();
+  meta_config.metrics_path.clear();
+  meta_config.summary_path.clear();
+
+  Allocator& meta = Allocator::get(Device::meta());
+  meta.empty_cache();  // a cache left by an earlier prediction would lend blocks this run would have reserved
+  const MemoryStats before = meta.stats();
+
+  MemoryPrediction p;
+  p.device = config.device.str();
+  {
+    std::shared_ptr<nn::Module> model = inputs.make_model();
+    LossFn loss = inputs.make_loss(model);
+    Trainer trainer(meta_config, std::move(model), std::move(loss), inputs.train, inputs.val);  // peak reset here
+    trainer.train_step();  // makes the optimizer state
+    trainer.train_step();  // steady state
+    p.steps = 2;
+    if (inputs.val) {
+      trainer.evaluate();
+      p.evaluated = true;
+    }
+    const MemoryStats after = meta.stats();
+    p.peak_bytes_total = after.peak_bytes - before.live_bytes;
+    for (int i = 0; i < kNumMemoryCategories; ++i) {
+      const std::string name(category_name(static_cast<MemoryCategory>(i)));
+      p.peak_bytes_by_category[name] = after.by_category[i].at_total_peak - before.by_category[i].live_bytes;
+      p.category_peak_bytes[name] = after.by_category[i].peak_bytes - before.by_category[i].live_bytes;
+    }
+    p.reserved_bytes = after.reserved_bytes - before.reserved_bytes;
+  }
+
+  // A CPU run's loaders hold up to `prefetch` collated batches each on the host, beside the ones a step holds.
+  if (config.device.is_cpu() && config.data.prefetch > 0) {
+    std::size_t queued = batch_bytes(*inputs.train, config.micro_batch);
+    if (inputs.val) queued += batch_bytes(*inputs.val, config.micro_batch);
+    p.host_data_bytes = queued * static_cast<std::size_t>(config.data.prefetch);
+    const std::string data(category_name(MemoryCategory::data));
+    p.peak_bytes_total += p.host_data_bytes;
+    p.peak_bytes_by_category[data] += p.host_data_bytes;
+    p.category_peak_bytes[data] += p.host_data_bytes;
+    p.reserved_bytes += p.host_data_bytes;
+  }
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return p;
+}
+
+nlohmann::json MemoryPrediction::to_json() const {
+  return {
+      {"device", device},
+      {"peak_bytes_total", peak_bytes_total},
+      {"peak_bytes_by_category", peak_bytes_by_category},
+      {"category_peak_bytes", category_peak_bytes},
+      {"reserved_bytes", reserved_bytes},
+      {"host_data_bytes", host_data_bytes},
+      {"steps", steps},
+      {"evaluated", evaluated},
+      {"seconds", seconds},
+  };
+}
+
+void write_prediction(const MemoryPrediction& prediction, const TrainerConfig& config, const std::string& path) {
+  const nlohmann::json j = {{"config", config.to_json()}, {"predicted", prediction.to_json()}};
+  const std::string text = j.dump(2) + "\n";
+  ::memtrain::detail::AtomicFileWriter out(path, "write_prediction");
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+std::string MemoryPrediction::report() const {
+  std::string out = fmt::format("predicted memory on {} ({} steps{} on meta, {:.2f} s): peak {}, reserved {}\n",
+                                device, steps, evaluated ? " and an evaluation" : "", seconds,
+                                detail::format_bytes(peak_bytes_total), detail::format_bytes(reserved_bytes));
+  out += fmt::format("  {:<16} {:>12} {:>12}\n", "category", "at peak", "own peak");
+  for (const auto& [name, bytes] : peak_bytes_by_category) {
+    const std::size_t own = category_peak_bytes.at(name);
+    if (bytes == 0 && own == 0) continue;
+    out += fmt::format("  {:<16} {:>12} {:>12}\n", name, detail::format_bytes(bytes), detail::format_bytes(own));
+  }
+  return out;
+}
+
+}  // namespace memtrain::train
