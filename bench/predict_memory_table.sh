@@ -17,13 +17,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 cd "$MEMTRAIN_ROOT"
 
-build_dir=${MEMTRAIN_BUILD_DIR:-build}
-[[ ${SKIP_BUILD:-0} == 1 ]] || MEMTRAIN_BUILD_DIR=$build_dir bash scripts/build.sh memtrain_train_gpt
-bin=$build_dir/examples/memtrain_train_gpt
-[[ -x $bin ]] || mt_die "$bin is missing (build it, or unset SKIP_BUILD)"
+# shellcheck source=bench/train_gpt_common.sh
+source bench/train_gpt_common.sh
 vocab=${VOCAB:-512} seq=${SEQ:-64}
-work=${WORK:-$(mktemp -d)}
-mkdir -p "$work"
 
 if (($# > 0)); then
   configs=("$@")
@@ -48,12 +44,7 @@ else
   )
 fi
 
-# peak_bytes_total of a summary file's top level, or of its "predicted" object.
-json_field() { "${PYTHON:-python3}" -c 'import json, sys
-j = json.load(open(sys.argv[1]))
-for k in sys.argv[2:]: j = j[k]
-print(j)' "$@"; }
-largest_at_peak() { "${PYTHON:-python3}" -c 'import json, sys
+largest_at_peak() { "$py" -c 'import json, sys
 c = json.load(open(sys.argv[1]))["peak_bytes_by_category"]
 k = max(c, key=c.get); print(f"{k} ({100 * c[k] / max(1, sum(c.values())):.0f}%)")' "$1"; }
 
@@ -72,9 +63,9 @@ for config in "${configs[@]}"; do
     { cat "$work/plan$i.log"; mt_die "plan of '$config' failed"; }
   "$bin" "${args[@]}" --out-dir "$work/run$i" --summary-json "$work/run$i.json" > "$work/run$i.log" 2>&1 ||
     { cat "$work/run$i.log"; mt_die "run of '$config' failed"; }
-  predicted=$(json_field "$work/plan$i.json" predicted peak_bytes_total)
-  measured=$(json_field "$work/run$i.json" peak_bytes_total)
-  seconds=$(json_field "$work/plan$i.json" predicted seconds)
+  predicted=$(json "$work/plan$i.json" predicted peak_bytes_total)
+  measured=$(json "$work/run$i.json" peak_bytes_total)
+  seconds=$(json "$work/plan$i.json" predicted seconds)
   awk -v p="$predicted" -v m="$measured" -v s="$seconds" -v pre="$preset" -v f="$flags" -v big="$(largest_at_peak "$work/run$i.json")" \
     'BEGIN { printf "| %s | %s | %d | %d | %+.2f%% | %.2f | %s |\n", pre, f, p, m, 100 * (p / m - 1), s, big }'
 done

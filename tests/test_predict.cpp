@@ -7,7 +7,9 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/optim/spec.h"
+#include "memtrain/ops/linalg.h"
 #include "memtrain/train/predict.h"
+#include "core/work_counter.h"
 
 #include "tiny_lm.h"
 #include "token_dataset.h"
@@ -29,47 +31,10 @@ using mt::Device;
 using mt::MemoryCategory;
 using mt::train::TrainerConfig;
 
-using mt::test_support::kTinyVocab;
-using mt::test_support::kTinyWindow;
-using mt::test_support::make_tiny_lm;
+using mt::test_support::inputs_for;
+using mt::test_support::measure_on_cpu;
+using mt::test_support::Measured;
 using mt::test_support::short_run_config;
-using mt::test_support::tiny_lm_loss;
-
-mt::train::RunInputs inputs_for(bool llama) {
-  mt::train::RunInputs in;
-  in.make_model = [llama] { return make_tiny_lm(llama); };
-  in.make_loss = [llama](const std::shared_ptr<mt::nn::Module>& m) { return tiny_lm_loss(m, llama); };
-  in.train = std::make_shared<mt::test_support::TokenDataset>(32, kTinyWindow, kTinyVocab);
-  in.val = std::make_shared<mt::test_support::TokenDataset>(12, kTinyWindow, kTinyVocab);
-  return in;
-}
-
-// What the CPU allocator measured over the steps a prediction covers, from before the model was built.
-struct Measured {
-  std::size_t peak_total = 0;
-  std::array<std::size_t, mt::kNumMemoryCategories> at_peak{}, own_peak{};
-};
-
-Measured measure_on_cpu(const TrainerConfig& config, bool llama) {
-  const mt::train::RunInputs in = inputs_for(llama);
-  mt::Allocator& cpu = mt::Allocator::get(Device::cpu());
-  const mt::MemoryStats before = cpu.stats();
-  Measured m;
-  {
-    auto model = in.make_model();
-    mt::train::Trainer trainer(config, model, in.make_loss(model), in.train, in.val);  // resets the peak
-    trainer.train_step();
-    trainer.train_step();
-    trainer.evaluate();
-    const mt::MemoryStats after = cpu.stats();
-    m.peak_total = after.peak_bytes - before.live_bytes;
-    for (int i = 0; i < mt::kNumMemoryCategories; ++i) {
-      m.at_peak[i] = after.by_category[i].at_total_peak - before.by_category[i].live_bytes;
-      m.own_peak[i] = after.by_category[i].peak_bytes - before.by_category[i].live_bytes;
-    }
-  }
-  return m;
-}
 
 struct Variant {
   std::string name;
@@ -200,6 +165,62 @@ TEST(PredictMemory, ACheckpointSaveHoldsNoCopyOfTheOptimizerState) {
   const std::size_t extra = cpu.stats().peak_bytes - live;
   EXPECT_LT(extra, state / 10) << "the save allocated " << extra << " bytes beside " << state << " of state";
   std::filesystem::remove(path);
+}
+
+TEST(PredictMemory, CountsTheStepsWorkByPrecision) {
+  TrainerConfig c = short_run_config();
+  const mt::train::MemoryPrediction f32 = mt::train::predict_memory(c, inputs_for(false));
+  EXPECT_GT(f32.step_work.flops_f32, 0.0);
+  EXPECT_EQ(f32.step_work.flops_narrow, 0.0);
+  EXPECT_GT(f32.step_work.allocated_bytes, 0.0);
+  // AdamW streams the gradient once and the parameter and both moments twice: 4 + 3 * 2 * 4 bytes a weight.
+  std::size_t params = 0;
+  for (const auto& [name, p] : inputs_for(false).make_model()->named_parameters()) params += p.numel();
+  EXPECT_DOUBLE_EQ(f32.step_work.optimizer_bytes, 28.0 * static_cast<double>(params));
+  c.precision = mt::amp::Precision::bf16;
+  const mt::train::MemoryPrediction bf16 = mt::train::predict_memory(c, inputs_for(false));
+  EXPECT_GT(bf16.step_work.flops_narrow, 0.0);
+  // Full recompute runs each block's forward again: more products than without it.
+  c.activation_checkpointing = mt::ckpt::Policy::full();
+  const mt::train::MemoryPrediction full = mt::train::predict_memory(c, inputs_for(false));
+  EXPECT_GT(full.step_work.flops_narrow + full.step_work.flops_f32, bf16.step_work.flops_narrow + bf16.step_work.flops_f32);
+}
+
+TEST(MetaWorkCounter, CountsAMatmulsProducts) {
+  mt::detail::WorkCounts work;
+  {
+    mt::detail::WorkCounterGuard counting(&work);
+    const mt::Tensor a = mt::Tensor::empty({3, 5, 7}, mt::DType::f32, Device::meta());
+    const mt::Tensor b = mt::Tensor::empty({7, 11}, mt::DType::f32, Device::meta());
+    (void)mt::ops::matmul(a, b);
+    const mt::Tensor x = mt::Tensor::empty({4, 6}, mt::DType::bf16, Device::meta());
+    const mt::Tensor w = mt::Tensor::empty({9, 6}, mt::DType::bf16, Device::meta());
+    (void)mt::ops::linear(x, w, mt::Tensor());
+  }
+  EXPECT_DOUBLE_EQ(work.flops_f32, 2.0 * 3 * 5 * 11 * 7);
+  EXPECT_DOUBLE_EQ(work.flops_narrow, 2.0 * 4 * 9 * 6);
+  // Nothing is counted without a counter installed.
+  const mt::Tensor a = mt::Tensor::empty({2, 2}, mt::DType::f32, Device::meta());
+  (void)mt::ops::matmul(a, a);
+  EXPECT_DOUBLE_EQ(work.flops_f32, 2.0 * 3 * 5 * 11 * 7);
+}
+
+TEST(ParameterDeviceGuard, BuildsOnMetaDrawingWhatTheCpuDraws) {
+  mt::manual_seed(3);
+  (void)mt::test_support::make_tiny_lm(false);
+  const mt::RngState after_cpu = mt::get_rng_state();
+  mt::manual_seed(3);
+  mt::Allocator& cpu = mt::Allocator::get(Device::cpu());
+  const std::size_t live = cpu.stats().live_bytes;
+  {
+    mt::nn::ParameterDeviceGuard on_meta(Device::meta());
+    const auto model = mt::test_support::make_tiny_lm(false);
+    for (const auto& [name, p] : model->named_parameters()) EXPECT_EQ(p.device(), Device::meta()) << name;
+    EXPECT_EQ(cpu.stats().live_bytes, live) << "a meta model must not hold host memory";
+  }
+  EXPECT_EQ(mt::get_rng_state(), after_cpu);
+  const auto back = mt::test_support::make_tiny_lm(false);
+  for (const auto& [name, p] : back->named_parameters()) EXPECT_EQ(p.device(), Device::cpu()) << name;
 }
 
 TEST(PredictMemory, RefusesMissingInputsNamingThem) {

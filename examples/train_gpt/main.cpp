@@ -26,7 +26,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device;
+  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
   std::optional<double> galore_scale;
   std::optional<double> lr;
@@ -163,47 +163,93 @@ void print_sample(nn::GPT& model, const data::BpeTokenizer& tokenizer, std::int6
              tokenizer.decode(generated));
 }
 
-// --plan-only: the configured run on the meta device (train::predict_memory) over blank windows of its shapes,
-// printed and, with --summary-json, written under "predicted". Nothing is read or trained, and no GPU is needed
-// to plan a --device cuda run. The corpus is not tokenized, so the vocabulary is --vocab-size or the preset's
-// (with --init-from, the checkpoint's config.json: its weights are not loaded, only its shapes matter).
-void plan_only(const Flags& f, const train::TrainerConfig& config) {
-  nn::GPTConfig g = nn::GPTConfig::preset(config.model.preset);
+// What train::predict_memory and train::fit_to_budget run: the configured GPT over blank windows of the run's
+// shapes (no corpus is read). The vocabulary is `vocab` (the prepared tokenizer's), else --vocab-size or the
+// preset's; with --init-from, the checkpoint's config.json (its weights are not loaded, only its shapes matter).
+struct PlanInputs {
+  nn::GPTConfig gpt;
+  std::int64_t window = 0;
+  train::RunInputs inputs;
+};
+
+PlanInputs plan_inputs(const Flags& f, const train::TrainerConfig& config, std::optional<std::int64_t> vocab = {}) {
+  PlanInputs plan;
+  nn::GPTConfig& g = plan.gpt;
+  g = nn::GPTConfig::preset(config.model.preset);
   if (!config.model.init_from.empty()) {
     const fs::path from(config.model.init_from);
     g = nn::gpt2_config_from_hf_json(((fs::is_directory(from) ? from : from.parent_path()) / "config.json").string());
-  } else if (f.vocab_size) {
-    g.vocab_size = *f.vocab_size;
+  } else if (vocab || f.vocab_size) {
+    g.vocab_size = vocab ? *vocab : *f.vocab_size;
   }
   MT_CHECK(config.model.seq_len <= g.block_size || config.model.init_from.empty(), "train_gpt",
            "--seq-len {} is longer than the model's {} positions (n_positions of --init-from {})", config.model.seq_len,
            g.block_size, config.model.init_from);
   if (config.model.seq_len > 0 && config.model.init_from.empty()) g.block_size = config.model.seq_len;
   g.dropout = config.model.dropout;
-  const std::int64_t T = config.model.seq_len > 0 ? config.model.seq_len : g.block_size;
-  const std::int64_t windows = config.micro_batch * std::max(config.grad_accum, config.eval_batches);
-  train::RunInputs inputs;
-  inputs.make_model = [g, seed = config.seed] {
+  plan.window = config.model.seq_len > 0 ? config.model.seq_len : g.block_size;
+  // Enough windows for any split of the global batch and for eval_batches.
+  const std::int64_t windows = config.micro_batch * config.grad_accum * std::max<std::int64_t>(1, config.eval_batches);
+  plan.inputs.make_model = [g, seed = config.seed] {
     manual_seed(seed);
     return std::static_pointer_cast<nn::Module>(std::make_shared<nn::GPT>(g));
   };
-  inputs.make_loss = [](const std::shared_ptr<nn::Module>& m) -> train::LossFn {
+  plan.inputs.make_loss = [](const std::shared_ptr<nn::Module>& m) -> train::LossFn {
     auto gpt = std::static_pointer_cast<nn::GPT>(m);
     return [gpt](const data::Batch& b) { return gpt->loss(b.inputs, b.targets); };
   };
-  inputs.train = std::make_shared<data::BlankDataset>(windows, Shape{T}, DType::i64, Shape{T});
-  inputs.val = config.eval_batches > 0 ? inputs.train : nullptr;
+  const Shape window{plan.window};
+  plan.inputs.train = std::make_shared<data::BlankDataset>(windows, window, DType::i64, window);
+  plan.inputs.val = config.eval_batches > 0 ? plan.inputs.train : nullptr;
+  return plan;
+}
+
+// --plan-only: the configured run on the meta device, printed and, with --summary-json, written under
+// "predicted". Nothing is read or trained, and no GPU is needed to plan a --device cuda run.
+void plan_only(const Flags& f, const train::TrainerConfig& config) {
+  const PlanInputs plan = plan_inputs(f, config);
+  const nn::GPTConfig& g = plan.gpt;
   fmt::print("plan: GPT L{} H{} C{} V{}, windows of {} tokens, micro-batch {} x {}, optimizer {}, precision {}, "
              "checkpointing {}\n",
-             g.n_layer, g.n_head, g.n_embd, g.vocab_size, T, config.micro_batch, config.grad_accum,
+             g.n_layer, g.n_head, g.n_embd, g.vocab_size, plan.window, config.micro_batch, config.grad_accum,
              config.optimizer.to_string(), amp::precision_name(config.precision),
              config.activation_checkpointing.to_string());
-  const train::MemoryPrediction p = train::predict_memory(config, inputs);
+  const train::MemoryPrediction p = train::predict_memory(config, plan.inputs);
   fmt::print("{}", p.report());
   if (!f.summary_json.empty()) {
     train::write_prediction(p, config, f.summary_json);
     fmt::print("prediction written to {}\n", f.summary_json);
   }
+}
+
+// The --fit budget, after refusing the flags it contradicts (naming both).
+std::size_t check_fit_flags(const Flags& f, const train::TrainerConfig& config) {
+  const std::size_t budget = parse_byte_size(*f.fit, "--fit");
+  MT_CHECK(!f.resume, "--fit", "--fit {} and --resume contradict: a resumed run keeps its checkpoint's configuration",
+           *f.fit);
+  MT_CHECK(!f.eval_only, "--fit", "--fit {} and --eval-only contradict: an evaluation trains nothing to fit", *f.fit);
+  MT_CHECK(!config.memory_budget_bytes || *config.memory_budget_bytes == budget, "--fit",
+           "--fit {} and --config's memory_budget_bytes {} contradict: give one budget", *f.fit,
+           *config.memory_budget_bytes);
+  return budget;
+}
+
+// --fit BUDGET: the fastest configuration whose predicted peak fits (train::fit_to_budget). A knob given on
+// the command line stays as given; the global batch (micro-batch x accumulation) stays. Refuses, before any
+// step, when nothing fits. Returns the chosen configuration, whose memory_budget_bytes is the budget.
+train::TrainerConfig fit_config(const Flags& f, const train::TrainerConfig& config, std::optional<std::int64_t> vocab) {
+  const std::size_t budget = check_fit_flags(f, config);
+  train::FitKnobs knobs;
+  knobs.precision = !f.precision;
+  knobs.optimizer_state = !f.optimizer;
+  knobs.galore = !f.galore_rank;
+  knobs.checkpointing = !f.checkpoint;
+  knobs.accumulation = !(f.micro_batch && f.grad_accum);
+  knobs.layerwise = !f.layerwise;
+  const train::FitResult r = train::fit_to_budget(config, budget, plan_inputs(f, config, vocab).inputs, knobs);
+  fmt::print("{}", r.report());
+  MT_CHECK(r.chosen.has_value(), "--fit", "no configuration fits in {} (see above)", *f.fit);
+  return *r.chosen;
 }
 
 void print_scale_up_hints() {
@@ -248,6 +294,9 @@ int main(int argc, char** argv) {
   app.add_flag("--layerwise", f.layerwise,
                "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training; the summary gets the val loss and what it covered");
+  app.add_option("--fit", f.fit,
+                 "memory budget (e.g. 1.5GiB): choose the fastest precision, optimizer state, GaLore, checkpointing, "
+                 "micro-batch split and layer-wise setting whose predicted peak fits; flags given stay as given");
   app.add_flag("--plan-only", f.plan_only,
                "predict the run's memory on the meta device and stop (no data read, nothing trained, no GPU needed); "
                "--summary-json gets it under \"predicted\"");
@@ -261,7 +310,9 @@ int main(int argc, char** argv) {
 
   try {
     train::TrainerConfig config = resolve_config(f);
+    if (f.fit) (void)check_fit_flags(f, config);  // before any data is prepared
     if (f.plan_only) {
+      if (f.fit) config = fit_config(f, config, std::nullopt);
       plan_only(f, config);
       return 0;
     }
@@ -273,6 +324,7 @@ int main(int argc, char** argv) {
     Corpus corpus = prepare_data(f, vocab);
     config.data.train = corpus.train;
     config.data.val = corpus.val;
+    if (f.fit) config = fit_config(f, config, corpus.tokenizer ? std::optional(corpus.tokenizer->vocab_size()) : std::nullopt);
     auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab);
     const std::int64_t T = window_length(config, *model);
     fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",

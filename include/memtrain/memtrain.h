@@ -17,6 +17,7 @@
 #include "memtrain/ckpt/op_label.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/allocator.h"
+#include "memtrain/core/byte_size.h"
 #include "memtrain/core/device.h"
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/elementwise_ops.h"

@@ -125,6 +125,7 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
     stats_.cached_bytes += segment_bytes - block.bytes;  // the segment's tail, if split off, is free cache
   }
   ++stats_.num_allocs;
+  stats_.allocated_bytes += nbytes;
   auto& cs = stats_.by_category[static_cast<int>(category)];
   cs.live_bytes += nbytes;
   cs.peak_bytes = std::max(cs.peak_bytes, cs.live_bytes);

@@ -14,6 +14,8 @@
 namespace memtrain::nn {
 
 namespace {
+thread_local Device t_parameter_device = Device::cpu();
+
 bool has_name(const NamedTensors& v, const std::string& name) {
   for (const auto& [n, t] : v)
     if (n == name) return true;
@@ -23,8 +25,13 @@ bool has_name(const NamedTensors& v, const std::string& name) {
 
 Tensor Module::new_parameter(const Shape& shape, DType dtype) {
   CategoryGuard guard(MemoryCategory::parameters);
-  return Tensor::empty(shape, dtype);
+  return Tensor::empty(shape, dtype, t_parameter_device);
 }
+
+ParameterDeviceGuard::ParameterDeviceGuard(Device device) : previous_(t_parameter_device) {
+  t_parameter_device = device;
+}
+ParameterDeviceGuard::~ParameterDeviceGuard() { t_parameter_device = previous_; }
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
   MT_CHECK(t.defined(), "Module::register_parameter", "parameter '{}' is undefined", name);

@@ -5,6 +5,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/rng.h"
+#include "core/work_counter.h"
 #include "io/atomic_file.h"
 #include "train/progress.h"
 
@@ -51,11 +52,23 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
   MemoryPrediction p;
   p.device = config.device.str();
   {
-    std::shared_ptr<nn::Module> model = inputs.make_model();
+    std::shared_ptr<nn::Module> model;
+    {
+      nn::ParameterDeviceGuard on_meta(Device::meta());  // no host memory or time spent on the weights
+      model = inputs.make_model();
+    }
     LossFn loss = inputs.make_loss(model);
     Trainer trainer(meta_config, std::move(model), std::move(loss), inputs.train, inputs.val);  // peak reset here
     trainer.train_step();  // makes the optimizer state
-    trainer.train_step();  // steady state
+    {
+      // The steady-state step, with its work counted.
+      ::memtrain::detail::WorkCounts work;
+      ::memtrain::detail::WorkCounterGuard counting(&work);
+      const std::size_t allocated = meta.stats().allocated_bytes;
+      trainer.train_step();
+      p.step_work = {work.flops_f32, work.flops_narrow,
+                     static_cast<double>(meta.stats().allocated_bytes - allocated), work.optimizer_bytes};
+    }
     p.steps = 2;
     if (inputs.val) {
       trainer.evaluate();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the train_gpt example on the public API, end to end: prepare a text corpus, train a few
-# steps, check that --plan-only predicted that run's peak, checkpoint, resume to more steps, evaluate only (with
-# its summary); then short bf16 and fp8 runs.
+# steps, check that --plan-only predicted that run's peak and that --fit keeps a run within a budget, checkpoint,
+# resume to more steps, evaluate only (with its summary); then short bf16 and fp8 runs.
 # Fails on a non-zero exit or missing outputs.
 #   train_gpt_smoke.sh <memtrain_train_gpt binary> <corpus.txt> <scratch dir>
 set -euo pipefail
@@ -20,6 +20,21 @@ predicted=$(peak "$dir/plan.json") measured=$(peak "$dir/run/summary.json")
 awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p != "" && m > 0 && p >= 0.995 * m && p <= 1.015 * m) }' ||
   { echo "predicted peak $predicted vs measured $measured: outside -0.5%/+1.5%"; cat "$dir/plan.log"; exit 1; }
 grep -q "predicted memory on cpu" "$dir/plan.log" || { echo "--plan-only printed no prediction"; cat "$dir/plan.log"; exit 1; }
+# --fit: a budget of 3/4 of that run's peak chooses a configuration that trains within it (the allocator holds
+# the run to the budget too); a budget nothing fits is refused before any step, with the smallest breakdown; a
+# mistyped unit and a contradictory flag are refused naming what is wrong.
+budget=$((measured * 3 / 4))
+"$bin" "${base[@]}" --out-dir "$dir/fit" --steps 2 --fit "$budget" > "$dir/fit.log" 2>&1 || { cat "$dir/fit.log"; exit 1; }
+grep -q "^chosen: " "$dir/fit.log" || { echo "--fit printed no choice"; cat "$dir/fit.log"; exit 1; }
+fit_peak=$(peak "$dir/fit/summary.json")
+((fit_peak > 0 && fit_peak <= budget)) || { echo "--fit $budget: the run peaked at $fit_peak"; cat "$dir/fit.log"; exit 1; }
+if "$bin" "${base[@]}" --fit 16KiB --plan-only > "$dir/nofit.log" 2>&1; then echo "--fit 16KiB was not refused"; exit 1; fi
+grep -q "nothing fits" "$dir/nofit.log" && grep -q "parameters" "$dir/nofit.log" ||
+  { echo "the refusal lacks the smallest breakdown"; cat "$dir/nofit.log"; exit 1; }
+if "$bin" "${base[@]}" --fit 1.5Gib --plan-only > "$dir/typo.log" 2>&1; then echo "--fit 1.5Gib was accepted"; exit 1; fi
+grep -q "KiB, MiB, GiB" "$dir/typo.log" || { echo "the unit typo's refusal names no units"; cat "$dir/typo.log"; exit 1; }
+if "$bin" "${common[@]}" --fit 1GiB --resume > "$dir/contra.log" 2>&1; then echo "--fit with --resume ran"; exit 1; fi
+grep -q "\-\-fit 1GiB and \-\-resume" "$dir/contra.log" || { echo "the contradiction is not named"; cat "$dir/contra.log"; exit 1; }
 "$bin" "${common[@]}" --steps 6 --resume > "$dir/resumed.log" 2>&1 || { cat "$dir/resumed.log"; exit 1; }
 grep -q "resumed at step 4" "$dir/resumed.log" || { echo "no resume"; cat "$dir/resumed.log"; exit 1; }
 lines=$(wc -l < "$dir/run/metrics.jsonl")

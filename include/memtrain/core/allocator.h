@@ -92,6 +92,7 @@ struct MemoryStats {
   std::size_t reserved_bytes = 0;  // bytes held from the OS/driver: blocks in use + cache (rounded)
   std::size_t cached_bytes = 0;    // reserved bytes in no block in use, ready for reuse
   std::size_t num_allocs = 0;      // allocations served
+  std::size_t allocated_bytes = 0;  // bytes they asked for, summed over all of them (what was written, roughly)
   std::size_t cache_hits = 0;      // of those, served from the cache
   const CategoryStats& operator[](MemoryCategory c) const { return by_category[static_cast<int>(c)]; }
 };

@@ -70,7 +70,8 @@ class Module {
   void load_state_dict(const StateDict& dict, bool strict = true);
 
  protected:
-  // A new parameter of `shape` allocated under MemoryCategory::parameters (uninitialised contents).
+  // A new parameter of `shape` allocated under MemoryCategory::parameters (uninitialised contents), on the
+  // CPU or on the device of this thread's ParameterDeviceGuard.
   static Tensor new_parameter(const Shape& shape, DType dtype);
   // Registers t (made a leaf that requires grad) under `name` and returns the same handle.
   Tensor register_parameter(const std::string& name, Tensor t);
@@ -92,6 +93,21 @@ class Module {
 };
 
 // Initialisers used by the layers (GPT-2 style), in place and not recorded by autograd.
-void init_normal_(Tensor& t, double std);  // normal(0, std) from the default RNG stream
+void init_normal_(Tensor& t, double std);
+
+// Modules built on this thread while the guard lives make their parameters on `device` instead of the CPU.
+// Under ParameterDeviceGuard(Device::meta()) a model costs no memory and no time to build and initialise (the
+// random draws still advance the RNG stream as on the CPU): what train::predict_memory builds. Buffers that a
+// module makes outside new_parameter stay on the CPU until Module::to moves them.
+class ParameterDeviceGuard {
+ public:
+  explicit ParameterDeviceGuard(Device device);
+  ~ParameterDeviceGuard();
+  ParameterDeviceGuard(const ParameterDeviceGuard&) = delete;
+  ParameterDeviceGuard& operator=(const ParameterDeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};  // normal(0, std) from the default RNG stream
 
 }  // namespace memtrain::nn

@@ -29,6 +29,15 @@
 
 namespace memtrain::train {
 
+// What the steady-state (second) step does, counted on meta where its kernels would run: the input of the
+// fitter's cost model (train/fit.h).
+struct StepWork {
+  double flops_f32 = 0.0;        // matmul-family products in f32 (fp8's emulated GEMMs included)
+  double flops_narrow = 0.0;     // ... in bf16 or f16
+  double allocated_bytes = 0.0;  // bytes the step's tensors asked for: what it writes, roughly
+  double optimizer_bytes = 0.0;  // bytes the optimizer step reads and writes
+};
+
 struct MemoryPrediction {
   std::string device;                // the device the configuration trains on (config.device)
   std::size_t peak_bytes_total = 0;  // predicted RunSummary::peak_bytes_total
@@ -39,6 +48,7 @@ struct MemoryPrediction {
   std::int64_t steps = 0;           // optimizer steps run on meta
   bool evaluated = false;           // whether an evaluation ran (a val set was given)
   double seconds = 0.0;             // wall time the prediction took
+  StepWork step_work;               // the steady-state step's work (not in to_json)
   // {"device", "peak_bytes_total", "peak_bytes_by_category": {name: bytes}, "category_peak_bytes": {...},
   //  "reserved_bytes", "host_data_bytes", "steps", "evaluated", "seconds"}: a run summary's "predicted".
   nlohmann::json to_json() const;
@@ -46,8 +56,9 @@ struct MemoryPrediction {
   std::string report() const;
 };
 
-// What a Trainer is given, with the model as a factory: the prediction builds its own copy (on the CPU; the
-// Trainer moves it to meta) and discards it. make_loss gets that model. Datasets are only collated (their
+// What a Trainer is given, with the model as a factory: the prediction builds its own copy, on meta
+// (nn::ParameterDeviceGuard: parameters a module makes are meta from the start), and discards it. make_loss
+// gets that model. Datasets are only collated (their
 // batches copied to meta), so data::BlankDataset of the real sample shapes predicts as well as the real data.
 struct RunInputs {
   std::function<std::shared_ptr<nn::Module>()> make_model;

@@ -2,6 +2,7 @@
 // predict_memory, which runs it on the meta device first to say what it will hold.
 #pragma once
 
+#include "memtrain/train/fit.h"
 #include "memtrain/train/predict.h"
 #include "memtrain/train/trainer.h"
 #include "memtrain/train/trainer_config.h"
