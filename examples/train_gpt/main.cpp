@@ -26,7 +26,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit;
+  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
   std::optional<double> galore_scale;
   std::optional<double> lr;
@@ -252,6 +252,43 @@ train::TrainerConfig fit_config(const Flags& f, const train::TrainerConfig& conf
   return *r.chosen;
 }
 
+// --memory-timeline FILE.svg: records the device's allocator over the second step (the first when there is one
+// step) with the Trainer's phases, and writes it with the meta prediction of that step overlaid.
+class MemoryTimelineRecorder {
+ public:
+  MemoryTimelineRecorder(const Flags& f, const train::TrainerConfig& config, train::Trainer& trainer,
+                         std::optional<std::int64_t> vocab)
+      : path_(f.memory_timeline.value_or("")), trainer_(trainer), device_(config.device),
+        step_(std::min<std::int64_t>(2, config.max_steps)) {
+    if (path_.empty()) return;
+    predicted_ = train::predict_memory(config, plan_inputs(f, config, vocab).inputs, true).timeline;
+    if (trainer_.step() + 1 == step_) start();
+  }
+  void after_step(std::int64_t step) {
+    if (path_.empty()) return;
+    if (step + 1 == step_) start();
+    if (step != step_ || !recording_) return;
+    trainer_.mark_phases_on(nullptr);
+    recording_->stop();
+    train::write_memory_timeline_svg(*recording_, predicted_.get(),
+                                     fmt::format("memtrain: live bytes by category over step {}", step), path_);
+    fmt::print("memory timeline of step {} written to {}\n", step, path_);
+    recording_.reset();
+  }
+
+ private:
+  void start() {
+    recording_ = std::make_unique<train::MemoryTimeline>(device_);
+    trainer_.mark_phases_on(recording_.get());
+  }
+  std::string path_;
+  train::Trainer& trainer_;
+  Device device_;
+  std::int64_t step_;
+  std::shared_ptr<const train::MemoryTimeline> predicted_;
+  std::unique_ptr<train::MemoryTimeline> recording_;
+};
+
 void print_scale_up_hints() {
   fmt::print(
       "To scale up: --model small (or gpt2-124M) --seq-len 256 --steps 5000 --grad-accum 4;\n"
@@ -297,6 +334,9 @@ int main(int argc, char** argv) {
   app.add_option("--fit", f.fit,
                  "memory budget (e.g. 1.5GiB): choose the fastest precision, optimizer state, GaLore, checkpointing, "
                  "micro-batch split and layer-wise setting whose predicted peak fits; flags given stay as given");
+  app.add_option("--memory-timeline", f.memory_timeline,
+                 "write an SVG of the live bytes by category over the second training step (its eval and checkpoint "
+                 "included), phases marked, with the meta prediction of the same step overlaid");
   app.add_flag("--plan-only", f.plan_only,
                "predict the run's memory on the meta device and stop (no data read, nothing trained, no GPU needed); "
                "--summary-json gets it under \"predicted\"");
@@ -353,8 +393,11 @@ int main(int argc, char** argv) {
       fmt::print("\n{}", memory_report());
       if (device.is_cuda()) fmt::print("{}", memory_report(device));
     } else {
+      MemoryTimelineRecorder timeline(f, config, trainer, corpus.tokenizer ? std::optional(model->config().vocab_size)
+                                                                         : std::nullopt);
       // The sample comes right after the last step, so fit()'s memory report stays the last thing printed.
       trainer.on_step = [&](const train::StepMetrics& m) {
+        timeline.after_step(m.step);
         if (m.step != config.max_steps) return;
         sample();
         print_scale_up_hints();

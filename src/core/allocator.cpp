@@ -135,6 +135,7 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
     stats_.peak_bytes = stats_.live_bytes;
     for (auto& c : stats_.by_category) c.at_total_peak = c.live_bytes;
   }
+  notify_observer_locked();
   return Block{block.ptr, nbytes, block.bytes, category, stream};
 }
 
@@ -189,6 +190,19 @@ void Allocator::deallocate(const Block& block) {
   --cs.live_blocks;
   stats_.live_bytes -= block.nbytes;
   stats_.cached_bytes += block.class_bytes;
+  notify_observer_locked();
+}
+
+void Allocator::notify_observer_locked() const {
+  if (!observer_) return;
+  std::array<std::size_t, kNumMemoryCategories> live{};
+  for (int i = 0; i < kNumMemoryCategories; ++i) live[i] = stats_.by_category[i].live_bytes;
+  observer_(live);
+}
+
+void Allocator::set_observer(Observer observer) {
+  std::lock_guard lock(mutex_);
+  observer_ = std::move(observer);
 }
 
 MemoryStats Allocator::stats() const {

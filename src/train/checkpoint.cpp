@@ -130,6 +130,7 @@ std::string Trainer::save_checkpoint() {
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
+  mark("checkpoint save");
   // What saving allocates is transient: count it as workspace (the step counts, and for device tensors the
   // host copy the file is written from, one tensor at a time).
   CategoryGuard category(MemoryCategory::workspace);

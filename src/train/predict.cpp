@@ -29,7 +29,7 @@ std::size_t batch_bytes(const data::Dataset& dataset, std::int64_t size) {
 
 }  // namespace
 
-MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs) {
+MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs, bool record_timeline) {
   const char* where = "predict_memory";
   MT_CHECK(static_cast<bool>(inputs.make_model), where, "RunInputs::make_model is empty");
   MT_CHECK(static_cast<bool>(inputs.make_loss), where, "RunInputs::make_loss is empty");
@@ -60,6 +60,11 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
     LossFn loss = inputs.make_loss(model);
     Trainer trainer(meta_config, std::move(model), std::move(loss), inputs.train, inputs.val);  // peak reset here
     trainer.train_step();  // makes the optimizer state
+    std::shared_ptr<MemoryTimeline> timeline;
+    if (record_timeline) {
+      timeline = std::make_shared<MemoryTimeline>(Device::meta());
+      trainer.mark_phases_on(timeline.get());
+    }
     {
       // The steady-state step, with its work counted.
       ::memtrain::detail::WorkCounts work;
@@ -73,6 +78,11 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
     if (inputs.val) {
       trainer.evaluate();
       p.evaluated = true;
+    }
+    if (timeline) {
+      trainer.mark_phases_on(nullptr);
+      timeline->stop();
+      p.timeline = timeline;
     }
     const MemoryStats after = meta.stats();
     p.peak_bytes_total = after.peak_bytes - before.live_bytes;

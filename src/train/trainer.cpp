@@ -163,6 +163,7 @@ StepMetrics Trainer::train_step() {
     data::Batch batch = std::move(batches[i]);
     if (batch.targets_count == 0) continue;  // its mean loss is 0/0 and its weight 0: nothing to add
     Tensor loss;
+    mark(batches.size() > 1 ? fmt::format("forward {}/{}", i + 1, batches.size()) : std::string("forward"));
     {
       // What the forward pass allocates (and keeps for backward) is activation memory.
       autograd::EnableGradGuard grad_on;
@@ -183,10 +184,12 @@ StepMetrics Trainer::train_step() {
     }
     std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
     if (layerwise_) hooks_on.emplace(*layerwise_, i == last_backward);
+    mark("backward");
     autograd::backward({loss}, {seed_grad});
   }
   batches.clear();
 
+  mark("optimizer step");
   // fp16: gradients back in true units before anything reads them; an overflow skips the whole step.
   const std::optional<double> loss_scale = scaler_ ? std::optional<double>(scaler_->scale()) : std::nullopt;
   bool skipped = false;
@@ -226,8 +229,13 @@ StepMetrics Trainer::train_step() {
 
 amp::AutocastMode Trainer::autocast_mode() const { return {compute_dtype_, fp8_.get()}; }
 
+void Trainer::mark(const std::string& phase) const {
+  if (timeline_ != nullptr) timeline_->mark(phase);
+}
+
 double Trainer::evaluate() {
   MT_CHECK(val_loader_ != nullptr, "Trainer::evaluate", "no validation dataset was given");
+  mark("eval");
   // Evaluation must not move the training RNG stream, or eval_interval would change the training run.
   RngStateGuard rng;
   // Nor may it move the fp8 delayed-scaling state: its amaxes would set later training scales.

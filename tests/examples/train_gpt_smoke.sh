@@ -55,6 +55,17 @@ for p in "bf16" "fp8 --fp8-scaling delayed"; do
   "$bin" "${base[@]}" --out-dir "$out" --steps 2 --precision $p > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
   grep -q "\"precision\": \"${p%% *}\"" "$out/config.json" || { echo "config.json without precision ${p%% *}"; exit 1; }
 done
+# --memory-timeline: an SVG of step 2 with its phases and the predicted curve.
+"$bin" "${base[@]}" --out-dir "$dir/timeline" --steps 2 --memory-timeline "$dir/timeline.svg" > "$dir/timeline.log" 2>&1 ||
+  { cat "$dir/timeline.log"; exit 1; }
+for want in '<svg ' '>forward<' '>backward<' '>optimizer step<' 'id="predicted"' '</svg>'; do
+  grep -q "$want" "$dir/timeline.svg" || { echo "timeline.svg without $want"; exit 1; }
+done
+# memtrain_plot draws the run's metrics (the plot binary sits beside train_gpt).
+plot=$(dirname "$bin")/memtrain_plot
+"$plot" "$dir/run/metrics.jsonl" "$dir/metrics.svg" > "$dir/plot.log" 2>&1 || { cat "$dir/plot.log"; exit 1; }
+grep -q 'data-key="loss"' "$dir/metrics.svg" && grep -q 'data-key="peak_bytes"' "$dir/metrics.svg" ||
+  { echo "metrics.svg lacks the loss or peak memory panel"; exit 1; }
 # A bad flag value is refused with the reason, not run.
 if "$bin" "${common[@]}" --precision fp9 > "$dir/bad.log" 2>&1; then echo "--precision fp9 was accepted"; exit 1; fi
 grep -q "precision" "$dir/bad.log" || { cat "$dir/bad.log"; exit 1; }

@@ -20,6 +20,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>  // kept: code that includes this header may rely on it
 #include <memory>
 #include <mutex>
@@ -130,6 +131,12 @@ class Allocator {
   void set_budget(std::optional<std::size_t> bytes);  // live-bytes budget; nullopt = unlimited
   std::optional<std::size_t> budget() const;
 
+  // Called after every allocation and free with the live bytes of each category then, under the allocator's
+  // lock (in allocation order across threads): it must be quick and must not allocate from this allocator.
+  // One observer at a time; an empty function removes it. (train::MemoryTimeline records through it.)
+  using Observer = std::function<void(const std::array<std::size_t, kNumMemoryCategories>& live)>;
+  void set_observer(Observer observer);
+
   // Human-readable table: category, live, peak, at-peak; then total, reserved, cache.
   std::string report() const;
 
@@ -141,6 +148,7 @@ class Allocator {
 
  private:
   std::string report_locked() const;
+  void notify_observer_locked() const;
   // Takes the free segments out of the cache and its accounting (under the lock); the caller frees them.
   std::vector<detail::Segment> release_free_segments_locked();
   void free_segments(const std::vector<detail::Segment>& segments);
@@ -152,6 +160,7 @@ class Allocator {
   mutable std::mutex mutex_;
   MemoryStats stats_;
   std::optional<std::size_t> budget_;
+  Observer observer_;
   std::unique_ptr<detail::BlockCache> cache_;  // the CachePolicy; touched only under mutex_
 };
 

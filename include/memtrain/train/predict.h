@@ -16,6 +16,7 @@
 
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/module.h"
+#include "memtrain/train/timeline.h"
 #include "memtrain/train/trainer.h"
 #include "memtrain/train/trainer_config.h"
 
@@ -49,6 +50,8 @@ struct MemoryPrediction {
   bool evaluated = false;           // whether an evaluation ran (a val set was given)
   double seconds = 0.0;             // wall time the prediction took
   StepWork step_work;               // the steady-state step's work (not in to_json)
+  // With record_timeline: the steady-state step and the evaluation on meta, phases marked (not in to_json).
+  std::shared_ptr<const MemoryTimeline> timeline;
   // {"device", "peak_bytes_total", "peak_bytes_by_category": {name: bytes}, "category_peak_bytes": {...},
   //  "reserved_bytes", "host_data_bytes", "steps", "evaluated", "seconds"}: a run summary's "predicted".
   nlohmann::json to_json() const;
@@ -70,7 +73,7 @@ struct RunInputs {
 // Runs `config` on the meta device and returns what it allocates (see above). config.device says which
 // device the prediction is for; config.memory_budget_bytes is ignored (the prediction says whether it fits).
 // The default RNG stream is left as it was. Throws what the Trainer throws for a bad configuration.
-MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs);
+MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs, bool record_timeline = false);
 
 // Writes {"config": config.to_json(), "predicted": prediction.to_json()} to path atomically: the shape of a
 // run summary, so the prediction and a run's measured "peak_bytes_total" compare key for key.

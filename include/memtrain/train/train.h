@@ -3,6 +3,8 @@
 #pragma once
 
 #include "memtrain/train/fit.h"
+#include "memtrain/train/metrics_plot.h"
 #include "memtrain/train/predict.h"
+#include "memtrain/train/timeline.h"
 #include "memtrain/train/trainer.h"
 #include "memtrain/train/trainer_config.h"

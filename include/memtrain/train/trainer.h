@@ -51,6 +51,7 @@
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/module.h"
 #include "memtrain/optim/optimizer.h"
+#include "memtrain/train/timeline.h"
 #include "memtrain/train/trainer_config.h"
 
 #include <nlohmann/json.hpp>
@@ -153,6 +154,11 @@ class Trainer {
   // Trainer was made), written to config.summary_path when set.
   RunSummary evaluate_and_summarize();
 
+  // While `timeline` (not owned; nullptr to stop) is set, the step's phases are marked on it as they start:
+  // "forward" (with the micro-batch, "forward 2/4", when accumulating), "backward", "optimizer step", "eval",
+  // "checkpoint save".
+  void mark_phases_on(MemoryTimeline* timeline) { timeline_ = timeline; }
+
   std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
   void save_checkpoint(const std::string& path) const;
   void load_checkpoint(const std::string& path);  // throws naming the file and what does not match
@@ -193,6 +199,8 @@ class Trainer {
   RunSummary summarize(const std::vector<StepMetrics>& ran) const;  // memory, devices, last_eval_
   Device device_ = Device::cpu();  // of the model's parameters: whose allocator the budget and peaks are
   bool budget_set_ = false;
+  MemoryTimeline* timeline_ = nullptr;
+  void mark(const std::string& phase) const;
   std::optional<std::size_t> previous_budget_;
 };
 
