@@ -9,7 +9,9 @@
 #
 # Usage: bench/predict_memory_table.sh [config...]
 #   config = "preset|flags": the flags are train_gpt's (optimizer, precision, checkpoint, micro-batch, ...).
-#   Default: a grid of 16 over the tiny, mini and small presets.
+#   Default: a grid of 48, the tiny, mini and small presets under 16 combinations of the techniques.
+# Columns also compare the allocator's reserved bytes (goal +-3%) and the process's peak RSS (goal +-5%) with
+# their predictions.
 # Environment: MEMTRAIN_BUILD_DIR (default build), SKIP_BUILD=1 to use the built example, VOCAB (512: the
 #   tokenizer size; the plan and the run must agree on it), SEQ (64), WORK (a scratch dir, default a mktemp).
 set -euo pipefail
@@ -24,24 +26,29 @@ vocab=${VOCAB:-512} seq=${SEQ:-64}
 if (($# > 0)); then
   configs=("$@")
 else
-  configs=(
-    "tiny|--optimizer adamw"
-    "tiny|--optimizer adamw8bit --checkpoint full"
-    "tiny|--optimizer lion8bit --precision bf16"
-    "tiny|--optimizer adafactor --checkpoint selective"
-    "mini|--optimizer adamw"
-    "mini|--optimizer adamw8bit"
-    "mini|--optimizer adamw --precision bf16 --checkpoint every:2"
-    "mini|--optimizer adamw --precision fp16 --grad-accum 2"
-    "mini|--optimizer adamw --precision fp8"
-    "mini|--optimizer adamw8bit --galore-rank 16 --galore-gap 1"
-    "mini|--optimizer adamw --layerwise"
-    "mini|--optimizer adamw --checkpoint budget:1MiB --micro-batch 8"
-    "small|--optimizer adamw"
-    "small|--optimizer adamw8bit --checkpoint selective --precision bf16"
-    "small|--optimizer adafactor --grad-accum 2 --micro-batch 2"
-    "small|--optimizer adamw --layerwise --checkpoint full"
+  # 3 presets x 16 technique combinations = 48 configurations.
+  techniques=(
+    "--optimizer adamw"
+    "--optimizer adamw8bit"
+    "--optimizer lion8bit"
+    "--optimizer adafactor"
+    "--optimizer adamw8bit --galore-rank 16 --galore-gap 1"
+    "--optimizer adamw --checkpoint full"
+    "--optimizer adamw --checkpoint selective"
+    "--optimizer adamw --checkpoint every:2"
+    "--optimizer adamw --checkpoint budget:1MiB"
+    "--optimizer adamw --precision bf16"
+    "--optimizer adamw --precision fp16"
+    "--optimizer adamw --precision fp8"
+    "--optimizer adamw --micro-batch 2 --grad-accum 2"
+    "--optimizer adamw --layerwise"
+    "--optimizer adamw8bit --precision bf16 --checkpoint selective --layerwise"
+    "--optimizer adafactor --precision bf16 --checkpoint full --micro-batch 2 --grad-accum 2"
   )
+  configs=()
+  for preset in tiny mini small; do
+    for t in "${techniques[@]}"; do configs+=("$preset|$t"); done
+  done
 fi
 
 largest_at_peak() { "$py" -c 'import json, sys
@@ -50,8 +57,8 @@ k = max(c, key=c.get); print(f"{k} ({100 * c[k] / max(1, sum(c.values())):.0f}%)
 
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) threads; vocab $vocab, windows of $seq tokens, micro-batch 4 unless set"
 echo
-echo "| preset | flags | predicted | measured | error | plan s | largest at peak |"
-echo "|---|---|---:|---:|---:|---:|---|"
+echo "| preset | flags | predicted | measured | error | reserved error | RSS error | plan s | largest at peak |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
 i=0
 for config in "${configs[@]}"; do
   preset=${config%%|*} flags=${config#*|}
@@ -65,7 +72,11 @@ for config in "${configs[@]}"; do
     { cat "$work/run$i.log"; mt_die "run of '$config' failed"; }
   predicted=$(json "$work/plan$i.json" predicted peak_bytes_total)
   measured=$(json "$work/run$i.json" peak_bytes_total)
+  reserved_p=$(json "$work/plan$i.json" predicted reserved_bytes) reserved_m=$(json "$work/run$i.json" reserved_bytes)
+  rss_p=$(json "$work/plan$i.json" predicted peak_rss_bytes) rss_m=$(json "$work/run$i.json" peak_rss_bytes)
   seconds=$(json "$work/plan$i.json" predicted seconds)
-  awk -v p="$predicted" -v m="$measured" -v s="$seconds" -v pre="$preset" -v f="$flags" -v big="$(largest_at_peak "$work/run$i.json")" \
-    'BEGIN { printf "| %s | %s | %d | %d | %+.2f%% | %.2f | %s |\n", pre, f, p, m, 100 * (p / m - 1), s, big }'
+  awk -v p="$predicted" -v m="$measured" -v rp="$reserved_p" -v rm="$reserved_m" -v sp="$rss_p" -v sm="$rss_m" \
+    -v s="$seconds" -v pre="$preset" -v f="$flags" -v big="$(largest_at_peak "$work/run$i.json")" \
+    'BEGIN { printf "| %s | %s | %d | %d | %+.2f%% | %+.1f%% | %+.1f%% | %.3f | %s |\n", pre, f, p, m, 100 * (p / m - 1),
+             100 * (rp / rm - 1), 100 * (sp / sm - 1), s, big }'
 done

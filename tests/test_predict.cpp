@@ -9,6 +9,7 @@
 #include "memtrain/optim/spec.h"
 #include "memtrain/ops/linalg.h"
 #include "memtrain/train/predict.h"
+#include "core/backend.h"
 #include "core/work_counter.h"
 
 #include "tiny_lm.h"
@@ -16,7 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
+#include <random>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -221,6 +224,37 @@ TEST(ParameterDeviceGuard, BuildsOnMetaDrawingWhatTheCpuDraws) {
   EXPECT_EQ(mt::get_rng_state(), after_cpu);
   const auto back = mt::test_support::make_tiny_lm(false);
   for (const auto& [name, p] : back->named_parameters()) EXPECT_EQ(p.device(), Device::cpu()) << name;
+}
+
+// The meta allocator simulates the CPU's cache: on one trace of allocations and frees (sizes from a byte to
+// 8 MiB, log-uniform; frees in random order) both reserve, cache and reuse exactly the same bytes.
+TEST(PredictMemory, TheMetaAllocatorReservesWhatTheCpuAllocatorReservesOnATrace) {
+  mt::Allocator host(Device::cpu(), mt::detail::backend_for(Device::cpu()).make_memory_source(0));
+  mt::Allocator meta(Device::meta(), mt::detail::backend_for(Device::meta()).make_memory_source(0));
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<mt::Block, mt::Block>> live;
+  for (int op = 0; op < 4000; ++op) {
+    if (!live.empty() && (rng() % 100 < 45 || live.size() > 300)) {
+      const std::size_t k = rng() % live.size();
+      host.deallocate(live[k].first);
+      meta.deallocate(live[k].second);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      const auto bytes = static_cast<std::size_t>(std::exp2(static_cast<double>(rng() % 2300) / 100.0));
+      const auto category = static_cast<mt::MemoryCategory>(rng() % mt::kNumMemoryCategories);
+      live.emplace_back(host.allocate(bytes, category), meta.allocate(bytes, category));
+    }
+    const mt::MemoryStats h = host.stats(), m = meta.stats();
+    ASSERT_EQ(m.reserved_bytes, h.reserved_bytes) << "op " << op;
+    ASSERT_EQ(m.cached_bytes, h.cached_bytes) << "op " << op;
+    ASSERT_EQ(m.cache_hits, h.cache_hits) << "op " << op;
+    ASSERT_EQ(m.peak_bytes, h.peak_bytes) << "op " << op;
+  }
+  for (const auto& [h, m] : live) {
+    host.deallocate(h);
+    meta.deallocate(m);
+  }
+  EXPECT_GT(host.stats().cache_hits, 100u) << "the trace must exercise the cache";
 }
 
 TEST(PredictMemory, RefusesMissingInputsNamingThem) {

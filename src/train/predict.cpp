@@ -36,6 +36,7 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
   MT_CHECK(inputs.train != nullptr, where, "RunInputs::train is null");
   config.validate();
   const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t rss_before = current_rss_bytes();
   // Building the model draws its initial weights: the caller's stream must not move.
   RngStateGuard rng;
 
@@ -105,6 +106,7 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
     p.category_peak_bytes[data] += p.host_data_bytes;
     p.reserved_bytes += p.host_data_bytes;
   }
+  p.peak_rss_bytes = rss_before + (config.device.is_cpu() ? p.reserved_bytes : p.host_data_bytes);
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }
@@ -117,6 +119,7 @@ nlohmann::json MemoryPrediction::to_json() const {
       {"category_peak_bytes", category_peak_bytes},
       {"reserved_bytes", reserved_bytes},
       {"host_data_bytes", host_data_bytes},
+      {"peak_rss_bytes", peak_rss_bytes},
       {"steps", steps},
       {"evaluated", evaluated},
       {"seconds", seconds},

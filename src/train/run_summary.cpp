@@ -32,6 +32,7 @@ nlohmann::json RunSummary::to_json() const {
       {"peak_bytes_total", peak_bytes_total},
       {"optimizer_state_bytes", optimizer_state_bytes},
       {"peak_rss_bytes", peak_rss_bytes},
+      {"reserved_bytes", reserved_bytes},
       {"device", device},
       {"host_peak_bytes", host_peak_bytes},
   };
@@ -49,19 +50,24 @@ void write_summary(const RunSummary& summary, const std::string& path) {
   out.commit();
 }
 
-std::size_t peak_rss_bytes() {
-  // "VmHWM:     12345 kB": the high-water mark of the resident set. 0 where /proc is absent.
+namespace {
+// A "<key>:   12345 kB" line of /proc/self/status, in bytes; 0 where /proc is absent.
+std::size_t status_kib_field(const char* key) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) != 0) continue;
-    std::istringstream fields(line.substr(6));
+    if (line.rfind(key, 0) != 0) continue;
+    std::istringstream fields(line.substr(std::strlen(key)));
     std::size_t kib = 0;
     fields >> kib;
     return kib * 1024;
   }
   return 0;
 }
+}  // namespace
+
+std::size_t peak_rss_bytes() { return status_kib_field("VmHWM:"); }
+std::size_t current_rss_bytes() { return status_kib_field("VmRSS:"); }
 
 namespace detail {
 
@@ -96,6 +102,7 @@ RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>
   s.peak_bytes_total = memory.peak_bytes;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_rss_bytes = peak_rss_bytes();
+  s.reserved_bytes = memory.reserved_bytes;
   s.host_peak_bytes = memory.peak_bytes;  // fit() replaces it with the CPU allocator's on a device run
   return s;
 }

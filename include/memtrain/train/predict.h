@@ -9,9 +9,9 @@
 // meta run sees only the batches a step holds, so for a CPU run the prediction adds the loaders' queues (one
 // train and one val batch per prefetch slot). A CUDA run keeps those on the host, outside the device's peak.
 //
-// Not predicted yet: the checkpoint save (on the CPU it writes from the tensors in place; on CUDA it copies one
-// tensor at a time to the host), the device allocator's rounding for CUDA (the meta allocator caches in the
-// CPU's size classes) and the process's peak RSS.
+// Not predicted: the checkpoint save (on the CPU it writes from the tensors in place, so it adds only the step
+// counts; on CUDA it copies one tensor at a time to the host) and the device allocator's rounding for CUDA (the
+// meta allocator caches in the CPU's size classes). The peak RSS is an estimate (see MemoryPrediction).
 #pragma once
 
 #include "memtrain/data/loader.h"
@@ -46,6 +46,10 @@ struct MemoryPrediction {
   std::map<std::string, std::size_t> category_peak_bytes;     // each category's own peak
   std::size_t reserved_bytes = 0;  // the allocator's reserved bytes at the end: live blocks + its cache
   std::size_t host_data_bytes = 0;  // of the above, the CPU loaders' queued batches (CPU runs only)
+  // The process's peak RSS: its resident set when the prediction started (the library, the program, what it
+  // loaded) plus what the run adds to it: for a CPU run the allocator's reserved bytes, for a CUDA run the
+  // loaders' host batches. An estimate: malloc's own overhead and threads' stacks are not counted.
+  std::size_t peak_rss_bytes = 0;
   std::int64_t steps = 0;           // optimizer steps run on meta
   bool evaluated = false;           // whether an evaluation ran (a val set was given)
   double seconds = 0.0;             // wall time the prediction took
@@ -53,7 +57,8 @@ struct MemoryPrediction {
   // With record_timeline: the steady-state step and the evaluation on meta, phases marked (not in to_json).
   std::shared_ptr<const MemoryTimeline> timeline;
   // {"device", "peak_bytes_total", "peak_bytes_by_category": {name: bytes}, "category_peak_bytes": {...},
-  //  "reserved_bytes", "host_data_bytes", "steps", "evaluated", "seconds"}: a run summary's "predicted".
+  //  "reserved_bytes", "host_data_bytes", "peak_rss_bytes", "steps", "evaluated", "seconds"}: a run summary's
+  //  "predicted".
   nlohmann::json to_json() const;
   // Lines for a terminal: the total, then each category at the peak and its own peak.
   std::string report() const;

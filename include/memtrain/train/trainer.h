@@ -115,6 +115,7 @@ struct RunSummary {
   std::size_t peak_bytes_total = 0;
   std::size_t optimizer_state_bytes = 0;
   std::size_t peak_rss_bytes = 0;
+  std::size_t reserved_bytes = 0;  // the device allocator's reserved bytes at the end (blocks in use + cache)
   std::string device = "cpu";       // where the model trained; the peaks above are that device's allocator's
   std::size_t host_peak_bytes = 0;  // the CPU allocator's peak (the same as peak_bytes_total on a CPU run)
   // A program's own results (e.g. test_accuracy), written as top-level keys beside the fields above.
@@ -221,5 +222,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 // Peak resident set size of this process (from /proc/self/status VmHWM), in bytes.
 std::size_t peak_rss_bytes();
+// Resident set size of this process now (VmRSS), in bytes; 0 where /proc is absent.
+std::size_t current_rss_bytes();
 
 }  // namespace memtrain::train
