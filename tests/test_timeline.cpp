@@ -64,8 +64,8 @@ TEST(MemoryTimeline, RecordsWhatTheAllocatorSawAndTheTrainersPhases) {
     EXPECT_EQ(timeline.samples().back()[k], after.by_category[k].live_bytes) << k;
   std::vector<std::string> names;
   for (const MemoryTimeline::Phase& p : timeline.phases()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"forward 1/2", "backward", "forward 2/2", "backward", "optimizer step",
-                                             "eval"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"forward 1/2", "block 1/2", "block 2/2", "backward", "forward 2/2",
+                                             "block 1/2", "block 2/2", "backward", "optimizer step", "eval"}));
   for (std::size_t i = 1; i < timeline.phases().size(); ++i)
     EXPECT_LE(timeline.phases()[i - 1].first_sample, timeline.phases()[i].first_sample);
   // Nothing is recorded once stopped.

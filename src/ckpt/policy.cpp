@@ -4,6 +4,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/ckpt/op_label.h"
 #include "memtrain/core/error.h"
+#include "core/phase_marks.h"
 
 #include <fmt/format.h>
 
@@ -238,6 +239,9 @@ RegionMode BlockCheckpointer::mode_of(std::int64_t block, std::int64_t num_block
 
 Tensor BlockCheckpointer::run(std::int64_t block, std::int64_t num_blocks,
                               const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
+  // Blocks are marked in the training forward (an evaluation's many short forwards would only crowd the marks).
+  if (autograd::grad_enabled() && ::memtrain::detail::phase_listener_installed())
+    ::memtrain::detail::mark_phase(fmt::format("block {}/{}", block + 1, num_blocks));
   const RegionMode mode = mode_of(block, num_blocks);
   const bool profiling = policy_.kind == Policy::Kind::budget && !plan_ && autograd::grad_enabled();
   if (mode == RegionMode::none || !autograd::grad_enabled()) return fn(x);

@@ -8,6 +8,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "core/backend.h"
+#include "core/phase_marks.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
 #include "train/layerwise.h"
@@ -125,6 +126,7 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
 }
 
 Trainer::~Trainer() {
+  if (timeline_ != nullptr) ::memtrain::detail::set_phase_listener(nullptr);
   if (budget_set_) Allocator::get(device_).set_budget(previous_budget_);
 }
 
@@ -228,6 +230,12 @@ StepMetrics Trainer::train_step() {
 }
 
 amp::AutocastMode Trainer::autocast_mode() const { return {compute_dtype_, fp8_.get()}; }
+
+void Trainer::mark_phases_on(MemoryTimeline* timeline) {
+  timeline_ = timeline;
+  ::memtrain::detail::set_phase_listener(
+      timeline ? ::memtrain::detail::PhaseListener([timeline](const std::string& p) { timeline->mark(p); }) : nullptr);
+}
 
 void Trainer::mark(const std::string& phase) const {
   if (timeline_ != nullptr) timeline_->mark(phase);

@@ -156,9 +156,10 @@ class Trainer {
   RunSummary evaluate_and_summarize();
 
   // While `timeline` (not owned; nullptr to stop) is set, the step's phases are marked on it as they start:
-  // "forward" (with the micro-batch, "forward 2/4", when accumulating), "backward", "optimizer step", "eval",
-  // "checkpoint save".
-  void mark_phases_on(MemoryTimeline* timeline) { timeline_ = timeline; }
+  // "forward" (with the micro-batch, "forward 2/4", when accumulating), each block of a model whose blocks run
+  // through ckpt::BlockCheckpointer ("block 3/12", in the training forward), "backward", "optimizer step", "eval",
+  // "checkpoint save". Marks come from this thread.
+  void mark_phases_on(MemoryTimeline* timeline);
 
   std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
   void save_checkpoint(const std::string& path) const;
