@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -26,7 +27,8 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline;
+  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline,
+      galore_targets;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
   std::optional<double> galore_scale;
   std::optional<double> lr;
@@ -48,6 +50,18 @@ train::TrainerConfig default_config() {
   c.log_interval = 10;
   c.checkpoint_interval = 200;
   return c;
+}
+
+// "a,b,,c" -> {"a", "b", "c"}: a list flag's items (empty ones dropped, so a trailing comma is harmless).
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find(',', start), text.size());
+    if (end > start) out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
 }
 
 // Flags given on the command line override the config file (or the defaults).
@@ -72,6 +86,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
   if (f.galore_gap) c.galore_update_gap = *f.galore_gap;
   if (f.galore_scale) c.galore_scale = *f.galore_scale;
+  if (f.galore_targets) c.galore_targets = split_commas(*f.galore_targets);
   if (f.layerwise) c.layerwise_update = true;
   if (f.seed) c.seed = *f.seed;
   if (f.device) c.device = train::device_from_name(*f.device, "--device");
@@ -326,6 +341,9 @@ int main(int argc, char** argv) {
                  "GaLore rank for the attention and MLP weights (0 = off); --optimizer is its base rule");
   app.add_option("--galore-gap", f.galore_gap, "steps between GaLore projector refreshes (200)");
   app.add_option("--galore-scale", f.galore_scale, "GaLore scale alpha of the projected update (0.25)");
+  app.add_option("--galore-targets", f.galore_targets,
+                 "comma-separated name globs of the weights GaLore projects, '*' matching any run of characters "
+                 "(e.g. '*.attn.*.weight,*.mlp.*.weight'); only 2-D parameters are chosen (default: attention and MLP)");
   app.add_option("--device", f.device, "cpu (default), cuda or cuda:N (needs a build with CUDA and a GPU)");
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
   app.add_flag("--layerwise", f.layerwise,

@@ -35,6 +35,7 @@
 #include "memtrain/data/idx.h"
 #include "memtrain/data/loader.h"
 #include "memtrain/data/prepare_corpus.h"
+#include "memtrain/data/tensor_dataset.h"
 #include "memtrain/data/token_shard.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/nn/nn.h"

@@ -53,6 +53,19 @@ class AutocastCastMode final : public ops::CastMode {
   }
   // Under the fp8 policy: amp::fp8_linear of x (cast to bf16) with the guard's FP8 copy of weight.
   std::optional<Tensor> linear(const Tensor& x, const Tensor& weight, const Tensor& bias) override;
+  // A pair of the compute dtype and f32 (h + pos): the f32 operand cast down (a parameter through the cache),
+  // so the residual stream stays narrow. Any other pair is not promoted.
+  std::optional<std::vector<Tensor>> promote(const std::vector<Tensor>& inputs) override {
+    bool compute = false, f32 = false;
+    for (const Tensor& t : inputs) {
+      if (!t.defined()) continue;
+      if (t.dtype() == mode_.dtype) compute = true;
+      else if (t.dtype() == DType::f32) f32 = true;
+      else return std::nullopt;
+    }
+    if (!compute || !f32) return std::nullopt;
+    return cast_floating(inputs, mode_.dtype, true);
+  }
 
  private:
   Tensor cast_parameter(const Tensor& p, DType dtype);

@@ -1,6 +1,8 @@
 #include "memtrain/autograd/node.h"
 
 #include "memtrain/autograd/grad_mode.h"
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/storage.h"
 #include "memtrain/ops/elementwise.h"
 
 namespace memtrain::autograd {
@@ -73,8 +75,26 @@ Edge gradient_edge(const Tensor& t) {
   return {};
 }
 
+namespace {
+
+// A recorded output made outside any CategoryGuard is forward memory kept for (or on the way to) backward:
+// it counts as activations, as the Trainer's guard would count it. Bytes a guard placed (even under `other`)
+// and views of an input's storage (a parameter's transpose) keep their category.
+void count_as_activations(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  if (category_guard_active()) return;
+  for (const Tensor& out : outputs) {
+    if (!out.defined() || !out.storage() || out.storage()->category() != MemoryCategory::other) continue;
+    bool view = false;
+    for (const Tensor& in : inputs) view = view || (in.defined() && in.shares_storage_with(out));
+    if (!view) out.storage()->set_category(MemoryCategory::activations);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                              BackwardFn fn) {
+  count_as_activations(inputs, outputs);
   auto node = std::make_shared<FunctionNode>(std::move(name), std::move(fn));
   node->next_edges.reserve(inputs.size());
   for (const Tensor& in : inputs) node->next_edges.push_back(in.requires_grad() ? gradient_edge(in) : Edge{});

@@ -16,6 +16,7 @@ namespace memtrain {
 namespace {
 
 thread_local MemoryCategory t_category = MemoryCategory::other;
+thread_local int t_guard_depth = 0;  // CategoryGuards alive on this thread
 
 std::string human_bytes(std::size_t b) {
   const double x = static_cast<double>(b);
@@ -41,9 +42,16 @@ std::string_view category_name(MemoryCategory c) {
   return "?";
 }
 
-CategoryGuard::CategoryGuard(MemoryCategory c) : previous_(t_category) { t_category = c; }
-CategoryGuard::~CategoryGuard() { t_category = previous_; }
+CategoryGuard::CategoryGuard(MemoryCategory c) : previous_(t_category) {
+  t_category = c;
+  ++t_guard_depth;
+}
+CategoryGuard::~CategoryGuard() {
+  t_category = previous_;
+  --t_guard_depth;
+}
 MemoryCategory current_category() { return t_category; }
+bool category_guard_active() { return t_guard_depth > 0; }
 
 namespace {
 CachePolicy default_policy(const Device& device) {
@@ -190,6 +198,27 @@ void Allocator::deallocate(const Block& block) {
   --cs.live_blocks;
   stats_.live_bytes -= block.nbytes;
   stats_.cached_bytes += block.class_bytes;
+  notify_observer_locked();
+}
+
+void Allocator::recategorize(Block& block, MemoryCategory category) {
+  if (block.ptr == nullptr || block.category == category) return;
+  std::lock_guard lock(mutex_);
+  auto& from = stats_.by_category[static_cast<int>(block.category)];
+  auto& to = stats_.by_category[static_cast<int>(category)];
+  MT_CHECK(from.live_blocks > 0 && from.live_bytes >= block.nbytes, "Allocator::recategorize",
+           "allocator({}): a block of {} bytes is not live under {}", device_.str(), block.nbytes,
+           category_name(block.category));
+  from.live_bytes -= block.nbytes;
+  --from.live_blocks;
+  to.live_bytes += block.nbytes;
+  to.peak_bytes = std::max(to.peak_bytes, to.live_bytes);
+  ++to.live_blocks;
+  // At the total peak now (an op output just made): the peak's make-up is what these bytes turned out to be.
+  if (stats_.live_bytes == stats_.peak_bytes) {
+    for (auto& c : stats_.by_category) c.at_total_peak = c.live_bytes;
+  }
+  block.category = category;
   notify_observer_locked();
 }
 

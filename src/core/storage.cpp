@@ -7,4 +7,6 @@ Storage::Storage(std::size_t nbytes, Device device, MemoryCategory category)
 
 Storage::~Storage() { Allocator::get(device_).deallocate(block_); }
 
+void Storage::set_category(MemoryCategory category) { Allocator::get(device_).recategorize(block_, category); }
+
 }  // namespace memtrain

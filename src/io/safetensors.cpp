@@ -249,4 +249,14 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   out.commit();
 }
 
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  save_safetensors(path, std::vector<std::pair<std::string, Tensor>>(tensors.begin(), tensors.end()), metadata);
+}
+
+void save_safetensors(const std::string& path, std::initializer_list<std::pair<std::string, Tensor>> tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  save_safetensors(path, std::vector<std::pair<std::string, Tensor>>(tensors), metadata);
+}
+
 }  // namespace memtrain::io

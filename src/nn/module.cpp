@@ -1,9 +1,10 @@
-// Module registry, traversal and state_dict loading.
+// Module registry, traversal, state_dict loading and saving, and the checkpointing walk.
 #include "memtrain/nn/module.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "core/backend.h"
+#include "memtrain/io/safetensors.h"
 #include "memtrain/ops/elementwise.h"
 
 #include <fmt/format.h>
@@ -40,6 +41,8 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
   MT_CHECK(!has_name(params_, name) && !has_name(buffers_, name), "Module::register_parameter",
            "name '{}' is already registered", name);
   t.set_requires_grad(true);
+  // A parameter made outside new_parameter (zeros(), randn(), a loaded tensor) is a parameter all the same.
+  t.storage()->set_category(MemoryCategory::parameters);
   params_.emplace_back(name, t);
   return t;
 }
@@ -195,16 +198,43 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
   }
 }
 
+void Module::save(const std::string& path) const {
+  io::save_safetensors(path, state_dict(), {{"format", "pt"}});
+}
+
+void Module::load(const std::string& path, bool strict) {
+  const StateDict dict = io::load_safetensors(path);  // names the file when it cannot be read
+  try {
+    load_state_dict(dict, strict);
+  } catch (const Error& e) {
+    MT_CHECK(false, "Module::load", "'{}': {}", path, e.what());
+  }
+}
+
 void init_normal_(Tensor& t, double std) {
   Tensor r = randn(t.shape(), t.dtype(), t.device());
   t.copy_(r);
   ops::mul_(t, std);
 }
 
+bool Module::apply_checkpointing(const ckpt::Policy&) { return false; }
+
+bool Module::offer_checkpointing(const ckpt::Policy& policy, std::set<const Module*>& seen) {
+  if (!seen.insert(this).second) return false;
+  if (apply_checkpointing(policy)) return true;
+  bool taken = false;
+  for (const auto& [n, c] : children_) taken = c->offer_checkpointing(policy, seen) || taken;
+  return taken;
+}
+
 void Module::set_checkpointing(ckpt::Policy policy) {
-  MT_CHECK(policy == ckpt::Policy::none(), "Module::set_checkpointing",
-           "activation checkpointing '{}' needs a model with checkpointable blocks (GPT, Llama, CNN); this one has "
-           "none (use 'none', or wrap its blocks in ckpt::checkpoint yourself)",
+  std::set<const Module*> seen;
+  const bool taken = offer_checkpointing(policy, seen);
+  // Nothing took the policy, so nothing changed: refusing here leaves the model as it was.
+  MT_CHECK(taken || policy == ckpt::Policy::none(), "Module::set_checkpointing",
+           "activation checkpointing '{}': the model declares no checkpointable blocks (use 'none', or put its "
+           "blocks in an nn::Sequential, each child one block, or override Module::apply_checkpointing in the "
+           "module that runs its blocks through a ckpt::BlockCheckpointer)",
            policy.to_string());
 }
 

@@ -1,5 +1,6 @@
 // Arithmetic with broadcasting: add, sub, mul, div (tensor-tensor and tensor-scalar), neg, in-place add.
-// Backward rules sum each gradient back to its input's shape (sum_to undoes the broadcast).
+// Backward rules sum each gradient back to its input's shape (sum_to undoes the broadcast). Tensor-tensor
+// operands of two dtypes go through promote_operands first (amp::Autocast's promotion, or a clear refusal).
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
 #include "ops/elementwise_common.h"
@@ -7,6 +8,7 @@
 namespace memtrain::ops {
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (auto p = promote_operands("add", a, b)) return add((*p)[0], (*p)[1]);
   Tensor out = binary_kernel("add", a, b, BOp::add);
   if (needs_grad({&a, &b})) {
     record("add", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
@@ -17,6 +19,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (auto p = promote_operands("sub", a, b)) return sub((*p)[0], (*p)[1]);
   Tensor out = binary_kernel("sub", a, b, BOp::sub);
   if (needs_grad({&a, &b})) {
     record("sub", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
@@ -27,6 +30,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (auto p = promote_operands("mul", a, b)) return mul((*p)[0], (*p)[1]);
   Tensor out = binary_kernel("mul", a, b, BOp::mul);
   if (needs_grad({&a, &b})) {
     // Save only what each gradient needs: dA needs B, dB needs A.
@@ -41,6 +45,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (auto p = promote_operands("div", a, b)) return div((*p)[0], (*p)[1]);
   Tensor out = binary_kernel("div", a, b, BOp::div);
   if (needs_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(b);

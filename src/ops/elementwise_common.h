@@ -7,7 +7,11 @@
 #include "core/backend.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "ops/op_utils.h"
+
+#include <optional>
+#include <vector>
 
 namespace memtrain::ops::detail {
 
@@ -33,6 +37,33 @@ inline Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b, Bi
   return out;
 }
 
+// The operands of a tensor-tensor arithmetic op (add, sub, mul, div) of two dtypes, as the current CastMode
+// promotes them (amp::Autocast: a pair of its compute dtype and f32 runs in the compute dtype, the f32 operand
+// cast by a recorded cast, so its gradient comes back in f32); nullopt when the dtypes agree. Any other mixed
+// pair is refused, naming the fix.
+inline std::optional<std::vector<Tensor>> promote_operands(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, a);
+  check_defined(op, b);
+  if (a.dtype() == b.dtype()) return std::nullopt;
+  const bool casting = current_cast_mode() != nullptr;
+  if (casting) {
+    if (auto promoted = cast_mode_promote(a, b)) {
+      // The op runs again on these: operands of two dtypes would come back here.
+      MT_CHECK(promoted->size() == 2 && (*promoted)[0].dtype() == (*promoted)[1].dtype(), op,
+               "the CastMode's promotion of {} and {} did not give one dtype", dtype_name(a.dtype()),
+               dtype_name(b.dtype()));
+      return promoted;
+    }
+  }
+  MT_CHECK(false, op, "dtype mismatch: {} {} vs {} {} ({})", shape_str(a.shape()), dtype_name(a.dtype()),
+           shape_str(b.shape()), dtype_name(b.dtype()),
+           casting ? "amp::Autocast promotes only a pair of its compute dtype and f32: cast one operand with "
+                     ".to(DType::...)"
+                   : "outside amp::Autocast mixed dtypes are not promoted: cast one operand with .to(DType::...) "
+                     "or run under amp::Autocast");
+  return std::nullopt;
+}
+
 }  // namespace memtrain::ops::detail
 
 namespace memtrain::ops {
@@ -41,6 +72,7 @@ using autograd::needs_grad;
 using autograd::record;
 using autograd::SavedTensor;
 using detail::binary_kernel;
+using detail::promote_operands;
 using detail::unary_kernel;
 using BOp = detail::BinaryOp;
 using UOp = detail::UnaryOp;

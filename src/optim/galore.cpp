@@ -6,6 +6,8 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -66,20 +68,71 @@ bool is_galore_target(std::string_view name, const Tensor& param) {
   return param.defined() && param.dim() == 2 && weight && under_target_module(name);
 }
 
+// Glob over the whole name, '*' any run of characters: the classic backtracking match, linear in practice
+// (on a mismatch only the last '*' is retried, one character further on).
+bool galore_pattern_matches(std::string_view pattern, std::string_view name) {
+  std::size_t p = 0, n = 0;
+  std::size_t star = std::string_view::npos, star_n = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      star_n = n;
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
+      ++p;
+      ++n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++star_n;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+bool is_galore_target(std::string_view name, const Tensor& param, const std::vector<std::string>& targets) {
+  if (targets.empty()) return is_galore_target(name, param);
+  if (!param.defined() || param.dim() != 2) return false;
+  return std::any_of(targets.begin(), targets.end(),
+                     [&](const std::string& pattern) { return galore_pattern_matches(pattern, name); });
+}
+
+std::string describe_matrices(const std::vector<std::pair<std::string, Tensor>>& named, std::size_t max_listed) {
+  std::string out;
+  std::size_t count = 0;
+  for (const auto& [name, t] : named) {
+    if (!t.defined() || t.dim() != 2) continue;
+    if (count++ < max_listed) out += fmt::format("{}{} {}", out.empty() ? "" : ", ", name, shape_str(t.shape()));
+  }
+  if (count == 0) return "none";
+  if (count > max_listed) out += fmt::format(", and {} more", count - max_listed);
+  return out;
+}
+
 GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
                            double weight_decay) {
+  return galore_groups(named, lr, weight_decay, {});
+}
+
+GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
+                           double weight_decay, const std::vector<std::string>& targets) {
   ParamGroup projected;
   projected.lr = lr;
   projected.weight_decay = weight_decay;
   std::vector<std::pair<std::string, Tensor>> rest;
   for (const auto& [name, t] : named) {
     MT_CHECK(t.defined(), "galore_groups", "parameter '{}' is an undefined tensor", name);
-    if (is_galore_target(name, t)) {
+    if (is_galore_target(name, t, targets)) {
       projected.params.push_back(t);
     } else {
       rest.emplace_back(name, t);
     }
   }
+  MT_CHECK(targets.empty() || !projected.params.empty(), "galore_groups",
+           "the target patterns [{}] match no 2-D parameter ('*' matches any run of characters, over the whole "
+           "name); the 2-D parameters are: {}",
+           fmt::join(targets, ", "), describe_matrices(named));
   GaLoreGroups out;
   if (!projected.params.empty()) out.projected.push_back(std::move(projected));
   out.plain = decay_groups(rest, lr, weight_decay);

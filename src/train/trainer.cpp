@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <unordered_set>
 
 namespace memtrain::train {
 
@@ -40,7 +41,7 @@ struct TrainModeRestorer {
 };
 
 // The configured optimizer over the model's parameters: weights decay, biases and norms do not; with
-// galore_rank > 0 the attention and MLP weights step in GaLore's projected space.
+// galore_rank > 0 the weights galore_targets chooses (default: attention and MLP) step in GaLore's space.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const nn::NamedTensors& named) {
   const optim::Spec& spec = c.optimizer;
   if (c.galore_rank == 0) return spec.make(optim::decay_groups(named, spec.lr, spec.weight_decay));
@@ -50,10 +51,48 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const n
   g.scale = c.galore_scale;
   g.proj_type = c.galore_proj_type;
   g.svd = c.galore_svd;
-  optim::GaLoreGroups groups = optim::galore_groups(named, spec.lr, spec.weight_decay);
-  MT_CHECK(!groups.projected.empty(), "Trainer", "galore_rank {}: the model has no attention or MLP weights to project",
-           c.galore_rank);
+  optim::GaLoreGroups groups;
+  try {
+    groups = optim::galore_groups(named, spec.lr, spec.weight_decay, c.galore_targets);
+  } catch (const Error& e) {
+    MT_CHECK(false, "Trainer", "galore_rank {}: galore_targets: {}", c.galore_rank, e.what());
+  }
+  MT_CHECK(!groups.projected.empty(), "Trainer",
+           "galore_rank {}: the model has no attention or MLP weights to project (the default targets: 2-D "
+           "'.weight' parameters below a module named attn, self_attn or mlp); choose them with galore_targets "
+           "(e.g. \"*.w_in.weight\"). The 2-D parameters are: {}",
+           c.galore_rank, optim::describe_matrices(named));
   return std::make_unique<optim::GaLore>(spec, g, std::move(groups));
+}
+
+// A user-built optimizer must step the model's own parameters, and every one that requires grad: a gradient
+// no optimizer holds would never be applied, nor freed by zero_grad.
+void check_user_optimizer(const TrainerConfig& c, const optim::Optimizer& optimizer, const nn::NamedTensors& named) {
+  const char* where = "Trainer";
+  MT_CHECK(c.galore_rank == 0, where,
+           "galore_rank {} with an optimizer given: the config asks for GaLore but the optimizer was built by the "
+           "caller; set galore_rank 0, or build an optim::GaLore yourself and pass it",
+           c.galore_rank);
+  std::unordered_set<const TensorImpl*> model_params;
+  for (const auto& [name, p] : named) model_params.insert(p.impl_ptr().get());
+  std::unordered_set<const TensorImpl*> held;
+  std::size_t index = 0;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    for (const Tensor& p : optimizer.param_groups()[g].params) {
+      MT_CHECK(p.defined() && model_params.count(p.impl_ptr().get()) != 0, where,
+               "the optimizer's parameter {} (group {}, shape {}) is not a parameter of the model: build the "
+               "optimizer over model->parameters()",
+               index, g, p.defined() ? shape_str(p.shape()) : std::string("undefined"));
+      held.insert(p.impl_ptr().get());
+      ++index;
+    }
+  }
+  MT_CHECK(index > 0, where, "the optimizer holds no parameters");
+  for (const auto& [name, p] : named)
+    MT_CHECK(!p.requires_grad() || held.count(p.impl_ptr().get()) != 0, where,
+             "parameter '{}' (shape {}) requires grad but the optimizer does not hold it: its gradient would never "
+             "be applied or freed (freeze it with requires_grad false, or add it to a group)",
+             name, shape_str(p.shape()));
 }
 
 // The batch with its tensors on `device` (the model's), copied there under MemoryCategory::data.
@@ -69,6 +108,19 @@ data::Batch on_device(data::Batch batch, Device device) {
 Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
                  std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
     : config_(std::move(config)), model_(std::move(model)), loss_fn_(std::move(loss_fn)), val_(std::move(val)) {
+  setup(std::move(train));
+}
+
+Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, std::unique_ptr<optim::Optimizer> optimizer,
+                 LossFn loss_fn, std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
+    : config_(std::move(config)), model_(std::move(model)), loss_fn_(std::move(loss_fn)), val_(std::move(val)),
+      optimizer_(std::move(optimizer)) {
+  MT_CHECK(optimizer_ != nullptr, "Trainer", "the optimizer is null (use the constructor without one to build it "
+           "from config.optimizer)");
+  setup(std::move(train));
+}
+
+void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   config_.validate();
   MT_CHECK(model_ != nullptr, "Trainer", "model is null");
   MT_CHECK(static_cast<bool>(loss_fn_), "Trainer", "loss_fn is empty");
@@ -87,7 +139,11 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn
   MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train");
   device_ = device;
 
-  optimizer_ = make_optimizer(config_, named);
+  if (optimizer_) {
+    check_user_optimizer(config_, *optimizer_, named);
+  } else {
+    optimizer_ = make_optimizer(config_, named);
+  }
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
   const amp::Precision precision = config_.precision;
@@ -217,7 +273,7 @@ StepMetrics Trainer::train_step() {
   StepMetrics m;
   m.step = step_;
   m.loss = loss_value;
-  m.lr = config_.optimizer.lr * scale;
+  m.lr = base_lrs_.front() * scale;  // the first group's (all groups' unless the optimizer was built by hand)
   m.grad_norm = grad_norm;
   m.samples = samples;
   m.tokens = total;

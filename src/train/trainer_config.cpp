@@ -105,6 +105,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("galore_scale", c.galore_scale);
   v.named("galore_proj_type", c.galore_proj_type, optim::galore_proj_type_name, optim::galore_proj_type_from_name);
   v.named("galore_svd", c.galore_svd, optim::galore_svd_name, optim::galore_svd_from_name);
+  v.field("galore_targets", c.galore_targets);
   v.field("layerwise_update", c.layerwise_update);
   v.field("max_steps", c.max_steps);
   v.field("eval_interval", c.eval_interval);
@@ -272,6 +273,9 @@ void TrainerConfig::validate() const {
     MT_CHECK(std::isfinite(galore_scale) && galore_scale > 0.0, kWhere, "galore_scale must be > 0, got {}",
              galore_scale);
   }
+  for (std::size_t i = 0; i < galore_targets.size(); ++i)
+    MT_CHECK(!galore_targets[i].empty(), kWhere, "galore_targets[{}] is empty (a pattern such as \"*.w_in.weight\")",
+             i);
 
   MT_CHECK(std::isfinite(grad_clip) && grad_clip >= 0.0, kWhere, "grad_clip must be >= 0 (0 = off), got {}",
            grad_clip);

@@ -14,6 +14,12 @@
 //                  weight, widens bf16/f16 rows chunk by chunk and computes the loss in f32.
 //   f32 inside     layer_norm, rms_norm: statistics and arithmetic in f32, output in the input's dtype; their
 //                  f32 weights are used as they are.
+//   promoted       add, sub, mul, div (with broadcasting) of a tensor in the compute dtype and an f32 tensor
+//                  (h + pos, x * gain): the f32 operand is cast to the compute dtype (a parameter through the
+//                  cache below) and the op runs there, so its output is in the compute dtype. PyTorch's autocast
+//                  promotes such a pair to f32 instead; memtrain keeps the residual stream narrow, as the
+//                  embedding rule does. Other mixed pairs (bf16 with f16, anything with f64) are refused.
+//                  Outside a guard no op promotes: mixed dtypes are an error naming the fix.
 //   as given       everything else (elementwise, dropout, views, reductions) runs in its inputs' dtype.
 //   fp8 policy     as bf16, except linear: amp::fp8_linear (amp/fp8_linear.h) with FP8 operands.
 //

@@ -61,6 +61,10 @@ class CategoryGuard {
   MemoryCategory previous_;
 };
 MemoryCategory current_category();  // MemoryCategory::other when no guard is active
+// Whether a CategoryGuard is active on this thread. With none, an op output that autograd records (a forward
+// op under grad mode whose inputs require grad) moves from `other` to `activations` as it is recorded, so a
+// hand-written loop's forward counts as activations without a guard (autograd::record).
+bool category_guard_active();
 
 // How an Allocator caches freed bytes.
 enum class CachePolicy : std::uint8_t {
@@ -123,6 +127,12 @@ class Allocator {
   Block allocate(std::size_t nbytes, MemoryCategory category);
   Block allocate(std::size_t nbytes) { return allocate(nbytes, current_category()); }
   void deallocate(const Block& block);
+  // Moves a live block's bytes from block.category to `category` (that category's live, peak and block count
+  // follow; the total is unchanged, and so is the snapshot at the total peak unless the total is at its peak
+  // now) and sets block.category. For bytes whose role is known only after they were made: a tensor made with
+  // zeros() and then registered as a parameter (nn::Module::register_parameter), an op output recorded by
+  // autograd outside any CategoryGuard (autograd::record: activations).
+  void recategorize(Block& block, MemoryCategory category);
 
   MemoryStats stats() const;
   const Device& device() const { return device_; }

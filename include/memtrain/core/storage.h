@@ -1,5 +1,6 @@
 // Storage: one allocation of bytes on one device, shared by every tensor that views it. Its bytes are
-// accounted to the category that was current when it was created, until the last view lets go.
+// accounted to the category that was current when it was created (or the one set_category moved them to),
+// until the last view lets go.
 #pragma once
 
 #include "memtrain/core/allocator.h"
@@ -21,6 +22,8 @@ class Storage {
   std::size_t nbytes() const { return block_.nbytes; }
   Device device() const { return device_; }
   MemoryCategory category() const { return block_.category; }
+  // Accounts the bytes under `category` from now on (Allocator::recategorize), for every view of them.
+  void set_category(MemoryCategory category);
 
  private:
   Device device_;

@@ -7,6 +7,7 @@
 
 #include "memtrain/core/tensor.h"
 
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,6 +20,13 @@ namespace memtrain::io {
 // Writes the tensors (any device, any layout; copied to contiguous CPU bytes) in the given order.
 // Names must be unique, non-empty and not "__metadata__".
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// The same for a name -> tensor map (what nn::Module::state_dict() returns), written in name order.
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// A braced list, {{"w", w}, {"b", b}}, in the given order: this overload keeps such a call unambiguous
+// between the two above (an initializer_list parameter is the better match for a braced list).
+void save_safetensors(const std::string& path, std::initializer_list<std::pair<std::string, Tensor>> tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 // Every tensor of the file, contiguous on the CPU, allocated under the current CategoryGuard.

@@ -40,9 +40,16 @@ class CNN : public Module {
   Tensor loss(const Tensor& x, const Tensor& targets);
   const CNNConfig& config() const { return config_; }
 
-  // Activation checkpointing of the two conv stages (conv, batch norm, relu, pool: one region each).
-  void set_checkpointing(ckpt::Policy policy) override { checkpointer_.set_policy(std::move(policy)); }
+  // Activation checkpointing of the two conv stages (conv, batch norm, relu, pool: one region each), set
+  // through Module::set_checkpointing; none by default.
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
+
+ protected:
+  // Takes every policy: its blocks run through checkpointer_.
+  bool apply_checkpointing(const ckpt::Policy& policy) override {
+    checkpointer_.set_policy(policy);
+    return true;
+  }
 
  private:
   CNNConfig config_;

@@ -35,12 +35,19 @@ class GPT : public Module {
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
 
-  // Activation checkpointing of the transformer blocks (each block is one region); none by default.
-  void set_checkpointing(ckpt::Policy policy) override { checkpointer_.set_policy(std::move(policy)); }
+  // Activation checkpointing of the transformer blocks (each block is one region), set through
+  // Module::set_checkpointing; none by default.
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
   // Exchanges the model's checkpointer (policy and any budget plan) with `other`: a benchmark that alternates
   // policies step by step keeps one checkpointer per policy, so a budget plan is made once, not at every switch.
   void swap_checkpointer(ckpt::BlockCheckpointer& other) { std::swap(checkpointer_, other); }
+
+ protected:
+  // Takes every policy: its blocks run through checkpointer_.
+  bool apply_checkpointing(const ckpt::Policy& policy) override {
+    checkpointer_.set_policy(policy);
+    return true;
+  }
 
  private:
   GPTConfig config_;

@@ -37,9 +37,16 @@ class Llama : public Module {
   const LlamaConfig& config() const { return config_; }
   const RotaryEmbedding& rotary() const { return *rotary_; }
 
-  // Activation checkpointing of the decoder layers (each layer is one region); none by default.
-  void set_checkpointing(ckpt::Policy policy) override { checkpointer_.set_policy(std::move(policy)); }
+  // Activation checkpointing of the decoder layers (each layer is one region), set through
+  // Module::set_checkpointing; none by default.
   const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
+
+ protected:
+  // Takes every policy: its blocks run through checkpointer_.
+  bool apply_checkpointing(const ckpt::Policy& policy) override {
+    checkpointer_.set_policy(policy);
+    return true;
+  }
 
  private:
   LlamaConfig config_;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,9 +58,13 @@ class Module {
   // several devices (naming two tensors on different ones).
   Device device() const;
   void zero_grad();                     // clears every parameter's gradient
-  // Activation checkpointing of the model's blocks (ckpt/policy.h). Models with checkpointable blocks (GPT,
-  // Llama, CNN) override it; the default accepts Policy::none() and refuses any other policy naming it.
-  virtual void set_checkpointing(ckpt::Policy policy);
+  // Activation checkpointing of the model's blocks (ckpt/policy.h). Walks the module tree from here, offering
+  // the policy to each module through apply_checkpointing; a module that takes it runs its own blocks under it,
+  // and its subtree is not walked further (each module shared by two parents is offered it once). Policy none
+  // always succeeds and resets every module that takes policies. Any other policy that no module takes throws
+  // memtrain::Error naming it: the model declares no checkpointable blocks (put them in an nn::Sequential, or
+  // override apply_checkpointing in the module that runs them).
+  void set_checkpointing(ckpt::Policy policy);
 
   // name -> tensor for every parameter and buffer; the tensors are detached views of the live storage.
   StateDict state_dict() const;
@@ -68,12 +73,18 @@ class Module {
   // strict, so do keys the model has but `dict` lacks (missing) and keys `dict` has but the model lacks
   // (unexpected). The message names each offending key (and both shapes for a mismatch).
   void load_state_dict(const StateDict& dict, bool strict = true);
+  // state_dict() written to a safetensors file (atomically: temp file + rename; io/safetensors.h), in name
+  // order, with the metadata {"format": "pt"} so that Python's safetensors loads it as PyTorch tensors.
+  void save(const std::string& path) const;
+  // load_state_dict(the tensors of a safetensors file, strict): the same checks, the message naming the file.
+  void load(const std::string& path, bool strict = true);
 
  protected:
   // A new parameter of `shape` allocated under MemoryCategory::parameters (uninitialised contents), on the
   // CPU or on the device of this thread's ParameterDeviceGuard.
   static Tensor new_parameter(const Shape& shape, DType dtype);
-  // Registers t (made a leaf that requires grad) under `name` and returns the same handle.
+  // Registers t (made a leaf that requires grad) under `name` and returns the same handle. Its storage is
+  // accounted under MemoryCategory::parameters from now on, however it was made (zeros(), randn(), a load).
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
   template <typename M>
@@ -82,8 +93,15 @@ class Module {
     return m;
   }
 
+  // set_checkpointing's hook: a module that runs checkpointable blocks (through a ckpt::BlockCheckpointer)
+  // sets its policy and returns true; the default takes none and returns false, so the walk goes on into the
+  // submodules. Called with Policy::none() too, to reset.
+  virtual bool apply_checkpointing(const ckpt::Policy& policy);
+
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
+  // Offers the policy to this module, then to its submodules unless it took it; true when one took it.
+  bool offer_checkpointing(const ckpt::Policy& policy, std::set<const Module*>& seen);
   void collect(const std::string& prefix, bool buffers, NamedTensors& out) const;
 
   NamedTensors params_;

@@ -4,6 +4,7 @@
 #include "memtrain/nn/batch_norm.h"
 #include "memtrain/nn/causal_self_attention.h"
 #include "memtrain/nn/cnn.h"
+#include "memtrain/nn/containers.h"
 #include "memtrain/nn/conv2d.h"
 #include "memtrain/nn/dropout.h"
 #include "memtrain/nn/embedding.h"

@@ -39,6 +39,13 @@ class CastMode {
   virtual std::optional<std::vector<Tensor>> to_f32(const std::vector<Tensor>& inputs) = 0;
   // linear computed by the mode itself (e.g. in FP8); asked before to_compute. bias may be undefined.
   virtual std::optional<Tensor> linear(const Tensor& x, const Tensor& weight, const Tensor& bias) = 0;
+  // The operands of a binary elementwise op (add, sub, mul, div) whose dtypes differ, cast to the one dtype
+  // the op is to run in; nullopt leaves them as they are, and the op refuses the mismatch. The default
+  // promotes nothing.
+  virtual std::optional<std::vector<Tensor>> promote(const std::vector<Tensor>& inputs) {
+    (void)inputs;
+    return std::nullopt;
+  }
 };
 
 // Recomputation policy for ops with expensive forwards (matmul, linear, scaled_dot_product_attention,
@@ -91,6 +98,11 @@ std::optional<std::vector<Tensor>> cast_mode_to_f32(const T&... inputs) {
   CastMode* mode = current_cast_mode();
   if (mode == nullptr) return std::nullopt;
   return mode->to_f32({inputs...});
+}
+inline std::optional<std::vector<Tensor>> cast_mode_promote(const Tensor& a, const Tensor& b) {
+  CastMode* mode = current_cast_mode();
+  if (mode == nullptr) return std::nullopt;
+  return mode->promote({a, b});
 }
 inline std::optional<Tensor> cast_mode_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   CastMode* mode = current_cast_mode();

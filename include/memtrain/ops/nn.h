@@ -31,6 +31,12 @@ enum class Reduction { mean, sum, none };
 // Fused log-softmax + negative log-likelihood; targets equal to ignore_index contribute nothing.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction = Reduction::mean,
                      std::int64_t ignore_index = -100);
+// input, target [...] of one shape (no broadcasting) -> scalar (mean or sum over all elements) or [...] (none).
+// mse: (input - target)^2; l1: |input - target| (its gradient at input == target is 0). Composed of
+// differentiable ops, so they run on every backend and the target gets a gradient too when it requires one.
+// Under autocast they run in f32, as cross_entropy does.
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training or p == 0.
 // Draws from the default RNG stream (reproducible under RngStateGuard / checkpoint recomputation).

@@ -34,6 +34,7 @@
 #include "memtrain/optim/optimizer.h"
 #include "memtrain/optim/spec.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,9 +60,25 @@ struct GaLoreGroups {
 // parameters below a module named "attn", "self_attn" or "mlp" (GPT-2 "h.3.attn.c_attn.weight", LLaMA
 // "layers.0.mlp.gate_proj.weight"). Embeddings, norms, biases and the LM head are not targets.
 bool is_galore_target(std::string_view name, const Tensor& param);
+// Targets chosen by name patterns (TrainerConfig::galore_targets): a pattern is a glob over the whole
+// parameter name in which '*' matches any run of characters, dots included ("*.w_in.weight",
+// "mixer.*.weight", "blocks.0.ff.weight"); every other character matches itself. A parameter is a target when
+// it is 2-D and some pattern matches it: a matching parameter of another rank (a norm gain under "*.weight")
+// is skipped, since GaLore projects matrices only. Empty `targets` is the default rule above.
+bool is_galore_target(std::string_view name, const Tensor& param, const std::vector<std::string>& targets);
+// Whether glob `pattern` matches the whole of `name` (the syntax above).
+bool galore_pattern_matches(std::string_view pattern, std::string_view name);
 // Targets in one projected group with `weight_decay`; the rest split by decay_groups (spec.h).
 GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
                            double weight_decay);
+// The same with targets chosen by `targets` (empty: the default rule, as above). Non-empty patterns that
+// select nothing throw, listing the 2-D parameters there are to choose from (describe_matrices).
+GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
+                           double weight_decay, const std::vector<std::string>& targets);
+// "mixer.w_in.weight [64, 16], ..." : the 2-D parameters of `named` (GaLore's candidates), the first
+// `max_listed` of them and then how many more; "none" when there are none.
+std::string describe_matrices(const std::vector<std::pair<std::string, Tensor>>& named,
+                              std::size_t max_listed = 16);
 
 class GaLore final : public Optimizer {
  public:

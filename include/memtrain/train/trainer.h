@@ -76,7 +76,7 @@ using LossFn = std::function<Tensor(const data::Batch&)>;
 struct StepMetrics {
   std::int64_t step = 0;  // optimizer steps done, this one included
   double loss = 0.0;      // mean over the effective batch
-  double lr = 0.0;
+  double lr = 0.0;        // the first parameter group's lr this step
   double grad_norm = 0.0;  // global L2 norm before clipping
   std::int64_t samples = 0;
   std::int64_t tokens = 0;  // target elements (tokens for LMs, samples for classifiers)
@@ -132,10 +132,23 @@ void write_summary(const RunSummary& summary, const std::string& path);
 class Trainer {
  public:
   // Validates config, builds the optimizer from config.optimizer over decay groups of model's parameters
-  // (no decay for rank < 2), and the loaders (seeded from config.seed; train: micro_batch, data.shuffle,
+  // (no decay for rank < 2; with galore_rank > 0, GaLore over the weights galore_targets chooses, refused
+  // listing the model's 2-D parameters when it chooses none), and the loaders (seeded from config.seed; train: micro_batch, data.shuffle,
   // data.drop_last; val: in order, the last batch may be partial). val may be null (no evaluation).
   Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
           std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val = nullptr);
+  // The same with an optimizer the caller built over the model's parameters (any groups, lrs, kind; an
+  // optim::GaLore with its own targets) in place of config.optimizer and the GaLore fields, which are then
+  // unused. The model is moved to config.device in place, so the optimizer may be built before. The schedule
+  // scales each group's own lr as the optimizer has it now; clipping, layer-wise updates and checkpoints work
+  // as with the config's optimizer (checkpoints save its state_dict keys; resume with an optimizer built the
+  // same way). Refused, with the reason: a null optimizer, one holding a tensor that is not a parameter of
+  // the model or none at all, a model parameter that requires grad but is in no group (freeze it with
+  // requires_grad false), and config.galore_rank > 0 (the config would ask for GaLore that the given
+  // optimizer does not do: set it to 0).
+  Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, std::unique_ptr<optim::Optimizer> optimizer,
+          LossFn loss_fn, std::shared_ptr<const data::Dataset> train,
+          std::shared_ptr<const data::Dataset> val = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -195,6 +208,7 @@ class Trainer {
   std::unique_ptr<amp::DynamicLossScaler> scaler_;       // fp16
   std::unique_ptr<amp::Fp8State> fp8_;                   // fp8: recipe and delayed-scaling state
   amp::AutocastMode autocast_mode() const;
+  void setup(std::shared_ptr<const data::Dataset> train);  // both constructors; optimizer_ set when given
   std::int64_t step_ = 0;
   std::vector<StepMetrics> history_;
   std::optional<EvalResult> last_eval_;

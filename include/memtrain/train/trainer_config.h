@@ -77,13 +77,18 @@ struct TrainerConfig {
   // The Trainer sets it on the model (nn::Module::set_checkpointing). JSON: ckpt::Policy::parse's forms (none,
   // full, every:K, selective, budget:64MiB).
   ckpt::Policy activation_checkpointing = ckpt::Policy::none();
-  // GaLore (optim/galore.h) on the 2-D attention and MLP weights when galore_rank > 0; the optimizer above
-  // is its base rule (adamw8bit = 8-bit GaLore).
+  // GaLore (optim/galore.h) on the 2-D weights galore_targets chooses when galore_rank > 0; the optimizer
+  // above is its base rule (adamw8bit = 8-bit GaLore).
   std::int64_t galore_rank = 0;          // 0 = off
   std::int64_t galore_update_gap = 200;  // steps between projector refreshes
   double galore_scale = 0.25;            // alpha: the projected update is scaled by it
   optim::GaLoreProjType galore_proj_type = optim::GaLoreProjType::std_side;  // JSON: std, reverse_std, left, ...
   optim::GaLoreSvd galore_svd = optim::GaLoreSvd::randomized;                // JSON: randomized, exact
+  // Which parameters GaLore projects: name globs, '*' matching any run of characters over the whole name
+  // ("*.w_in.weight", "mixer.*.weight"); only 2-D parameters are ever chosen (a match of another rank is
+  // skipped). Empty: the attention and MLP weights (optim::is_galore_target). Patterns that match nothing
+  // make the Trainer refuse, listing the model's 2-D parameters. Kept, unused, while galore_rank is 0.
+  std::vector<std::string> galore_targets;
   // Layer-wise updates (Trainer): each parameter is stepped inside its gradient-ready hook during the
   // backward of the step's last micro-batch and its gradient freed at once. Works with grad_accum > 1 (GaLore
   // weights accumulate in the projected space) and with grad_clip (a per-parameter rule, see trainer.h).
