@@ -1,5 +1,7 @@
-# CUDA backend: kernels/*.cu + src/cuda/*.cpp when CUDA is on; otherwise there is no CUDA backend (the registry,
-# src/core/backend_registry.cpp, refuses CUDA devices and answers the public queries of memtrain/cuda/cuda.h).
+# CUDA backend: kernels/*.cu + src/cuda/*.cpp as their own shared library, libmemtrain_cuda.so, when CUDA is
+# on. libmemtrain.so never links it: it loads it on first use (src/core/cuda_module_loader.cpp), from its own
+# directory, so a program that uses only the CPU needs neither the module nor the CUDA toolkit. Without CUDA
+# there is no module, and the registry refuses CUDA devices with "memtrain was built without CUDA".
 set(MEMTRAIN_HAVE_CUDA OFF)
 if(NOT MEMTRAIN_CUDA STREQUAL "OFF")
   include(CheckLanguage)
@@ -19,14 +21,22 @@ if(MEMTRAIN_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   file(GLOB MEMTRAIN_CUDA_KERNELS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
   file(GLOB MEMTRAIN_CUDA_HOST CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cuda/*.cpp)
-  target_sources(memtrain PRIVATE ${MEMTRAIN_CUDA_KERNELS} ${MEMTRAIN_CUDA_HOST})
+  add_library(memtrain_cuda SHARED ${MEMTRAIN_CUDA_KERNELS} ${MEMTRAIN_CUDA_HOST})
   # Kernels need only C++17, which every CMake version knows how to ask nvcc for (3.25 has no CUDA20 flag
   # for nvcc 13); the host code in src/cuda/ is C++ and stays C++20.
-  set_target_properties(memtrain PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
-  target_link_libraries(memtrain PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::cusolver)
-  target_compile_definitions(memtrain PUBLIC MEMTRAIN_HAVE_CUDA=1)
+  set_target_properties(memtrain_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+  target_link_libraries(memtrain_cuda PUBLIC memtrain
+                        PRIVATE Eigen3::Eigen CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::cusolver)
+  memtrain_library_flags(memtrain_cuda)
+  # The core says "built without CUDA" rather than "module missing" only in a build that has no module.
+  target_compile_definitions(memtrain PRIVATE MEMTRAIN_HAVE_CUDA=1)
+  target_compile_definitions(memtrain_cuda PUBLIC MEMTRAIN_HAVE_CUDA=1)
   # Host code includes "kernels/elementwise.cuh" and the backend's internal "cuda/cuda_common.h".
-  target_include_directories(memtrain PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(memtrain_cuda PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
+  # Installed, the module finds libmemtrain.so beside it ($ORIGIN) and the CUDA libraries where this build
+  # found them (LD_LIBRARY_PATH still wins for a toolkit elsewhere). This path is in the module only, never in
+  # the exported CMake files.
+  set(_mt_cuda_rpath "$ORIGIN" ${CUDAToolkit_LIBRARY_DIR})
   message(STATUS "memtrain: CUDA backend ON (${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
 
   # cuDNN and NCCL: optional. cuDNN, when found, is linked for conv2d; NCCL is found and reported only.
@@ -62,9 +72,11 @@ if(MEMTRAIN_HAVE_CUDA)
                PATH_SUFFIXES lib lib64)
   if(MEMTRAIN_CUDNN_INCLUDE_DIR AND MEMTRAIN_CUDNN_LIBRARY)
     # conv2d (src/cuda/cuda_conv.cpp) uses it; without it conv2d runs its im2col + cuBLAS fallback.
-    target_include_directories(memtrain PRIVATE ${MEMTRAIN_CUDNN_INCLUDE_DIR})
-    target_link_libraries(memtrain PRIVATE ${MEMTRAIN_CUDNN_LIBRARY})
-    target_compile_definitions(memtrain PRIVATE MEMTRAIN_HAVE_CUDNN=1)
+    target_include_directories(memtrain_cuda PRIVATE ${MEMTRAIN_CUDNN_INCLUDE_DIR})
+    target_link_libraries(memtrain_cuda PRIVATE ${MEMTRAIN_CUDNN_LIBRARY})
+    target_compile_definitions(memtrain_cuda PRIVATE MEMTRAIN_HAVE_CUDNN=1)
+    get_filename_component(_mt_cudnn_dir ${MEMTRAIN_CUDNN_LIBRARY} DIRECTORY)
+    list(APPEND _mt_cuda_rpath ${_mt_cudnn_dir})
     message(STATUS "memtrain: cuDNN found (${MEMTRAIN_CUDNN_LIBRARY}); conv2d uses it")
   else()
     message(STATUS "memtrain: cuDNN not found (optional; set MEMTRAIN_CUDNN_ROOT)")
@@ -74,6 +86,8 @@ if(MEMTRAIN_HAVE_CUDA)
   else()
     message(STATUS "memtrain: NCCL not found (optional; set MEMTRAIN_NCCL_ROOT)")
   endif()
+  list(REMOVE_DUPLICATES _mt_cuda_rpath)
+  set_target_properties(memtrain_cuda PROPERTIES INSTALL_RPATH "${_mt_cuda_rpath}")
 else()
   message(STATUS "memtrain: CUDA backend OFF")
 endif()

@@ -1,9 +1,10 @@
 # Install rules: the library, its public headers, and a CMake package so an outside project can write
 #   find_package(memtrain REQUIRED)
 #   target_link_libraries(app PRIVATE memtrain::memtrain)
-# memtrain is a static library, so its private dependencies are part of the exported link interface
-# (as $<LINK_ONLY:...>); memtrainConfig.cmake therefore finds every one of them, including oneDNN and
-# the CUDA toolkit when this build used them.
+# memtrain is a shared library: only its public dependencies (fmt, nlohmann_json) are part of the exported
+# interface. The CUDA module, libmemtrain_cuda.so, is installed beside it but not exported: libmemtrain.so
+# loads it at run time, so a consumer needs no CUDA toolkit to build, and the package works from any prefix
+# (nothing in the exported files names a path of the build machine; the install check greps for one).
 include(CMakePackageConfigHelpers)
 
 set(MEMTRAIN_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/memtrain)
@@ -13,6 +14,9 @@ install(TARGETS memtrain EXPORT memtrainTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(TARGET memtrain_cuda)
+  install(TARGETS memtrain_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/memtrain
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.h")
@@ -29,12 +33,6 @@ foreach(flag MEMTRAIN_HAVE_CUDA MEMTRAIN_HAVE_ONEDNN)
     set(${flag}_VALUE FALSE)
   endif()
 endforeach()
-
-# Where this build found the CUDA toolkit: a hint for consumers, used only if they give none of their own.
-set(MEMTRAIN_CUDA_ROOT_HINT "")
-if(MEMTRAIN_HAVE_CUDA AND CUDAToolkit_BIN_DIR)
-  get_filename_component(MEMTRAIN_CUDA_ROOT_HINT ${CUDAToolkit_BIN_DIR} DIRECTORY)
-endif()
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/memtrainConfig.cmake.in
   ${PROJECT_BINARY_DIR}/memtrainConfig.cmake

@@ -176,10 +176,10 @@ DeviceGuard::~DeviceGuard() {
 
 }  // namespace detail
 
-bool built_with_cuda() { return true; }
-bool is_available() { return availability().count > 0; }
-int device_count() { return availability().count; }
-std::string unavailable_reason() { return availability().reason; }
+namespace detail {
+int usable_device_count() { return availability().count; }
+std::string unusable_reason() { return availability().reason; }
+}  // namespace detail
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
   constexpr const char* op = "cuda::copy";
@@ -206,7 +206,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   MT_CUDA_CHECK(op, cudaMemcpy, dst, src, nbytes, kind);
 }
 
-void synchronize(int device) {
+void detail::synchronize_device(int device) {
   constexpr const char* op = "cuda::synchronize";
   detail::require_device(op, device);
   detail::DeviceGuard guard(device, op);

@@ -177,7 +177,7 @@ cudnnHandle_t handle_for(int device, const char* op) {
   static std::mutex mutex;
   static std::vector<cudnnHandle_t> handles;
   std::lock_guard lock(mutex);
-  if (handles.empty()) handles.resize(static_cast<std::size_t>(device_count()), nullptr);
+  if (handles.empty()) handles.resize(static_cast<std::size_t>(detail::usable_device_count()), nullptr);
   cudnnHandle_t& h = handles.at(static_cast<std::size_t>(device));
   if (h == nullptr) MT_CUDNN_CHECK(op, cudnnCreate, &h);
   MT_CUDNN_CHECK(op, cudnnSetStream, h, launch_stream());

@@ -88,7 +88,7 @@ std::mutex sum_mutex;
 
 double* sum_scratch(int device) {
   static std::vector<double*> scratch;  // guarded by sum_mutex
-  if (scratch.empty()) scratch.resize(static_cast<std::size_t>(device_count()), nullptr);
+  if (scratch.empty()) scratch.resize(static_cast<std::size_t>(detail::usable_device_count()), nullptr);
   double*& p = scratch.at(static_cast<std::size_t>(device));
   if (p == nullptr) {
     const Block block =

@@ -50,7 +50,7 @@ std::mutex handle_mutex;
 const HandleState& handle_for(int device) {
   constexpr const char* op = "cuda::gemm";
   static std::vector<HandleState> handles;
-  if (handles.empty()) handles.resize(static_cast<std::size_t>(device_count()));
+  if (handles.empty()) handles.resize(static_cast<std::size_t>(detail::usable_device_count()));
   HandleState& h = handles.at(static_cast<std::size_t>(device));
   if (h.handle != nullptr) return h;
   cublasHandle_t created = nullptr;

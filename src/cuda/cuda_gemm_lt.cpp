@@ -178,7 +178,7 @@ const DeviceState& state_for(int device) {
   static std::mutex mutex;
   static std::vector<DeviceState> states;
   std::lock_guard lock(mutex);
-  if (states.empty()) states.resize(static_cast<std::size_t>(device_count()));
+  if (states.empty()) states.resize(static_cast<std::size_t>(detail::usable_device_count()));
   DeviceState& s = states.at(static_cast<std::size_t>(device));
   if (s.handle != nullptr) return s;
   int major = 0, minor = 0;

@@ -41,7 +41,7 @@ Tensor converted_on_device(const Tensor& t, DType dtype) {
 
 }  // namespace
 
-int CudaBackend::device_count() const { return cuda::device_count(); }
+int CudaBackend::device_count() const { return detail::usable_device_count(); }
 
 std::unique_ptr<MemorySource> CudaBackend::make_memory_source(int index) const {
   return detail::make_cuda_memory_source(index);
@@ -102,8 +102,8 @@ namespace memtrain::detail {
 
 const Backend* cuda_backend(std::string& why) {
   static const cuda::CudaBackend backend;
-  if (!cuda::is_available()) {
-    why = cuda::unavailable_reason();
+  if (cuda::detail::usable_device_count() == 0) {
+    why = cuda::detail::unusable_reason();
     return nullptr;
   }
   return &backend;

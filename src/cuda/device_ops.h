@@ -17,8 +17,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace memtrain::cuda {
+
+// The module's own answers to the public queries of memtrain/cuda/cuda.h, which libmemtrain.so forwards here
+// once it has loaded this module (core/cuda_module.h). Code inside the backend calls these, never the public
+// ones, so nothing here depends on the loader.
+namespace detail {
+int usable_device_count();    // devices that can run the compiled kernels; 0 when none
+std::string unusable_reason();  // why none is usable ("" when one is)
+void synchronize_device(int device);  // cuda::synchronize
+}  // namespace detail
 
 // Copies nbytes between any two devices (host<->device, device<->device, host<->host). Returns when
 // the source may be reused; a copy to the host has then also landed. The buffers must not overlap.

@@ -148,9 +148,16 @@ int run() {
   check_galore();
   check_quantized_state();
 
-#ifdef MEMTRAIN_HAVE_CUDA
-  std::printf("built with CUDA\n");
+  // The CUDA module is found (or not) at run time; the install check reads this line. It hides the module
+  // in one run and expects the reason to name it.
+  std::printf("cuda: built %s, available %s, reason: %s\n", memtrain::cuda::built_with_cuda() ? "yes" : "no",
+              memtrain::cuda::is_available() ? "yes" : "no", memtrain::cuda::unavailable_reason().c_str());
+#ifdef MEMTRAIN_CONSUMER_EXPECT_CUDA
+  expect(memtrain::cuda::built_with_cuda() == (MEMTRAIN_CONSUMER_EXPECT_CUDA != 0),
+         "cuda::built_with_cuda() says what the package was built with");
 #endif
+  expect(memtrain::cuda::is_available() || !memtrain::cuda::unavailable_reason().empty(),
+         "an unusable CUDA comes with a reason");
   if (failures != 0) return 1;
   std::printf("memtrain consumer: ok\n");
   return 0;
