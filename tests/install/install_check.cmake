@@ -5,7 +5,7 @@
 # What it shows: the package is relocatable (nothing in its CMake files names a path of the build machine,
 # and it works from a prefix it was not installed to), a consumer builds with no CUDA toolkit in sight and
 # no C++ standard of its own, and the CUDA module is optional at run time (hidden, cuda::unavailable_reason()
-# names it).
+# names it). The custom-model example is built the same way.
 cmake_minimum_required(VERSION 3.25)
 
 function(step name)
@@ -71,6 +71,20 @@ step(run ${consumer_build}/memtrain_consumer)
 message("${step_output}")
 if(NOT step_output MATCHES "memtrain consumer: ok")
   message(FATAL_ERROR "install check: the consumer did not report success")
+endif()
+
+# The custom-model example (examples/custom_model), built the way its README section says: an outside project
+# against the moved prefix, no C++ standard of its own, no CUDA toolkit in sight. A short run must train.
+set(example_build ${WORK_DIR}/custom-model-build)
+step(configure_example ${hidden_cuda} ${CMAKE_COMMAND} -S ${EXAMPLE_SOURCE_DIR} -B ${example_build}
+  -G ${GENERATOR} -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}
+  -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+  -DCMAKE_CXX_FLAGS=${CONSUMER_FLAGS} -DCMAKE_EXE_LINKER_FLAGS=${CONSUMER_FLAGS}
+  -DCMAKE_IGNORE_PREFIX_PATH=/usr/local/cuda -DCMAKE_PREFIX_PATH=${prefix})
+step(build_example ${hidden_cuda} ${CMAKE_COMMAND} --build ${example_build})
+step(run_example ${example_build}/memtrain_custom_model --steps 2 --out-dir ${WORK_DIR}/custom-model-run)
+if(NOT step_output MATCHES "custom_model: val loss [0-9.]+ -> [0-9.]+")
+  message(FATAL_ERROR "install check: the custom-model example did not train:\n${step_output}")
 endif()
 
 # With the CUDA module gone, the CPU path still works and the reason names the missing library.
