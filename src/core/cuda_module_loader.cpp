@@ -27,6 +27,7 @@ struct Loaded {
   std::string why;  // set when module is null
 };
 
+#ifdef MEMTRAIN_HAVE_CUDA
 // The directory holding the library this function is compiled into ("" when the loader cannot say).
 std::string own_directory() {
   Dl_info info{};
@@ -46,9 +47,6 @@ std::string module_path() {
 }
 
 Loaded load() {
-#ifndef MEMTRAIN_HAVE_CUDA
-  return {nullptr, "memtrain was built without CUDA"};
-#else
   const std::string path = module_path();
   // RTLD_LOCAL: the module's own symbols (its CUDA libraries') stay out of the program's namespace.
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -67,8 +65,10 @@ Loaded load() {
   }
   // The handle is never closed: the backend's kernels and allocators live until the process ends.
   return {module, ""};
-#endif
 }
+#else
+Loaded load() { return {nullptr, "memtrain was built without CUDA"}; }
+#endif
 
 }  // namespace
 
