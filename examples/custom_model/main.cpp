@@ -200,7 +200,7 @@ int run(const Options& o) {
   c.micro_batch = 32;
   c.grad_accum = o.grad_accum;
   c.max_steps = o.steps;
-  c.schedule.warmup_steps = std::min<std::int64_t>(10, o.steps);
+  c.schedule.warmup_steps = std::min<std::int64_t>(10, o.steps - 1);
   c.eval_interval = 0;
   c.eval_batches = 8;
   c.log_interval = 20;
