@@ -6,10 +6,16 @@
 
 #include "memtrain/core/byte_size.h"
 #include "memtrain/core/error.h"
+#include "memtrain/data/tensor_dataset.h"
+#include "memtrain/nn/containers.h"
+#include "memtrain/nn/linear.h"
+#include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/nn.h"
 #include "memtrain/train/fit.h"
 
 #include "tiny_lm.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -20,6 +26,7 @@ namespace {
 using mt::test_support::inputs_for;
 using mt::test_support::measure_on_cpu;
 using mt::test_support::short_run_config;
+using mt::train::RunInputs;
 using mt::train::TrainerConfig;
 
 // Fixed rates, so the test does not time anything: bf16 GEMMs twice as fast as f32, 10 GB/s.
@@ -128,6 +135,34 @@ TEST(FitToBudget, KeepsTheKnobsItMayNotChange) {
     EXPECT_EQ(c.config.precision, mt::amp::Precision::bf16) << c.knobs;
     EXPECT_EQ(c.config.micro_batch, base.micro_batch) << c.knobs;
   }
+}
+
+// A model whose weights the default GaLore rule does not know: the search offers GaLore over the weights
+// galore_targets chooses, at a quarter of their smallest dimension, and carries the targets into the run.
+TEST(FitToBudget, OffersGaLoreOverTheConfiguredTargets) {
+  static constexpr std::int64_t kIn = 24, kHidden = 48, kOut = 16, kSamples = 32;
+  RunInputs inputs;
+  inputs.make_model = [] {
+    return std::make_shared<mt::nn::Sequential>(std::make_shared<mt::nn::Linear>(kIn, kHidden),
+                                                [](const mt::Tensor& x) { return mt::ops::relu(x); },
+                                                std::make_shared<mt::nn::Linear>(kHidden, kOut));
+  };
+  inputs.make_loss = [](const std::shared_ptr<mt::nn::Module>& m) -> mt::train::LossFn {
+    auto seq = std::static_pointer_cast<mt::nn::Sequential>(m);
+    return [seq](const mt::data::Batch& b) { return mt::ops::mse_loss(seq->forward(b.inputs), b.targets); };
+  };
+  inputs.train = std::make_shared<mt::data::TensorDataset>(mt::zeros({kSamples, kIn}), mt::zeros({kSamples, kOut}));
+  TrainerConfig base = short_run_config();
+  base.galore_targets = {"0.weight", "2.weight"};
+  mt::train::FitKnobs knobs;
+  knobs.precision = knobs.optimizer_state = knobs.checkpointing = knobs.accumulation = knobs.layerwise = false;
+  const mt::train::FitResult r = mt::train::fit_to_budget(base, std::size_t{1} << 30, inputs, knobs, fixed_model());
+  std::int64_t offered_rank = 0;
+  for (const mt::train::FitCandidate& c : r.candidates) {
+    offered_rank = std::max(offered_rank, c.config.galore_rank);
+    EXPECT_EQ(c.config.galore_targets, base.galore_targets) << c.knobs;
+  }
+  EXPECT_EQ(offered_rank, std::min(kHidden, kOut) / 4) << r.report();
 }
 
 TEST(CostModel, CalibratesPositiveRatesAndAddsUpWork) {

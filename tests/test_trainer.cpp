@@ -675,7 +675,7 @@ TEST(TrainerCheckpoint, FileHoldsModelOptimizerAndMetadata) {
   EXPECT_EQ(meta.at("rng_offset"), std::to_string(mt::get_rng_state().offset));
   EXPECT_EQ(meta.at("loader_epoch"), "0");
   EXPECT_EQ(meta.at("loader_batch"), "2");  // 2 micro-batches of 2 handed out
-  EXPECT_EQ(meta.at("optimizer"), "adamw");
+  EXPECT_EQ(meta.at("optimizer"), "AdamW");  // the optimizer's own name
   EXPECT_EQ(TrainerConfig::from_json(json::parse(meta.at("config"))).to_json(), c.to_json());
   const auto tensors = mt::io::load_safetensors(path);
   for (const auto& [name, p] : net->named_parameters()) {
@@ -753,7 +753,18 @@ TEST(TrainerCheckpoint, LoadIntoAnotherShapeNamesFileAndTensor) {
   auto same = std::make_shared<TinyNet>(4, 8, 3);
   Trainer u(s, same, mse_loss(same), std::make_shared<RegressionDataset>(8, 4, 3));
   const std::string opt = error_of([&] { u.load_checkpoint(path); });
-  EXPECT_NE(opt.find("'adamw'"), std::string::npos) << opt;
+  EXPECT_NE(opt.find("'AdamW'"), std::string::npos) << opt;
+
+  // A file written before checkpoints named the optimizer itself carries the config's kind: it still loads.
+  auto meta = mt::io::load_safetensors_metadata(path);
+  meta["optimizer"] = "adamw";
+  const std::string legacy = dir.str("legacy.safetensors");
+  mt::io::save_safetensors(legacy, mt::io::load_safetensors(path), meta);
+  auto again = std::make_shared<TinyNet>(4, 8, 3);
+  Trainer v(c, again, mse_loss(again), std::make_shared<RegressionDataset>(8, 4, 3));
+  v.load_checkpoint(legacy);
+  EXPECT_EQ(v.step(), 1);
+  EXPECT_NE(error_of([&] { u.load_checkpoint(legacy); }).find("'adamw'"), std::string::npos);
 }
 
 // ---- fit(): metrics, summary, eval, budget ----------------------------------------------------------------

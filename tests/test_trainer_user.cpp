@@ -6,6 +6,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/io/safetensors.h"
 #include "memtrain/nn/linear.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
@@ -318,6 +319,27 @@ TEST(TrainerUserOptimizer, CheckpointResumesBitForBit) {
   for (std::int64_t s = 3; s < c.max_steps; ++s) EXPECT_EQ(t.train_step().loss, losses[s]) << s;
   const auto pa = a->named_parameters(), pr = r->named_parameters();
   for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(values(pa[i].second), values(pr[i].second)) << pa[i].first;
+}
+
+// The checkpoint names the optimizer that stepped (the user's, not the config's kind), so a trainer with
+// another optimizer refuses it even though both configs name AdamW.
+TEST(TrainerUserOptimizer, CheckpointNamesTheUsersOptimizer) {
+  mt::test_support::TempDir dir;
+  const TrainerConfig c = base_config();  // optimizer kind: adamw
+  const std::string path = dir.file("lion.safetensors");
+  {
+    auto net = make_net();
+    mt::optim::ParamGroup all;
+    for (const auto& [name, p] : net->named_parameters()) all.params.push_back(p);
+    Trainer t(c, net, mt::optim::Spec::lion({.lr = 1e-3}).make({all}), mse(net), data());
+    t.train_step();
+    t.save_checkpoint(path);
+  }
+  EXPECT_EQ(mt::io::load_safetensors_metadata(path).at("optimizer"), "Lion");
+  auto net = make_net();
+  Trainer t(c, net, config_like_optimizer(net), mse(net), data());
+  const std::string e = error_of([&] { t.load_checkpoint(path); });
+  EXPECT_NE(e.find("holds state of optimizer 'Lion' but this trainer uses 'AdamW'"), std::string::npos) << e;
 }
 
 // Layer-wise updates step the user's optimizer from the hooks: without clipping, the parameters equal the

@@ -153,7 +153,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"rng_offset", std::to_string(rng.offset)},
       {"loader_epoch", std::to_string(pos.epoch)},
       {"loader_batch", std::to_string(pos.batch)},
-      {"optimizer", std::string(optim::kind_name(config_.optimizer.kind))},
+      {"optimizer", std::string(optimizer_->name())},  // the optimizer stepping, built from the config or by the user
       {"config", config_.to_json().dump()},
   };
   io::save_safetensors(path, tensors, meta);
@@ -169,9 +169,12 @@ void Trainer::load_checkpoint(const std::string& path) {
   MT_CHECK(version != meta.end() && version->second == kFormatVersion, where,
            "'{}' has checkpoint format version '{}'; this build reads version {}", path,
            version == meta.end() ? std::string("none") : version->second, kFormatVersion);
-  const std::string kind(optim::kind_name(config_.optimizer.kind));
+  // Files written before the optimizer's own name was recorded carry the config's kind ("adamw"); they load
+  // into a trainer whose config names the same kind.
+  const std::string kind(optimizer_->name());
   auto opt_name = meta.find("optimizer");
-  MT_CHECK(opt_name != meta.end() && opt_name->second == kind, where,
+  const bool legacy_kind = opt_name != meta.end() && opt_name->second == optim::kind_name(config_.optimizer.kind);
+  MT_CHECK(opt_name != meta.end() && (opt_name->second == kind || legacy_kind), where,
            "'{}' holds state of optimizer '{}' but this trainer uses '{}'", path,
            opt_name == meta.end() ? std::string("none") : opt_name->second, kind);
   const std::int64_t step = meta_i64(meta, "step", path);

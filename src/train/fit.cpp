@@ -121,8 +121,9 @@ Recompute recompute_of(const ckpt::Policy& p) {
   return Recompute::every2;  // every:K and budget policies are kept as the base's own (see candidates())
 }
 
-// A quarter of the smallest dimension of the weights GaLore would project (at least 1); 0 when none.
-std::int64_t default_galore_rank(const RunInputs& inputs) {
+// A quarter of the smallest dimension of the weights GaLore would project (those `targets` chooses; empty:
+// the default rule), at least 1; 0 when none.
+std::int64_t default_galore_rank(const RunInputs& inputs, const std::vector<std::string>& targets) {
   RngStateGuard rng;
   std::shared_ptr<nn::Module> model;
   {
@@ -131,7 +132,7 @@ std::int64_t default_galore_rank(const RunInputs& inputs) {
   }
   std::int64_t smallest = std::numeric_limits<std::int64_t>::max();
   for (const auto& [name, p] : model->named_parameters())
-    if (optim::is_galore_target(name, p)) smallest = std::min({smallest, p.size(0), p.size(1)});
+    if (optim::is_galore_target(name, p, targets)) smallest = std::min({smallest, p.size(0), p.size(1)});
   return smallest == std::numeric_limits<std::int64_t>::max() ? 0 : std::max<std::int64_t>(1, smallest / 4);
 }
 
@@ -276,7 +277,7 @@ FitResult fit_to_budget(const TrainerConfig& base, std::size_t budget_bytes, con
   result.budget_bytes = budget_bytes;
   result.cost_model = cost_model ? *cost_model : CostModel::calibrate();
 
-  std::vector<Candidate> all = candidates(base, free, free.galore ? default_galore_rank(inputs) : 0);
+  std::vector<Candidate> all = candidates(base, free, free.galore ? default_galore_rank(inputs, base.galore_targets) : 0);
   // The candidates that save the most memory (no other needs less in every monotone knob): if none of them fits,
   // nothing does, and the refusal needs only these predictions.
   std::vector<const Candidate*> minimal;
