@@ -26,7 +26,7 @@ install(EXPORT memtrainTargets
   DESTINATION ${MEMTRAIN_INSTALL_CMAKEDIR})
 
 # Plain TRUE/FALSE for the config template, whatever spelling the options used.
-foreach(flag MEMTRAIN_HAVE_CUDA MEMTRAIN_HAVE_ONEDNN)
+foreach(flag MEMTRAIN_HAVE_CUDA MEMTRAIN_HAVE_ONEDNN MEMTRAIN_HAVE_MPI)
   if(${flag})
     set(${flag}_VALUE TRUE)
   else()

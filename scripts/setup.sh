@@ -13,6 +13,8 @@ packages=(
   cmake ninja-build g++ pkg-config
   libeigen3-dev libfmt-dev libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libopenblas-dev zlib1g-dev
   libgtest-dev libbenchmark-dev libcli11-dev
+  # MPI: data-parallel runs (dist::world() under mpirun) and their tests (memtrain_dist_tests).
+  openmpi-bin libopenmpi-dev
   # Data: the GPT example's default corpus and the CNN example's data set (tests skip without them).
   fortunes dataset-fashion-mnist
 )

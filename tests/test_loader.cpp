@@ -330,6 +330,48 @@ TEST(LoaderPrefetch, WorkerCollatesAheadOfTheConsumer) {
   EXPECT_EQ(wait_for(4), 4);
 }
 
+// Sharing whole batches: at 1, 2 and 4 ranks with the same global group of 4 batches, rank r takes batches
+// [r*k, (r+1)*k) of each group of the one-rank stream, across an epoch boundary too (5 batches per epoch), with
+// and without prefetch; seek goes to a group start and refuses anything else.
+TEST(LoaderBatchBlocks, RanksTakeBlocksOfTheOneRankStream) {
+  auto ds = std::make_shared<IndexDataset>(20);
+  std::vector<std::vector<std::int64_t>> alone;
+  {
+    Loader l(ds, opts(4, 9));
+    alone = take(l, 12);  // 3 groups of 4 batches, crossing epoch 0 -> 1 after batch 5
+  }
+  for (const std::int64_t world : {1, 2, 4}) {
+    for (const std::int64_t prefetch : {0, 2}) {
+      const std::int64_t block = 4 / world;
+      std::vector<std::vector<std::vector<std::int64_t>>> per_rank;
+      for (std::int64_t rank = 0; rank < world; ++rank) {
+        auto o = opts(4, 9, prefetch);
+        o.rank = rank;
+        o.world_size = world;
+        o.batch_block = block;
+        Loader l(ds, o);
+        EXPECT_EQ(l.batches_per_epoch(), 5);
+        per_rank.push_back(take(l, static_cast<int>(3 * block)));
+      }
+      for (std::int64_t g = 0; g < 12; ++g) {
+        const std::int64_t group = g / 4, in_group = g % 4, rank = in_group / block;
+        EXPECT_EQ(per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(group * block + in_group % block)],
+                  alone[static_cast<std::size_t>(g)])
+            << "world " << world << " global batch " << g;
+      }
+    }
+  }
+  auto o = opts(4, 9);
+  o.rank = 1;
+  o.world_size = 2;
+  o.batch_block = 2;
+  Loader l(ds, o);
+  l.seek({1, 3});  // global batch 8: a group start
+  EXPECT_EQ(l.next().inputs.size(0), 4);
+  EXPECT_EQ(l.position(), (LoaderPosition{2, 1}));  // global 10 handed out; rank 1's next is global 11
+  EXPECT_THAT(error_of([&] { l.seek({0, 2}); }), HasSubstr("not the start of a group of 4"));
+}
+
 TEST(LoaderOptions, ValidationAndTooSmallShares) {
   auto ds = std::make_shared<IndexDataset>(10);
   auto o = opts(0, 0);

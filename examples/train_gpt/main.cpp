@@ -29,7 +29,7 @@ struct Flags {
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline,
       galore_targets;
-  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size;
+  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero;
   std::optional<double> galore_scale;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
@@ -329,7 +329,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab-size", f.vocab_size, "tokenizer size when preparing text (default: the preset's)");
   app.add_option("--steps", f.steps, "optimizer steps");
   app.add_option("--micro-batch", f.micro_batch, "sequences per micro-batch");
-  app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step");
+  app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step (per rank under mpirun)");
+  app.add_option("--zero", f.zero, "ZeRO stage of a data-parallel run under mpirun (0: plain data parallel)");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
   app.add_option("--precision", f.precision,
@@ -366,8 +367,15 @@ int main(int argc, char** argv) {
   // Progress and the report go to stderr; line-buffered stdout keeps both in order in a log file.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
+  std::shared_ptr<dist::Communicator> world;  // set first thing in the try: the catch may need it
   try {
+    // Under mpirun every process is one data-parallel rank: the launcher sets the world size.
+    world = dist::world();
+    const bool lead = world->rank() == 0;  // prints, writes the out-dir files and prepares the data
     train::TrainerConfig config = resolve_config(f);
+    config.world_size = world->size();
+    if (f.zero) config.zero = *f.zero;
+    config.validate();
     if (f.fit) (void)check_fit_flags(f, config);  // before any data is prepared
     if (f.plan_only) {
       if (f.fit) config = fit_config(f, config, std::nullopt);
@@ -379,7 +387,10 @@ int main(int argc, char** argv) {
     MT_CHECK(device.is_cpu() || cuda::is_available(), "train_gpt", "--device {}: CUDA is not usable here ({})",
              device.str(), cuda::unavailable_reason());
     const std::int64_t vocab = f.vocab_size.value_or(nn::GPTConfig::preset(config.model.preset).vocab_size);
+    // Rank 0 tokenizes the corpus; the others then find it prepared and reuse it.
+    if (!lead) world->barrier();
     Corpus corpus = prepare_data(f, vocab);
+    if (lead) world->barrier();
     config.data.train = corpus.train;
     config.data.val = corpus.val;
     if (f.fit) config = fit_config(f, config, corpus.tokenizer ? std::optional(corpus.tokenizer->vocab_size()) : std::nullopt);
@@ -391,16 +402,19 @@ int main(int argc, char** argv) {
 
     auto train_set = std::make_shared<data::TokenWindowDataset>(corpus.train, T, model->config().vocab_size);
     auto val_set = std::make_shared<data::TokenWindowDataset>(corpus.val, T, model->config().vocab_size);
-    fs::create_directories(f.out_dir);
-    config.save((fs::path(f.out_dir) / "config.json").string());
+    if (lead) {
+      fs::create_directories(f.out_dir);
+      config.save((fs::path(f.out_dir) / "config.json").string());
+    }
 
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
+    dist::attach_data_parallel(trainer, world);
     trainer.memory_notes = [model] { return model->checkpointing().describe(model->config().n_layer); };
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {
-      if (corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
+      if (lead && corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
     };
     if (f.eval_only) {
       // Also written to the summary (--summary-json): the loss and what it was measured over.
@@ -424,6 +438,8 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    // The other ranks of a data-parallel run may wait for this one in a collective: end them too.
+    if (world && world->size() > 1) dist::abort_world(1);
     return 1;
   }
   return 0;

@@ -37,6 +37,8 @@
 #include "memtrain/data/prepare_corpus.h"
 #include "memtrain/data/tensor_dataset.h"
 #include "memtrain/data/token_shard.h"
+#include "memtrain/dist/communicator.h"
+#include "memtrain/dist/data_parallel.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/nn/nn.h"
 #include "memtrain/ops/dispatch_modes.h"

@@ -64,6 +64,7 @@ void LoaderOptions::validate() const {
   MT_CHECK(rank >= 0 && rank < world_size, "LoaderOptions", "rank {} is outside [0, world_size {})", rank,
            world_size);
   MT_CHECK(prefetch >= 0, "LoaderOptions", "prefetch {} must be >= 0", prefetch);
+  MT_CHECK(batch_block >= 0, "LoaderOptions", "batch_block {} must be >= 0", batch_block);
 }
 
 std::vector<std::int64_t> epoch_share(std::int64_t num_samples, const LoaderOptions& options, std::int64_t epoch) {
@@ -78,6 +79,8 @@ std::vector<std::int64_t> epoch_share(std::int64_t num_samples, const LoaderOpti
   }
   // Every rank takes the same count, floor(N / W), so ranks stay in lockstep; the tail of the order is
   // left out this epoch (a different tail next epoch when shuffling).
+  // Sharing whole batches (batch_block), every rank sees the whole order and the batches pick the ranks.
+  if (options.batch_block > 0) return order;
   const std::int64_t share = num_samples / options.world_size;
   std::vector<std::int64_t> mine(static_cast<std::size_t>(share));
   for (std::int64_t j = 0; j < share; ++j)
@@ -102,29 +105,46 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   MT_CHECK(dataset_ != nullptr, "Loader", "dataset is null");
   options_.validate();
   const std::int64_t n = dataset_->size();
-  const std::int64_t share = n / options_.world_size;
+  const std::int64_t share = options_.batch_block > 0 ? n : n / options_.world_size;
   MT_CHECK(batches_per_epoch() >= 1, "Loader",
            "{}: rank share of {} samples (of {} over world_size {}) holds no {} of batch_size {}",
            dataset_->describe(), share, n, options_.world_size, options_.drop_last ? "full batch" : "sample",
            options_.batch_size);
+  position_ = first_owned(position_);
   start_worker();
 }
 
 Loader::~Loader() { stop_worker(); }
 
 std::int64_t Loader::batches_per_epoch() const {
-  const std::int64_t share = dataset_->size() / options_.world_size;
+  const std::int64_t share = options_.batch_block > 0 ? dataset_->size() : dataset_->size() / options_.world_size;
   return options_.drop_last ? share / options_.batch_size : (share + options_.batch_size - 1) / options_.batch_size;
 }
 
 LoaderPosition Loader::position() const { return position_; }
+
+bool Loader::owns(LoaderPosition p) const {
+  if (options_.batch_block == 0) return true;
+  const std::int64_t global = p.epoch * batches_per_epoch() + p.batch;
+  return (global / options_.batch_block) % options_.world_size == options_.rank;
+}
+
+LoaderPosition Loader::first_owned(LoaderPosition p) const {
+  while (!owns(p)) {
+    if (++p.batch == batches_per_epoch()) {
+      ++p.epoch;
+      p.batch = 0;
+    }
+  }
+  return p;
+}
 
 LoaderPosition Loader::advance(LoaderPosition p) const {
   if (++p.batch == batches_per_epoch()) {
     ++p.epoch;
     p.batch = 0;
   }
-  return p;
+  return first_owned(p);
 }
 
 std::vector<std::int64_t> Loader::slice_batch(const std::vector<std::int64_t>& share, std::int64_t batch) const {
@@ -173,8 +193,16 @@ Batch Loader::next() {
 
 void Loader::seek(LoaderPosition p) {
   check_position(p, "Loader::seek");
+  if (options_.batch_block > 0) {
+    const std::int64_t group = options_.batch_block * options_.world_size;
+    const std::int64_t global = p.epoch * batches_per_epoch() + p.batch;
+    MT_CHECK(global % group == 0, "Loader::seek",
+             "position (epoch {}, batch {}) is batch {} of the global stream, not the start of a group of {} "
+             "(world_size {} x batch_block {})", p.epoch, p.batch, global, group, options_.world_size,
+             options_.batch_block);
+  }
   stop_worker();
-  position_ = p;
+  position_ = first_owned(p);
   start_worker();
 }
 

@@ -118,6 +118,8 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t 
 
 std::string Trainer::save_checkpoint() {
   MT_CHECK(!config_.checkpoint_dir.empty(), "Trainer::save_checkpoint", "config.checkpoint_dir is empty");
+  // Every rank of a data-parallel run holds the same model and state: rank 0 writes them for all.
+  if (!writes_files()) return (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
   std::error_code ec;
   fs::create_directories(config_.checkpoint_dir, ec);
   MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", config_.checkpoint_dir,

@@ -11,6 +11,7 @@
 #include "core/phase_marks.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
+#include "train/gradient_tree.h"
 #include "train/layerwise.h"
 #include "train/progress.h"
 #include "train/run_summary.h"
@@ -157,17 +158,14 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
     fp8_ = std::make_unique<amp::Fp8State>(recipe);
   }
 
-  data::LoaderOptions options;
-  options.batch_size = config_.micro_batch;
-  options.seed = config_.seed;
-  options.shuffle = config_.data.shuffle;
-  options.drop_last = config_.data.drop_last;
-  options.prefetch = config_.data.prefetch;
-  train_loader_ = std::make_unique<data::Loader>(std::move(train), options);
+  train_ = std::move(train);
+  make_train_loader(0, 1);
   if (val_) {
     // Evaluation sees the val set in order and every sample of it, so runs compare on the same numbers.
+    data::LoaderOptions options = train_loader_->options();
     options.shuffle = false;
     options.drop_last = false;
+    options.batch_block = 0;
     val_loader_ = std::make_unique<data::Loader>(val_, options);
   }
 
@@ -179,6 +177,34 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   }
   allocator.reset_peak();
   model_->train();
+}
+
+void Trainer::make_train_loader(std::int64_t rank, std::int64_t world_size) {
+  data::LoaderOptions options;
+  options.batch_size = config_.micro_batch;
+  options.seed = config_.seed;
+  options.shuffle = config_.data.shuffle;
+  options.drop_last = config_.data.drop_last;
+  options.prefetch = config_.data.prefetch;
+  options.rank = rank;
+  options.world_size = world_size;
+  // Whole blocks of micro-batches per rank, so global micro-batch i holds the same samples at any world size.
+  if (world_size > 1) options.batch_block = config_.grad_accum;
+  train_loader_.reset();  // its worker stops before the new one starts
+  train_loader_ = std::make_unique<data::Loader>(train_, options);
+}
+
+void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
+  const char* where = "Trainer::set_gradient_sync";
+  MT_CHECK(sync != nullptr, where, "the gradient sync is null");
+  MT_CHECK(step_ == 0 && history_.empty(), where,
+           "the trainer has already stepped ({} steps): attach data parallelism before training or resuming", step_);
+  MT_CHECK(sync->world_size() == config_.world_size, where,
+           "config.world_size is {} but the group has {} ranks (launch with mpirun -np {}, or set world_size {})",
+           config_.world_size, sync->world_size(), config_.world_size, sync->world_size());
+  sync->check_same_config(config_.to_json());
+  sync_ = std::move(sync);
+  make_train_loader(sync_->rank(), sync_->world_size());
 }
 
 Trainer::~Trainer() {
@@ -209,17 +235,36 @@ StepMetrics Trainer::train_step() {
     total += batches.back().targets_count;
     samples += batches.back().samples;
   }
-  MT_CHECK(total > 0, where, "step {}: the {} micro-batches hold no target elements", step_, config_.grad_accum);
+  MT_CHECK(config_.world_size == 1 || sync_, where,
+           "config.world_size is {} but no ranks are attached: launch with mpirun and call "
+           "dist::attach_data_parallel (train alone with world_size 1)", config_.world_size);
+  if (sync_) {
+    // Each micro-batch's weight is its share of the targets of the whole global batch.
+    const std::vector<std::int64_t> all = sync_->gather_i64({total, samples});
+    total = samples = 0;
+    for (std::size_t r = 0; r < all.size(); r += 2) {
+      total += all[r];
+      samples += all[r + 1];
+    }
+  }
+  MT_CHECK(total > 0, where, "step {}: the {} micro-batches hold no target elements", step_,
+           config_.grad_accum * config_.world_size);
   // Layer-wise mode steps during the backward of the last micro-batch that runs one.
   std::size_t last_backward = 0;
   for (std::size_t i = 0; i < batches.size(); ++i)
     if (batches[i].targets_count > 0) last_backward = i;
   if (layerwise_) layerwise_->begin_step();
 
-  double loss_value = 0.0;
+  // The canonical tree keeps each micro-batch's gradients apart until its subtree is complete.
+  std::optional<detail::GradientTree> tree;
+  if (config_.canonical_reduction || config_.world_size > 1) tree.emplace(params);
+  std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
   for (std::size_t i = 0; i < batches.size(); ++i) {
     data::Batch batch = std::move(batches[i]);
-    if (batch.targets_count == 0) continue;  // its mean loss is 0/0 and its weight 0: nothing to add
+    if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add
+      if (tree) tree->push_leaf();   // but the leaf keeps the tree's shape
+      continue;
+    }
     Tensor loss;
     mark(batches.size() > 1 ? fmt::format("forward {}/{}", i + 1, batches.size()) : std::string("forward"));
     {
@@ -234,7 +279,7 @@ StepMetrics Trainer::train_step() {
     MT_CHECK(loss.requires_grad(), where, "the loss of micro-batch {} does not require grad (no parameter took part?)",
              i);
     const double weight = static_cast<double>(batch.targets_count) / static_cast<double>(total);
-    loss_value += loss.item() * weight;
+    weighted_losses[i] = loss.item() * weight;
     Tensor seed_grad;
     {
       CategoryGuard category(MemoryCategory::gradients);
@@ -244,8 +289,17 @@ StepMetrics Trainer::train_step() {
     if (layerwise_) hooks_on.emplace(*layerwise_, i == last_backward);
     mark("backward");
     autograd::backward({loss}, {seed_grad});
+    if (tree) tree->push_leaf();
   }
   batches.clear();
+  if (tree) tree->finish();
+  if (sync_) {
+    mark("gradient all-reduce");
+    sync_->reduce_gradients(params);
+    weighted_losses = sync_->gather_f64(weighted_losses);
+  }
+  double loss_value = 0.0;
+  for (const double l : weighted_losses) loss_value += l;
 
   mark("optimizer step");
   // fp16: gradients back in true units before anything reads them; an overflow skips the whole step.
@@ -364,8 +418,11 @@ RunSummary Trainer::fit() {
   if (&host != &allocator) host.reset_peak();
   std::optional<detail::MetricsWriter> metrics;
   // A resumed run continues the metrics file of the run it resumes.
-  if (!config_.metrics_path.empty()) metrics.emplace(config_.metrics_path, /*append=*/step_ > 0);
-  detail::ProgressPrinter progress(config_.max_steps, config_.log_interval, ::isatty(STDERR_FILENO) == 1);
+  // In a data-parallel run every rank computes the same metrics; rank 0 writes and prints them.
+  const bool writes = writes_files();
+  if (writes && !config_.metrics_path.empty()) metrics.emplace(config_.metrics_path, /*append=*/step_ > 0);
+  std::optional<detail::ProgressPrinter> progress;
+  if (writes) progress.emplace(config_.max_steps, config_.log_interval, ::isatty(STDERR_FILENO) == 1);
 
   const std::size_t first = history_.size();
   const std::int64_t start_step = step_;
@@ -379,14 +436,15 @@ RunSummary Trainer::fit() {
     }
     if (metrics) metrics->write(m);
     const double per_step = seconds_since(start) / static_cast<double>(step_ - start_step);
-    progress.update(m, per_step * static_cast<double>(config_.max_steps - step_));
+    if (progress) progress->update(m, per_step * static_cast<double>(config_.max_steps - step_));
     if (config_.checkpoint_interval > 0 && (step_ % config_.checkpoint_interval == 0 || last)) save_checkpoint();
     if (on_step) on_step(m);
   }
-  progress.finish();
+  if (progress) progress->finish();
 
   const std::vector<StepMetrics> ran(history_.begin() + static_cast<std::ptrdiff_t>(first), history_.end());
   RunSummary summary = summarize(ran);
+  if (!writes) return summary;
   if (memory_notes) {
     const std::string notes = memory_notes();
     if (!notes.empty()) fmt::print(stderr, "{}\n", notes);

@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <bit>
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
@@ -84,6 +85,8 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("micro_batch", c.micro_batch);
   v.field("grad_accum", c.grad_accum);
   v.field("world_size", c.world_size);
+  v.field("zero", c.zero);
+  v.field("canonical_reduction", c.canonical_reduction);
   v.named("device", c.device, [](Device d) { return d.str(); },
           [](const std::string& n) { return device_from_name(n, kWhere); });
   v.named("precision", c.precision, amp::precision_name, amp::parse_precision);
@@ -248,8 +251,22 @@ void TrainerConfig::validate() const {
   MT_CHECK(micro_batch >= 1, kWhere, "micro_batch must be >= 1, got {}", micro_batch);
   MT_CHECK(grad_accum >= 1, kWhere, "grad_accum must be >= 1, got {}", grad_accum);
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
-  MT_CHECK(world_size == 1, kWhere, "world_size {} is not supported: data-parallel training comes with the "
-           "distributed issue (use world_size 1)", world_size);
+  MT_CHECK(world_size >= 1, kWhere, "world_size must be >= 1, got {}", world_size);
+  MT_CHECK(zero == 0, kWhere, "zero {} is not supported yet: ZeRO stages 1 and 2 (sharded optimizer state and "
+           "gradients) are not built; use zero 0 (plain data parallel)", zero);
+  MT_CHECK(world_size == 1 || std::has_single_bit(static_cast<std::uint64_t>(grad_accum)), kWhere,
+           "grad_accum {} with world_size {}: a data-parallel step sums its micro-batch gradients in one canonical "
+           "tree over the global batch, and each rank's block must be one subtree of it, so grad_accum must be a "
+           "power of two (1, 2, 4, ...)", grad_accum, world_size);
+  MT_CHECK(!(canonical_reduction && layerwise_update), kWhere,
+           "canonical_reduction with layerwise_update: layer-wise updates step each parameter from its gradient "
+           "as the last backward makes it, before the canonical tree over the micro-batches is complete");
+  MT_CHECK(world_size == 1 || !layerwise_update, kWhere,
+           "layerwise_update with world_size {}: a parameter's update needs the gradient summed over every rank, "
+           "which the data-parallel step has only after the backward (use layerwise_update false)", world_size);
+  MT_CHECK(world_size == 1 || precision == amp::Precision::fp32 || precision == amp::Precision::bf16, kWhere,
+           "precision '{}' with world_size {}: the loss scaler's and fp8's per-step decisions are not yet agreed "
+           "between ranks (use fp32 or bf16)", amp::precision_name(precision), world_size);
   MT_CHECK(!(layerwise_update && precision == amp::Precision::fp16), kWhere,
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
            "gradient overflows, which is known only after the last one, and layer-wise updates have applied the "

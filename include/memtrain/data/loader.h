@@ -117,7 +117,13 @@ struct LoaderOptions {
   std::int64_t rank = 0;
   std::int64_t world_size = 1;
   std::int64_t prefetch = 2;  // batches collated ahead; 0 = collate synchronously in next()
-  void validate() const;  // batch_size >= 1, 0 <= rank < world_size, prefetch >= 0
+  // 0: ranks share samples (above). k > 0: ranks share whole batches instead. Every rank sees the batches of
+  // the one-rank run (all samples, world_size 1); their stream is cut into groups of world_size * k, and rank
+  // r takes batches [r*k, (r+1)*k) of each group. So global micro-batch i of a data-parallel step holds the
+  // same samples at any world size (what bit-identical training across world sizes needs). Positions are
+  // then positions in that global stream.
+  std::int64_t batch_block = 0;
+  void validate() const;  // batch_size >= 1, 0 <= rank < world_size, prefetch >= 0, batch_block >= 0
 };
 
 struct LoaderPosition {
@@ -143,7 +149,10 @@ class Loader {
   // An exception thrown by collate in the worker is rethrown here.
   Batch next();
   LoaderPosition position() const;
-  void seek(LoaderPosition position);  // epoch >= 0, 0 <= batch < batches_per_epoch(); clears a stored error
+  // epoch >= 0, 0 <= batch < batches_per_epoch(); clears a stored error. With batch_block, `position` must
+  // start a group (its global index a multiple of world_size * batch_block) and the loader goes on from this
+  // rank's block of it.
+  void seek(LoaderPosition position);
   std::int64_t batches_per_epoch() const;
   const Dataset& dataset() const { return *dataset_; }
   const LoaderOptions& options() const { return options_; }
@@ -165,7 +174,9 @@ class Loader {
     std::vector<std::int64_t> share;  // epoch_share of that epoch
   };
   ShareCache sync_cache_;  // for prefetch = 0
-  LoaderPosition advance(LoaderPosition p) const;
+  LoaderPosition advance(LoaderPosition p) const;     // the next batch this rank takes
+  LoaderPosition first_owned(LoaderPosition p) const;  // p, or the first batch after p this rank takes
+  bool owns(LoaderPosition p) const;
   void check_position(LoaderPosition p, const char* where) const;
   std::vector<std::int64_t> slice_batch(const std::vector<std::int64_t>& share, std::int64_t batch) const;
   Batch collate_at(LoaderPosition p, ShareCache& cache) const;

@@ -51,6 +51,7 @@
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/module.h"
 #include "memtrain/optim/optimizer.h"
+#include "memtrain/train/gradient_sync.h"
 #include "memtrain/train/timeline.h"
 #include "memtrain/train/trainer_config.h"
 
@@ -174,6 +175,15 @@ class Trainer {
   // "checkpoint save". Marks come from this thread.
   void mark_phases_on(MemoryTimeline* timeline);
 
+  // Trains as rank sync->rank() of sync->world_size() (dist::attach_data_parallel calls it): the train loader
+  // then hands this rank its block of each step's micro-batches, and each step's gradients, target counts and
+  // losses are summed over every rank. Only rank 0 writes files (checkpoints, metrics, summary) and prints.
+  // Refused after the first step, when config.world_size differs from the group's, or when the configs differ
+  // between ranks.
+  void set_gradient_sync(std::shared_ptr<GradientSync> sync);
+  // Whether this process writes the run's files and prints its report (rank 0, or a run alone).
+  bool writes_files() const { return !sync_ || sync_->rank() == 0; }
+
   std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
   void save_checkpoint(const std::string& path) const;
   void load_checkpoint(const std::string& path);  // throws naming the file and what does not match
@@ -200,7 +210,10 @@ class Trainer {
   LossFn loss_fn_;
   std::shared_ptr<const data::Dataset> val_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<const data::Dataset> train_;
   std::unique_ptr<data::Loader> train_loader_;
+  std::shared_ptr<GradientSync> sync_;  // data parallel; null when training alone
+  void make_train_loader(std::int64_t rank, std::int64_t world_size);
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them
   std::shared_ptr<detail::LayerwiseUpdater> layerwise_;  // with config.layerwise_update

@@ -62,7 +62,17 @@ struct TrainerConfig {
   double grad_clip = 1.0;  // global L2 norm; 0 = off
   std::int64_t micro_batch = 8;
   std::int64_t grad_accum = 1;
-  std::int64_t world_size = 1;  // data-parallel ranks (only 1 until the distributed issue)
+  // Data-parallel ranks: a run launched by mpirun takes the launcher's count (dist::attach_data_parallel
+  // checks that the two agree). Each rank runs grad_accum micro-batches per step.
+  std::int64_t world_size = 1;
+  // ZeRO stage: 0 = plain data parallel (every rank keeps every gradient and optimizer state). Stages 1 and
+  // 2 (sharded optimizer state, then gradients) are refused until they are built.
+  std::int64_t zero = 0;
+  // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
+  // each into .grad as it comes: costs up to log2(grad_accum) extra gradient sets, and gives the bits of a
+  // data-parallel run of the same global batch at any world size. Always on when world_size > 1, where it
+  // needs grad_accum to be a power of two (a rank's block must be one subtree of the global tree).
+  bool canonical_reduction = false;
   // Where the model trains (JSON: "cpu", "cuda" = cuda:0, "cuda:N"). The Trainer moves the model there
   // (nn::Module::to) and each batch as it comes; it throws naming CUDA when the device is not usable.
   Device device = Device::cpu();

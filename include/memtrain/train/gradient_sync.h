@@ -1,0 +1,38 @@
+// What a Trainer asks of the other processes of a data-parallel run. dist::DataParallel implements it over a
+// dist::Communicator (the distributed layer sits above training, so the Trainer only sees this interface);
+// without one a Trainer trains alone.
+//
+// Each rank runs the same Trainer on its own block of every step's micro-batches (data::LoaderOptions::
+// batch_block): global micro-batch i of a step belongs to rank i / grad_accum. The Trainer sums its block's
+// gradients in the canonical tree order and hands them to reduce_gradients, which completes the tree across
+// ranks; every rank then takes the same optimizer step.
+#pragma once
+
+#include "memtrain/core/tensor.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace memtrain::train {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual std::int64_t rank() const = 0;
+  virtual std::int64_t world_size() const = 0;
+  // Refuses (on every rank) a configuration that is not the same on every rank, naming the first field that
+  // differs and a rank that holds another value.
+  virtual void check_same_config(const nlohmann::json& config) = 0;
+  // Every rank's values, in rank order (each rank passes as many).
+  virtual std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) = 0;
+  virtual std::vector<double> gather_f64(const std::vector<double>& mine) = 0;
+  // Each parameter's .grad holds this rank's block sum (undefined: no gradient, taken as zero); afterwards it
+  // holds the canonical sum over every rank's block, the same bits on every rank.
+  virtual void reduce_gradients(const std::vector<Tensor>& params) = 0;
+  // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).
+  virtual void barrier() = 0;
+};
+
+}  // namespace memtrain::train

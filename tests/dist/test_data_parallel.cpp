@@ -1,0 +1,179 @@
+// Data parallel training over dist::world(), run by ctest alone and under mpirun at 2, 3 and 4 ranks: the tiny
+// GPT trained for 20 steps on a global batch of 8 micro-batches (6 at 3 ranks) gives the same losses and
+// weights, bit for bit, as the same global batch trained alone with the canonical reduction, for
+// AdamW, 8-bit AdamW and 8-bit GaLore. A checkpoint written at N ranks resumes alone on the same bits; a
+// config that differs between ranks is refused naming the field; a world size that does not match the
+// launcher's is refused.
+#include "memtrain/core/rng.h"
+#include "memtrain/dist/communicator.h"
+#include "memtrain/dist/data_parallel.h"
+#include "memtrain/io/safetensors.h"
+#include "memtrain/train/trainer.h"
+
+#include "tiny_lm.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace mt = memtrain;
+using mt::train::Trainer;
+using mt::train::TrainerConfig;
+
+namespace {
+
+// The global batch: 8 micro-batches (6 at 3 ranks, whose blocks must be equal powers of two), so every world
+// size but 8 sums a block of several micro-batches locally before the ranks' tree.
+std::int64_t per_rank(std::int64_t ranks) { return std::max<std::int64_t>(1, 8 / ranks); }
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> weights;
+};
+
+std::vector<float> values(const mt::Tensor& t) {
+  const mt::Tensor c = t.detach().to(mt::DType::f32).contiguous();
+  return {c.data<float>(), c.data<float>() + c.numel()};
+}
+
+// `ranks` ranks of the run with `world` ranks (1: the same global batch trained alone).
+TrainerConfig config_for(const mt::optim::Spec& optimizer, std::int64_t galore_rank, std::int64_t ranks,
+                         std::int64_t world) {
+  TrainerConfig c = mt::test_support::short_run_config();
+  c.micro_batch = 2;
+  c.max_steps = 20;
+  c.grad_clip = 1.0;  // the global norm: the same on every rank only if the gradients are
+  c.optimizer = optimizer;
+  c.galore_rank = galore_rank;
+  c.galore_update_gap = 5;
+  c.data.shuffle = true;
+  c.world_size = ranks;
+  c.grad_accum = per_rank(world) * world / ranks;
+  c.canonical_reduction = true;
+  return c;
+}
+
+struct Fixture {
+  std::shared_ptr<mt::nn::Module> model;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Fixture make(const TrainerConfig& c, const std::shared_ptr<mt::dist::Communicator>& comm) {
+  mt::manual_seed(11);
+  Fixture f;
+  f.model = mt::test_support::make_tiny_lm(false);
+  auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                               mt::test_support::kTinyVocab);
+  f.trainer = std::make_unique<Trainer>(c, f.model, mt::test_support::tiny_lm_loss(f.model, false), data);
+  mt::dist::attach_data_parallel(*f.trainer, comm);
+  return f;
+}
+
+RunResult finish(Fixture& f, std::vector<double> losses = {}) {
+  while (f.trainer->step() < f.trainer->config().max_steps) losses.push_back(f.trainer->train_step().loss);
+  RunResult r{std::move(losses), {}};
+  for (const auto& [name, p] : f.model->named_parameters()) r.weights.push_back(values(p));
+  return r;
+}
+
+void expect_same_bits(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (std::size_t s = 0; s < got.losses.size(); ++s)
+    EXPECT_EQ(std::memcmp(&got.losses[s], &want.losses[s], sizeof(double)), 0)
+        << what << ": loss of step " << s + 1 << " is " << got.losses[s] << ", alone " << want.losses[s];
+  ASSERT_EQ(got.weights.size(), want.weights.size()) << what;
+  for (std::size_t i = 0; i < got.weights.size(); ++i)
+    EXPECT_EQ(std::memcmp(got.weights[i].data(), want.weights[i].data(), got.weights[i].size() * sizeof(float)), 0)
+        << what << ": parameter " << i << " differs from the run alone";
+}
+
+struct Case {
+  const char* name;
+  mt::optim::Spec optimizer;
+  std::int64_t galore_rank;
+};
+
+std::vector<Case> cases() {
+  return {{"adamw", mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), 0},
+          {"adamw8bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 0},
+          {"galore 8-bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 4}};
+}
+
+}  // namespace
+
+TEST(DataParallel, SameBitsAsTheRunAloneAtAnyWorldSize) {
+  auto world = mt::dist::world();
+  for (const Case& c : cases()) {
+    Fixture alone = make(config_for(c.optimizer, c.galore_rank, 1, world->size()), mt::dist::single_process());
+    const RunResult want = finish(alone);
+    Fixture dp = make(config_for(c.optimizer, c.galore_rank, world->size(), world->size()), world);
+    expect_same_bits(finish(dp), want, std::string(c.name) + " at " + std::to_string(world->size()) + " ranks");
+    // The weights moved: a test of equal bits between runs that never trained would prove nothing.
+    EXPECT_NE(want.losses.front(), want.losses.back()) << c.name;
+  }
+}
+
+TEST(DataParallel, ACheckpointWrittenAtNRanksResumesAloneOnTheSameBits) {
+  auto world = mt::dist::world();
+  const mt::optim::Spec adamw = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
+  Fixture alone = make(config_for(adamw, 0, 1, world->size()), mt::dist::single_process());
+  const RunResult want = finish(alone);
+
+  // One directory for every rank: rank 0's name.
+  const std::string dir = world->broadcast_string(
+      (std::filesystem::temp_directory_path() / ("memtrain_dp_" + std::to_string(::getpid()))).string(), 0);
+  const std::string path = dir + "/half.safetensors";
+  {
+    Fixture dp = make(config_for(adamw, 0, world->size(), world->size()), world);
+    std::vector<double> losses;
+    for (int s = 0; s < 10; ++s) losses.push_back(dp.trainer->train_step().loss);
+    if (world->rank() == 0) {
+      std::filesystem::create_directories(dir);
+      dp.trainer->save_checkpoint(path);
+    }
+    world->barrier();
+  }
+  Fixture resumed = make(config_for(adamw, 0, 1, world->size()), mt::dist::single_process());
+  resumed.trainer->load_checkpoint(path);
+  EXPECT_EQ(resumed.trainer->step(), 10);
+  const std::vector<double> first_half(want.losses.begin(), want.losses.begin() + 10);
+  expect_same_bits(finish(resumed, first_half), want, "resumed alone");
+  world->barrier();  // everyone has read the file
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(DataParallel, RefusesAConfigThatDiffersBetweenRanksNamingTheField) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  TrainerConfig c = config_for(mt::optim::Spec::adamw(), 0, world->size(), world->size());
+  if (world->rank() == 1) c.seed = 77;
+  try {
+    make(c, world);
+    ADD_FAILURE() << "a config that differs between ranks was accepted";
+  } catch (const mt::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("seed: 77 here, 5 in the other"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+  }
+}
+
+TEST(DataParallel, RefusesAWorldSizeThatIsNotTheLaunchers) {
+  auto world = mt::dist::world();
+  TrainerConfig c = config_for(mt::optim::Spec::adamw(), 0, 1, 1);
+  c.world_size = world->size() + 1;
+  c.grad_accum = 1;
+  try {
+    make(c, world);
+    ADD_FAILURE() << "world_size " << c.world_size << " was accepted in a group of " << world->size();
+  } catch (const mt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the group has " + std::to_string(world->size()) + " ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}
