@@ -128,3 +128,26 @@ TEST(GradientTree, ALeafWithoutAGradientCountsAsZero) {
   none.finish();
   EXPECT_FALSE(p.grad().defined());
 }
+
+// complete() folds one parameter ahead of the others (what the data-parallel hooks do during the last
+// backward): that parameter's result is the tree's, bit for bit, and push_leaf/finish then fold only the
+// rest, for 1..9 leaves.
+TEST(GradientTree, CompletingOneParameterEarlyGivesTheSameSum) {
+  for (std::int64_t n = 1; n <= 9; ++n) {
+    Tensor early = mt::zeros({kElems}), late = mt::zeros({kElems});
+    early.set_requires_grad(true);
+    late.set_requires_grad(true);
+    mt::train::detail::GradientTree tree({early, late});
+    for (std::int64_t i = 0; i < n; ++i) {
+      early.set_grad(mt::tensor(leaf_values(i), {kElems}));
+      late.set_grad(mt::tensor(leaf_values(i + 1), {kElems}));
+      if (i + 1 == n) tree.complete(0);  // from its hook, before the leaf is pushed
+      tree.push_leaf();
+    }
+    ASSERT_TRUE(early.grad().defined()) << n;
+    EXPECT_FALSE(late.grad().defined()) << "push_leaf must still take the other parameter's gradient";
+    tree.finish();
+    EXPECT_TRUE(same_bits(grad_values(early), reference_tree(0, n))) << n << " leaves";
+    EXPECT_TRUE(same_bits(grad_values(late), reference_tree(1, n))) << n << " leaves";
+  }
+}

@@ -409,8 +409,12 @@ int main(int argc, char** argv) {
 
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
-    dist::attach_data_parallel(trainer, world);
-    trainer.memory_notes = [model] { return model->checkpointing().describe(model->config().n_layer); };
+    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world);
+    trainer.memory_notes = [model, data_parallel] {
+      std::string notes = model->checkpointing().describe(model->config().n_layer);
+      if (data_parallel) notes += (notes.empty() ? "" : "\n") + data_parallel->stats().describe();
+      return notes;
+    };
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {

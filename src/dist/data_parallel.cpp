@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <utility>
 
@@ -31,30 +32,6 @@ std::string diff_at(const std::string& path, const nlohmann::json& here, const n
   }
   if (here == other) return {};
   return fmt::format("{}: {} here, {} in the other", path.empty() ? "(the config)" : path, here.dump(), other.dump());
-}
-
-// A bucket: consecutive parameters (in reverse order) whose gradients are summed as one flat tensor.
-struct Bucket {
-  DType dtype;
-  std::vector<std::size_t> params;  // indices into the params vector
-  std::int64_t numel = 0;
-  std::size_t bytes = 0;
-};
-
-std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, const DataParallelOptions& o) {
-  std::vector<Bucket> buckets;
-  for (std::size_t k = params.size(); k-- > 0;) {
-    const Tensor& p = params[k];
-    if (!p.requires_grad()) continue;
-    const std::size_t bytes = static_cast<std::size_t>(p.numel()) * dtype_size(p.dtype());
-    const bool start = buckets.empty() || buckets.back().dtype != p.dtype() ||
-                       buckets.back().bytes + bytes > (buckets.size() == 1 ? o.first_bucket_bytes : o.bucket_bytes);
-    if (start) buckets.push_back({p.dtype(), {}, 0, 0});
-    buckets.back().params.push_back(k);
-    buckets.back().numel += p.numel();
-    buckets.back().bytes += bytes;
-  }
-  return buckets;
 }
 
 }  // namespace
@@ -90,41 +67,169 @@ std::vector<std::int64_t> DataParallel::gather_i64(const std::vector<std::int64_
 
 std::vector<double> DataParallel::gather_f64(const std::vector<double>& mine) { return comm_->all_gather_f64(mine); }
 
-void DataParallel::reduce_gradients(const std::vector<Tensor>& params) {
-  autograd::NoGradGuard no_grad;
-  CategoryGuard category(MemoryCategory::gradients);
-  for (const Bucket& b : make_buckets(params, options_)) {
-    Tensor flat = Tensor::empty({b.numel}, b.dtype, Device::cpu());
+DataParallel::~DataParallel() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
+  params_ = params;
+  buckets_.clear();
+  bucket_of_.assign(params.size(), 0);
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
+    MT_CHECK(p.device().is_cpu(), "DataParallel", "parameter {} ({}) is on {}: the MPI communicator sums CPU "
+             "tensors (NCCL, for GPUs, is not built yet)", k, shape_str(p.shape()), p.device().str());
+    const std::size_t bytes = static_cast<std::size_t>(p.numel()) * dtype_size(p.dtype());
+    // The open bucket's limit: the first one is small, so its sum starts early in the backward.
+    const std::size_t limit = buckets_.size() == 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
+    const bool start = buckets_.empty() || buckets_.back().dtype != p.dtype() || buckets_.back().bytes + bytes > limit;
+    if (start) {
+      buckets_.emplace_back();
+      buckets_.back().dtype = p.dtype();
+    }
+    Bucket& b = buckets_.back();
+    b.params.push_back(k);
+    b.numel += p.numel();
+    b.bytes += bytes;
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+}
+
+void DataParallel::begin_gradients(const std::vector<Tensor>& params) {
+  bool same = params.size() == params_.size();
+  for (std::size_t k = 0; same && k < params.size(); ++k) same = params[k].impl_ptr() == params_[k].impl_ptr();
+  if (!same) plan_buckets(params);
+  std::lock_guard lock(mutex_);
+  MT_CHECK(next_sum_ == 0 || next_sum_ == buckets_.size(), "DataParallel::begin_gradients",
+           "the previous step's sums did not finish ({} of {} buckets)", next_sum_, buckets_.size());
+  for (Bucket& b : buckets_) {
+    b.unreported = b.params.size();
+    b.flat = Tensor();
+  }
+  reported_.assign(params_.size(), false);
+  packed_.assign(buckets_.size(), false);
+  next_sum_ = 0;
+  error_ = nullptr;
+  if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
+}
+
+void DataParallel::gradient_ready(std::size_t index) {
+  MT_CHECK(index < params_.size(), "DataParallel::gradient_ready", "parameter {} of {}", index, params_.size());
+  if (reported_[index]) return;
+  reported_[index] = true;
+  const std::size_t b = bucket_of_[index];
+  if (--buckets_[b].unreported == 0) pack(b);
+}
+
+void DataParallel::pack(std::size_t bucket) {
+  Bucket& b = buckets_[bucket];
+  Tensor flat;
+  {
+    autograd::NoGradGuard no_grad;
+    CategoryGuard category(MemoryCategory::gradients);
+    flat = Tensor::empty({b.numel}, b.dtype, Device::cpu());
     std::int64_t offset = 0;
     for (const std::size_t k : b.params) {
-      const Tensor& p = params[k];
+      const Tensor& p = params_[k];
       Tensor slot = flat.narrow(0, offset, p.numel());
       const Tensor g = p.grad();
       if (g.defined()) {
-        MT_CHECK(g.device().is_cpu(), "DataParallel::reduce_gradients",
-                 "gradient of a {} parameter is on {}: the MPI communicator sums CPU tensors", shape_str(p.shape()),
-                 g.device().str());
         slot.copy_(g.contiguous().view({p.numel()}));
+        Tensor(p).set_grad(Tensor());  // the bucket holds it now
       } else {
         slot.zero_();  // no gradient on this rank: zero, since another rank's block may have one
       }
       offset += p.numel();
     }
-    comm_->all_reduce_canonical(flat);
-    offset = 0;
-    for (const std::size_t k : b.params) {
-      Tensor p = params[k];
-      // Views into the bucket: its one buffer is the gradients now (freed when the last of them is).
-      p.set_grad(flat.narrow(0, offset, p.numel()).view(p.shape()));
-      offset += p.numel();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    b.flat = std::move(flat);
+    packed_[bucket] = true;
+    if (!finishing_) ++stats_.early_buckets;
+  }
+  changed_.notify_all();
+}
+
+void DataParallel::run_worker() {
+  // The sums allocate their receive buffers here: gradient memory, as the buckets are.
+  CategoryGuard category(MemoryCategory::gradients);
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || (next_sum_ < packed_.size() && packed_[next_sum_] && !error_); });
+    if (stop_) return;
+    Bucket& b = buckets_[next_sum_];
+    Tensor flat = b.flat;
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::exception_ptr error;
+    try {
+      comm_->all_reduce_canonical(flat);
+    } catch (...) {
+      error = std::current_exception();
     }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    lock.lock();
+    stats_.sum_seconds += seconds;
+    ++stats_.buckets;
+    stats_.bytes += b.bytes;
+    if (error) {
+      error_ = error;
+    } else {
+      ++next_sum_;
+    }
+    changed_.notify_all();
   }
 }
 
-void attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm, DataParallelOptions options) {
+void DataParallel::finish_gradients() {
+  finishing_ = true;  // only this thread reads or writes it
+  for (std::size_t k = 0; k < params_.size(); ++k) gradient_ready(k);
+  finishing_ = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return next_sum_ == buckets_.size() || error_; });
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++stats_.steps;
+    if (error_) std::rethrow_exception(error_);
+  }
+  for (Bucket& b : buckets_) {
+    std::int64_t offset = 0;
+    for (const std::size_t k : b.params) {
+      Tensor p = params_[k];
+      // Views into the bucket: its one buffer is the gradients now (freed when the last of them is).
+      p.set_grad(b.flat.narrow(0, offset, p.numel()).view(p.shape()));
+      offset += p.numel();
+    }
+    b.flat = Tensor();
+  }
+}
+
+DataParallelStats DataParallel::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::string DataParallelStats::describe() const {
+  return fmt::format("data parallel: {} steps, {} bucket sums ({} started during the backward) of {:.1f} MiB in "
+                     "all; {:.3f} s summing, {:.3f} s of it waited for after the backward",
+                     steps, buckets, early_buckets, static_cast<double>(bytes) / (1 << 20), sum_seconds,
+                     wait_seconds);
+}
+
+std::shared_ptr<DataParallel> attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm,
+                                                   DataParallelOptions options) {
   MT_CHECK(comm != nullptr, "attach_data_parallel", "the communicator is null");
-  if (comm->size() == 1 && trainer.config().world_size == 1) return;
-  trainer.set_gradient_sync(std::make_shared<DataParallel>(std::move(comm), options));
+  if (comm->size() == 1 && trainer.config().world_size == 1) return nullptr;
+  auto dp = std::make_shared<DataParallel>(std::move(comm), options);
+  trainer.set_gradient_sync(dp);
+  return dp;
 }
 
 }  // namespace memtrain::dist

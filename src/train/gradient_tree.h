@@ -22,11 +22,15 @@ namespace memtrain::train::detail {
 
 class GradientTree {
  public:
-  explicit GradientTree(std::vector<Tensor> params) : params_(std::move(params)) {}
+  explicit GradientTree(std::vector<Tensor> params) : params_(std::move(params)), completed_(params_.size()) {}
   // After a micro-batch's backward: its gradients (each parameter's .grad, cleared here) become a leaf.
   void push_leaf();
   // Folds the subtrees into each parameter's .grad (undefined where no leaf had a gradient); empties the tree.
   void finish();
+  // For the last leaf, one parameter ahead of the others (from its gradient-ready hook, so its sum over the
+  // ranks can start during the backward): its .grad, the last leaf, is folded with its subtrees into .grad
+  // now, exactly as push_leaf() and finish() would. push_leaf() and finish() then leave it alone.
+  void complete(std::size_t index);
   std::int64_t leaves() const { return leaves_; }
 
  private:
@@ -36,7 +40,9 @@ class GradientTree {
   };
   std::vector<Tensor> params_;
   std::vector<Subtree> stack_;  // sizes strictly decreasing from the bottom, except just after a push
+  std::vector<bool> completed_;  // by complete(), until finish()
   std::int64_t leaves_ = 0;
+  static Tensor sum(const Tensor& left, const Tensor& right);  // undefined is zero
   static void merge_into(Subtree& left, Subtree&& right);  // left := left + right, element by element
 };
 

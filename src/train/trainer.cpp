@@ -15,6 +15,7 @@
 #include "train/layerwise.h"
 #include "train/progress.h"
 #include "train/run_summary.h"
+#include "train/sync_hooks.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -202,9 +203,13 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   MT_CHECK(sync->world_size() == config_.world_size, where,
            "config.world_size is {} but the group has {} ranks (launch with mpirun -np {}, or set world_size {})",
            config_.world_size, sync->world_size(), config_.world_size, sync->world_size());
+  MT_CHECK(sync_ == nullptr, where, "data parallelism is already attached to this trainer");
   sync->check_same_config(config_.to_json());
   sync_ = std::move(sync);
   make_train_loader(sync_->rank(), sync_->world_size());
+  std::vector<Tensor> params;
+  for (const auto& g : optimizer_->param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+  sync_hooks_ = detail::SyncHooks::install(params);
 }
 
 Trainer::~Trainer() {
@@ -259,6 +264,7 @@ StepMetrics Trainer::train_step() {
   std::optional<detail::GradientTree> tree;
   if (config_.canonical_reduction || config_.world_size > 1) tree.emplace(params);
   std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
+  if (sync_) sync_->begin_gradients(params);
   for (std::size_t i = 0; i < batches.size(); ++i) {
     data::Batch batch = std::move(batches[i]);
     if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add
@@ -287,6 +293,9 @@ StepMetrics Trainer::train_step() {
     }
     std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
     if (layerwise_) hooks_on.emplace(*layerwise_, i == last_backward);
+    // The last backward hands each gradient to the data-parallel sums as soon as it is final.
+    std::optional<detail::SyncHooks::Active> overlap;
+    if (sync_ && i + 1 == batches.size()) overlap.emplace(*sync_hooks_, *tree, *sync_);
     mark("backward");
     autograd::backward({loss}, {seed_grad});
     if (tree) tree->push_leaf();
@@ -295,7 +304,7 @@ StepMetrics Trainer::train_step() {
   if (tree) tree->finish();
   if (sync_) {
     mark("gradient all-reduce");
-    sync_->reduce_gradients(params);
+    sync_->finish_gradients();
     weighted_losses = sync_->gather_f64(weighted_losses);
   }
   double loss_value = 0.0;

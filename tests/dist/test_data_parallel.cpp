@@ -62,16 +62,18 @@ TrainerConfig config_for(const mt::optim::Spec& optimizer, std::int64_t galore_r
 struct Fixture {
   std::shared_ptr<mt::nn::Module> model;
   std::unique_ptr<Trainer> trainer;
+  std::shared_ptr<mt::dist::DataParallel> dp;  // null alone
 };
 
-Fixture make(const TrainerConfig& c, const std::shared_ptr<mt::dist::Communicator>& comm) {
+Fixture make(const TrainerConfig& c, const std::shared_ptr<mt::dist::Communicator>& comm,
+             mt::dist::DataParallelOptions options = {}) {
   mt::manual_seed(11);
   Fixture f;
   f.model = mt::test_support::make_tiny_lm(false);
   auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
                                                                mt::test_support::kTinyVocab);
   f.trainer = std::make_unique<Trainer>(c, f.model, mt::test_support::tiny_lm_loss(f.model, false), data);
-  mt::dist::attach_data_parallel(*f.trainer, comm);
+  f.dp = mt::dist::attach_data_parallel(*f.trainer, comm, options);
   return f;
 }
 
@@ -117,6 +119,23 @@ TEST(DataParallel, SameBitsAsTheRunAloneAtAnyWorldSize) {
     // The weights moved: a test of equal bits between runs that never trained would prove nothing.
     EXPECT_NE(want.losses.front(), want.losses.back()) << c.name;
   }
+}
+
+// Buckets of a few KiB: most of them are handed to the sums from the gradient-ready hooks, while the backward
+// still runs, in whatever order the hooks fire; the bits stay those of the run alone.
+TEST(DataParallel, SmallBucketsStartDuringTheBackwardAndKeepTheBits) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const mt::optim::Spec adamw = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
+  Fixture alone = make(config_for(adamw, 0, 1, world->size()), mt::dist::single_process());
+  const RunResult want = finish(alone);
+  Fixture dp = make(config_for(adamw, 0, world->size(), world->size()), world,
+                    {.first_bucket_bytes = 1024, .bucket_bytes = 4096});
+  expect_same_bits(finish(dp), want, "small buckets");
+  const mt::dist::DataParallelStats stats = dp.dp->stats();
+  EXPECT_EQ(stats.steps, 20);
+  EXPECT_GT(stats.buckets, 20 * 10) << stats.describe();  // 110 KiB of gradients a step, in buckets of 4 KiB
+  EXPECT_GT(stats.early_buckets, stats.buckets / 2) << stats.describe();
 }
 
 TEST(DataParallel, ACheckpointWrittenAtNRanksResumesAloneOnTheSameBits) {

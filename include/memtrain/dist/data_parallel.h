@@ -2,19 +2,31 @@
 // optimizer state).
 //
 // Every rank runs the same Trainer on its own block of each step's micro-batches; DataParallel sums their
-// gradients, target counts and losses over the ranks. Gradients go in buckets (reverse parameter order, the
-// first bucket small so its reduction can start early, then bucket_bytes each), each one summed with
-// Communicator::all_reduce_canonical: with the Trainer's canonical local tree, a run gives the same losses and
-// weights, bit for bit, at 1, 2 or 4 ranks for the same global batch (micro_batch x grad_accum x ranks).
+// gradients, target counts and losses over the ranks. Gradients go in buckets: reverse parameter order (the
+// order the backward makes them), the first bucket first_bucket_bytes so its sum can start early, then
+// bucket_bytes each. A bucket is summed with Communicator::all_reduce_canonical on a thread of its own as soon
+// as the last of its gradients is final (the Trainer reports them from the gradient-ready hooks of the step's
+// last backward), so communication overlaps the rest of the backward. Buckets are summed strictly in order, so
+// every rank issues the same sequence of operations whatever order its hooks fire in. With the Trainer's
+// canonical local tree, a run gives the same losses and weights, bit for bit, at 1, 2 or 4 ranks for the same
+// global batch (micro_batch x grad_accum x ranks).
+//
+// Memory: a bucket's flat buffer becomes its parameters' gradients (they are views into it), so the sums need
+// no copy beyond the packing.
 #pragma once
 
 #include "memtrain/dist/communicator.h"
 #include "memtrain/train/gradient_sync.h"
 #include "memtrain/train/trainer.h"
 
+#include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace memtrain::dist {
 
@@ -23,23 +35,68 @@ struct DataParallelOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;
 };
 
+// Where a data-parallel run's time went, summed over its steps.
+struct DataParallelStats {
+  std::int64_t steps = 0;
+  std::int64_t buckets = 0;       // bucket sums run
+  std::int64_t early_buckets = 0;  // of them, handed to the sums during the backward (from the hooks)
+  std::size_t bytes = 0;          // gradient bytes summed
+  double sum_seconds = 0.0;       // the sums themselves, on the communication thread
+  double wait_seconds = 0.0;      // the trainer blocked after its backward, waiting for sums not yet done
+  std::string describe() const;  // one line for the run's report
+};
+
 class DataParallel : public train::GradientSync {
  public:
   explicit DataParallel(std::shared_ptr<Communicator> comm, DataParallelOptions options = {});
+  ~DataParallel() override;  // stops the communication thread
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
   std::int64_t rank() const override { return comm_->rank(); }
   std::int64_t world_size() const override { return comm_->size(); }
   void check_same_config(const nlohmann::json& config) override;
   std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override;
   std::vector<double> gather_f64(const std::vector<double>& mine) override;
-  void reduce_gradients(const std::vector<Tensor>& params) override;
+  void begin_gradients(const std::vector<Tensor>& params) override;
+  void gradient_ready(std::size_t index) override;
+  void finish_gradients() override;
   void barrier() override { comm_->barrier(); }
 
   const DataParallelOptions& options() const { return options_; }
+  DataParallelStats stats() const;
   Communicator& communicator() { return *comm_; }
 
  private:
+  struct Bucket {
+    DType dtype = DType::f32;
+    std::vector<std::size_t> params;  // indices into params_, in reverse parameter order
+    std::int64_t numel = 0;
+    std::size_t bytes = 0;
+    std::size_t unreported = 0;  // this step: parameters not yet reported ready
+    Tensor flat;                 // this step: the packed gradients, then their sum
+  };
   std::shared_ptr<Communicator> comm_;
   DataParallelOptions options_;
+  std::vector<Tensor> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // by parameter index
+  std::vector<bool> reported_;          // by parameter index, this step
+
+  // The communication thread sums buckets[next_sum_] once it is packed, in index order.
+  std::thread worker_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<bool> packed_;  // by bucket, this step: its gradients are in its flat buffer
+  std::size_t next_sum_ = 0;  // this step: the buckets before it are summed
+  std::exception_ptr error_;
+  bool stop_ = false;
+  bool finishing_ = false;  // the trainer's thread is in finish_gradients
+  DataParallelStats stats_;
+
+  void plan_buckets(const std::vector<Tensor>& params);
+  void pack(std::size_t bucket);  // the trainer's thread: copy its gradients in, hand it to the worker
+  void run_worker();
 };
 
 // "micro_batch: 8 here, 4 in the other" for the first field (in key order, nested keys joined by '.') whose
@@ -47,8 +104,9 @@ class DataParallel : public train::GradientSync {
 std::string first_difference(const nlohmann::json& here, const nlohmann::json& other);
 
 // Makes `trainer` one rank of a data-parallel run over `comm` (trainer.config().world_size must equal
-// comm->size()). With a group of one it changes nothing.
-void attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm,
-                          DataParallelOptions options = {});
+// comm->size()) and returns the DataParallel (for its stats); null, changing nothing, for a group of one
+// with world_size 1.
+std::shared_ptr<DataParallel> attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm,
+                                                   DataParallelOptions options = {});
 
 }  // namespace memtrain::dist

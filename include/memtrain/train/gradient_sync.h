@@ -4,14 +4,16 @@
 //
 // Each rank runs the same Trainer on its own block of every step's micro-batches (data::LoaderOptions::
 // batch_block): global micro-batch i of a step belongs to rank i / grad_accum. The Trainer sums its block's
-// gradients in the canonical tree order and hands them to reduce_gradients, which completes the tree across
-// ranks; every rank then takes the same optimizer step.
+// gradients in the canonical tree order and hands them over parameter by parameter as they become final;
+// the sync completes the tree across ranks, and every rank then takes the same optimizer step. The calls
+// come from the Trainer's thread.
 #pragma once
 
 #include "memtrain/core/tensor.h"
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -28,9 +30,15 @@ class GradientSync {
   // Every rank's values, in rank order (each rank passes as many).
   virtual std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) = 0;
   virtual std::vector<double> gather_f64(const std::vector<double>& mine) = 0;
-  // Each parameter's .grad holds this rank's block sum (undefined: no gradient, taken as zero); afterwards it
-  // holds the canonical sum over every rank's block, the same bits on every rank.
-  virtual void reduce_gradients(const std::vector<Tensor>& params) = 0;
+  // The gradients of one step, in three calls. begin_gradients names the parameters (the same list every
+  // step). gradient_ready(k) says params[k].grad() holds this rank's final block sum (undefined: no gradient,
+  // taken as zero); the Trainer calls it from the gradient-ready hooks of the step's last backward, so the
+  // sums of complete buckets can run while the backward goes on. finish_gradients takes every parameter not
+  // reported yet as ready, waits for all sums, and leaves each .grad holding the canonical sum over every
+  // rank's block, the same bits on every rank.
+  virtual void begin_gradients(const std::vector<Tensor>& params) = 0;
+  virtual void gradient_ready(std::size_t index) = 0;
+  virtual void finish_gradients() = 0;
   // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).
   virtual void barrier() = 0;
 };

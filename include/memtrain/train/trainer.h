@@ -68,6 +68,7 @@ namespace memtrain::train {
 
 namespace detail {
 class LayerwiseUpdater;
+class SyncHooks;
 }  // namespace detail
 
 // Mean loss over batch.targets_count target elements (a one-element tensor that requires grad). Called in
@@ -213,6 +214,7 @@ class Trainer {
   std::shared_ptr<const data::Dataset> train_;
   std::unique_ptr<data::Loader> train_loader_;
   std::shared_ptr<GradientSync> sync_;  // data parallel; null when training alone
+  std::shared_ptr<detail::SyncHooks> sync_hooks_;  // with sync_: its gradient-ready hooks
   void make_train_loader(std::int64_t rank, std::int64_t world_size);
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them
