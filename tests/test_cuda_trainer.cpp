@@ -19,8 +19,10 @@
 #include "memtrain/optim/spec.h"
 #include "memtrain/train/train.h"
 
+#include "error_text.h"
 #include "temp_dir.h"
 #include "token_dataset.h"
+#include "trainer_fixtures.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -63,20 +65,13 @@ std::shared_ptr<mt::nn::GPT> make_gpt(double dropout = 0.0) {
   return std::make_shared<mt::nn::GPT>(small_gpt(dropout));
 }
 
-mt::train::LossFn gpt_loss(const std::shared_ptr<mt::nn::GPT>& gpt) {
-  return [gpt](const mt::data::Batch& b) { return gpt->loss(b.inputs, b.targets); };
-}
+using mt::test_support::gpt_loss;
 
 TrainerConfig base_config() {
-  TrainerConfig c;
-  c.data.prefetch = 1;
+  TrainerConfig c = mt::test_support::quiet_config();
   c.data.shuffle = true;
-  c.schedule.decay = mt::train::LrDecay::constant;
-  c.grad_clip = 0.0;
   c.micro_batch = 4;
   c.max_steps = 5;
-  c.eval_interval = 0;
-  c.log_interval = 1000;
   c.seed = 3;
   c.optimizer = mt::optim::Spec::adamw({.lr = 3e-3, .weight_decay = 0.1});
   return c;
@@ -105,14 +100,7 @@ double rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std:
   return std::sqrt(d2 / r2);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::test_support::error_of;
 
 // ---- everywhere ------------------------------------------------------------------------------------------
 

@@ -12,7 +12,9 @@
 #include "memtrain/ops/reduce.h"
 #include "memtrain/train/train.h"
 
+#include "error_text.h"
 #include "token_dataset.h"
+#include "trainer_fixtures.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -34,32 +36,7 @@ namespace {
 
 // ---- fixtures: tiny datasets and models ----------------------------------------------------------------
 
-// Regression samples x [D] -> y [O], deterministic; targets_count = B * O (the loss is a mean over those).
-class RegressionDataset : public mt::data::Dataset {
- public:
-  RegressionDataset(std::int64_t n, std::int64_t d, std::int64_t o) : n_(n), d_(d), o_(o) {}
-  std::int64_t size() const override { return n_; }
-  mt::data::Batch collate(const std::vector<std::int64_t>& idx) const override {
-    const auto b = static_cast<std::int64_t>(idx.size());
-    std::vector<float> x, y;
-    for (std::int64_t i : idx) {
-      for (std::int64_t k = 0; k < d_; ++k) x.push_back(static_cast<float>(std::sin(0.7 * i + 1.3 * k)));
-      for (std::int64_t k = 0; k < o_; ++k) y.push_back(static_cast<float>(std::cos(0.3 * i * (k + 1) + k)));
-    }
-    mt::CategoryGuard category(mt::MemoryCategory::data);
-    mt::data::Batch batch;
-    batch.inputs = mt::tensor(x, {b, d_});
-    batch.targets = mt::tensor(y, {b, o_});
-    batch.samples = b;
-    batch.targets_count = b * o_;
-    return batch;
-  }
-  std::string describe() const override { return "regression"; }
-
- private:
-  std::int64_t n_, d_, o_;
-};
-
+using mt::test_support::RegressionDataset;
 using mt::test_support::TokenDataset;
 
 class TinyNet : public mt::nn::Module {
@@ -96,23 +73,10 @@ mt::nn::GPTConfig tiny_gpt(double dropout) {
   return c;
 }
 
-mt::train::LossFn gpt_loss(const std::shared_ptr<mt::nn::GPT>& gpt) {
-  return [gpt](const mt::data::Batch& b) { return gpt->loss(b.inputs, b.targets); };
-}
+using mt::test_support::gpt_loss;
 
 // A config for fast tests: no files, constant lr unless a test sets a schedule.
-TrainerConfig base_config() {
-  TrainerConfig c;
-  c.data.prefetch = 1;
-  c.data.shuffle = false;
-  c.schedule.decay = mt::train::LrDecay::constant;
-  c.grad_clip = 0.0;
-  c.micro_batch = 2;
-  c.max_steps = 4;
-  c.eval_interval = 0;
-  c.log_interval = 1000;
-  return c;
-}
+TrainerConfig base_config() { return mt::test_support::quiet_config(); }
 
 // A fresh, empty directory under the temp dir, removed by the destructor.
 struct TempDir {
@@ -131,14 +95,7 @@ std::vector<float> values(const Tensor& t) {
   return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::test_support::error_of;
 
 // ---- TrainerConfig --------------------------------------------------------------------------------------
 
@@ -304,6 +261,9 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.max_steps = 0; }, {"max_steps"}},
       {[](TrainerConfig& c) { c.world_size = 0; }, {"world_size", ">= 1"}},
       {[](TrainerConfig& c) { c.zero = 2; }, {"zero 2", "not built"}},
+      {[](TrainerConfig& c) { c.zero = 3; }, {"zero must be 0, 1 or 2"}},
+      {[](TrainerConfig& c) { c.zero = 1; c.galore_rank = 4; }, {"zero 1 with galore_rank 4"}},
+      {[](TrainerConfig& c) { c.zero = 1; c.optimizer = mt::optim::Spec::adafactor(); }, {"'adafactor'", "factored"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.grad_accum = 3; }, {"grad_accum 3", "power of two"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.layerwise_update = true; }, {"layerwise_update", "world_size 2"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.precision = mt::amp::Precision::fp16; }, {"'fp16'", "world_size 2"}},

@@ -13,7 +13,9 @@
 #include "memtrain/optim/galore.h"
 #include "memtrain/train/train.h"
 
+#include "error_text.h"
 #include "temp_dir.h"
+#include "trainer_fixtures.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -33,31 +35,7 @@ namespace {
 
 // ---- fixtures ------------------------------------------------------------------------------------------
 
-// x [D] -> y [O], deterministic; targets_count = B * O.
-class Regression : public mt::data::Dataset {
- public:
-  Regression(std::int64_t n, std::int64_t d, std::int64_t o) : n_(n), d_(d), o_(o) {}
-  std::int64_t size() const override { return n_; }
-  mt::data::Batch collate(const std::vector<std::int64_t>& idx) const override {
-    const auto b = static_cast<std::int64_t>(idx.size());
-    std::vector<float> x, y;
-    for (std::int64_t i : idx) {
-      for (std::int64_t k = 0; k < d_; ++k) x.push_back(static_cast<float>(std::sin(0.7 * i + 1.3 * k)));
-      for (std::int64_t k = 0; k < o_; ++k) y.push_back(static_cast<float>(std::cos(0.3 * i * (k + 1) + k)));
-    }
-    mt::CategoryGuard category(mt::MemoryCategory::data);
-    mt::data::Batch batch;
-    batch.inputs = mt::tensor(x, {b, d_});
-    batch.targets = mt::tensor(y, {b, o_});
-    batch.samples = b;
-    batch.targets_count = b * o_;
-    return batch;
-  }
-  std::string describe() const override { return "regression"; }
-
- private:
-  std::int64_t n_, d_, o_;
-};
+using mt::test_support::RegressionDataset;
 
 // A 1-D gain, registered as "weight": a match of "*.weight" that GaLore must skip.
 class Gain : public mt::nn::Module {
@@ -100,18 +78,10 @@ mt::train::LossFn mse(const std::shared_ptr<UserNet>& net) {
   };
 }
 
-std::shared_ptr<Regression> data() { return std::make_shared<Regression>(12, UserNet::kD, UserNet::kO); }
+std::shared_ptr<RegressionDataset> data() { return std::make_shared<RegressionDataset>(12, UserNet::kD, UserNet::kO); }
 
 TrainerConfig base_config() {
-  TrainerConfig c;
-  c.data.prefetch = 1;
-  c.data.shuffle = false;
-  c.schedule.decay = mt::train::LrDecay::constant;
-  c.grad_clip = 0.0;
-  c.micro_batch = 2;
-  c.max_steps = 4;
-  c.eval_interval = 0;
-  c.log_interval = 1000;
+  TrainerConfig c = mt::test_support::quiet_config();
   c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
   return c;
 }
@@ -128,14 +98,7 @@ Tensor param(const std::shared_ptr<UserNet>& net, const std::string& name) {
   return Tensor();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::test_support::error_of;
 
 // ---- GaLore targets ------------------------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ struct Flags {
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline,
       galore_targets;
-  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero;
+  std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
+      checkpoint_interval;
   std::optional<double> galore_scale;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
@@ -89,6 +90,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.galore_targets) c.galore_targets = split_commas(*f.galore_targets);
   if (f.layerwise) c.layerwise_update = true;
   if (f.seed) c.seed = *f.seed;
+  if (f.checkpoint_interval) c.checkpoint_interval = *f.checkpoint_interval;
   if (f.device) c.device = train::device_from_name(*f.device, "--device");
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
   if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
@@ -330,7 +332,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", f.steps, "optimizer steps");
   app.add_option("--micro-batch", f.micro_batch, "sequences per micro-batch");
   app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step (per rank under mpirun)");
-  app.add_option("--zero", f.zero, "ZeRO stage of a data-parallel run under mpirun (0: plain data parallel)");
+  app.add_option("--zero", f.zero, "ZeRO stage of a data-parallel run under mpirun (0: plain data parallel, "
+                 "1: optimizer state sharded; needs --checkpoint-interval 0 for now)");
+  app.add_option("--checkpoint-interval", f.checkpoint_interval, "steps between checkpoints (0: none; default 200)");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
   app.add_option("--precision", f.precision,

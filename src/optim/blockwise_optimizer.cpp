@@ -17,16 +17,18 @@ BlockwiseOptimizer::BlockwiseOptimizer(std::vector<ParamGroup> groups, std::int6
   MT_CHECK(min_8bit_size >= 0, who, "min_8bit_size must be >= 0, got {}", min_8bit_size);
 }
 
-void BlockwiseOptimizer::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
+void BlockwiseOptimizer::init_state(const Tensor& param, const ParamGroup& group, ParamState& state) {
   check_f32_contiguous(param, who_);
   const Device device = param.device();
   const std::int64_t n = param.numel();
-  MT_CHECK(n < min_8bit_size_ || ::memtrain::detail::backend_for(device).blockwise_block_size_ok(block_size_), who_,
+  // 8-bit or not is the whole tensor's choice: a shard of a large tensor is 8-bit however small it is.
+  const bool eight_bit = whole_numel(param, group) >= min_8bit_size_;
+  MT_CHECK(!eight_bit || ::memtrain::detail::backend_for(device).blockwise_block_size_ok(block_size_), who_,
            "block_size {} is not supported on {} (a power of two in [32, 4096])", block_size_, device.str());
   CategoryGuard guard(MemoryCategory::optimizer_state);
   for (const Moment& m : moments_) {
     const std::string name = m.name;
-    if (n < min_8bit_size_) {
+    if (!eight_bit) {
       state.tensors[name] = zeros(param.shape(), DType::f32, device);
       continue;
     }

@@ -21,9 +21,20 @@ std::string key_of(const std::string& prefix, const std::string& name) { return 
 // it reads as zeros).
 bool Optimizer::is_finite(const Tensor& g) { return ::memtrain::detail::backend_for(g.device()).all_finite(g); }
 
+std::int64_t whole_numel(const Tensor& param, const ParamGroup& group) {
+  if (group.whole_numel.empty()) return param.numel();
+  for (std::size_t i = 0; i < group.params.size(); ++i)
+    if (group.params[i].impl_ptr() == param.impl_ptr()) return group.whole_numel[i];
+  MT_CHECK(false, "Optimizer", "a tensor of shape {} is not in the group", shape_str(param.shape()));
+  return 0;
+}
+
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
   std::size_t index = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
+    MT_CHECK(groups_[g].whole_numel.empty() || groups_[g].whole_numel.size() == groups_[g].params.size(),
+             "Optimizer", "group {} has {} params but {} whole_numel entries", g, groups_[g].params.size(),
+             groups_[g].whole_numel.size());
     for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
       const Tensor& p = groups_[g].params[i];
       MT_CHECK(p.defined(), "Optimizer", "group {} param {} is an undefined tensor", g, i);

@@ -80,11 +80,21 @@ void warn_on_batching_change(const std::map<std::string, std::string>& meta, con
     return;
   }
   const nlohmann::json current = now.to_json();
-  for (const char* key : {"micro_batch", "grad_accum", "seed"}) {
+  for (const char* key : {"micro_batch", "seed"}) {
     if (then.contains(key) && then[key] != current[key])
       fmt::print(stderr, "load_checkpoint: warning: '{}' was written with {} {}, this run uses {}: the resumed "
                  "data order differs from the original run's\n", path, key, then[key].dump(), current[key].dump());
   }
+  // grad_accum x world_size micro-batches make a step: another split of the same global batch (a run saved at
+  // N ranks resumed at M) keeps the data order.
+  const auto global = [](const nlohmann::json& c) {
+    return c.value("grad_accum", std::int64_t{1}) * c.value("world_size", std::int64_t{1});
+  };
+  if (then.contains("grad_accum") && global(then) != global(current))
+    fmt::print(stderr, "load_checkpoint: warning: '{}' was written with {} micro-batches a step (grad_accum {} x "
+               "world_size {}), this run takes {}: the resumed data order differs from the original run's\n", path,
+               global(then), then.value("grad_accum", std::int64_t{1}), then.value("world_size", std::int64_t{1}),
+               global(current));
   for (const char* key : {"train", "shuffle", "drop_last"}) {
     if (then.contains("data") && then["data"].contains(key) && then["data"][key] != current["data"][key])
       fmt::print(stderr, "load_checkpoint: warning: '{}' was written with data.{} {}, this run uses {}: the "
@@ -132,6 +142,8 @@ std::string Trainer::save_checkpoint() {
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
+  MT_CHECK(whole_params_.empty(), "Trainer::save_checkpoint", "'{}': this rank holds a ZeRO-1 shard of the "
+           "optimizer state; sharded checkpoints (a file per rank and an index) are not built yet", path);
   mark("checkpoint save");
   // What saving allocates is transient: count it as workspace (the step counts, and for device tensors the
   // host copy the file is written from, one tensor at a time).
@@ -163,6 +175,8 @@ void Trainer::save_checkpoint(const std::string& path) const {
 
 void Trainer::load_checkpoint(const std::string& path) {
   const char* where = "load_checkpoint";
+  MT_CHECK(whole_params_.empty(), where, "'{}': this rank holds a ZeRO-1 shard of the optimizer state; loading "
+           "into shards is not built yet (resume with zero 0)", path);
   const auto meta = io::load_safetensors_metadata(path);
   auto format = meta.find("format");
   MT_CHECK(format != meta.end() && format->second == kFormat, where, "'{}' is not a memtrain checkpoint (no "

@@ -119,6 +119,7 @@ Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, std::u
       optimizer_(std::move(optimizer)) {
   MT_CHECK(optimizer_ != nullptr, "Trainer", "the optimizer is null (use the constructor without one to build it "
            "from config.optimizer)");
+  user_optimizer_ = true;
   setup(std::move(train));
 }
 
@@ -210,6 +211,43 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   std::vector<Tensor> params;
   for (const auto& g : optimizer_->param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
   sync_hooks_ = detail::SyncHooks::install(params);
+  if (config_.zero >= 1) shard_optimizer();
+}
+
+std::vector<Tensor> Trainer::trained_params() const {
+  if (!whole_params_.empty()) return whole_params_;
+  std::vector<Tensor> params;
+  for (const auto& g : optimizer_->param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+  return params;
+}
+
+void Trainer::shard_optimizer() {
+  const char* where = "Trainer (zero 1)";
+  MT_CHECK(!user_optimizer_, where, "ZeRO-1 shards the optimizer the config describes; an optimizer built by the "
+           "caller cannot be rebuilt over shards (pass it with zero 0, or describe it in config.optimizer)");
+  MT_CHECK(config_.checkpoint_interval == 0, where, "checkpoint_interval {}: sharded checkpoints (a file per rank "
+           "and an index) are not built yet; set checkpoint_interval 0, or use zero 0 to checkpoint",
+           config_.checkpoint_interval);
+  // The groups were built over whole tensors, so weight decay (by rank) is each whole tensor's choice; so is
+  // 8-bit state, through whole_numel.
+  std::vector<optim::ParamGroup> groups = optimizer_->param_groups();
+  for (optim::ParamGroup& g : groups) {
+    std::vector<Tensor> whole = std::move(g.params);
+    g.params.clear();
+    g.whole_numel.clear();
+    for (const Tensor& p : whole) {
+      whole_params_.push_back(p);
+      const std::vector<std::int64_t> bounds = sync_->shard_bounds(p.numel());
+      const std::int64_t begin = bounds[sync_->rank()], end = bounds[sync_->rank() + 1];
+      if (begin == end) continue;  // a small tensor: lower ranks hold it
+      Tensor view = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
+      g.params.push_back(view);
+      g.whole_numel.push_back(p.numel());
+      shards_.push_back({p, view, begin});
+    }
+  }
+  optimizer_.reset();  // the whole tensors' optimizer goes before the shards' is made
+  optimizer_ = config_.optimizer.make(std::move(groups));
 }
 
 Trainer::~Trainer() {
@@ -226,9 +264,9 @@ StepMetrics Trainer::train_step() {
   const double scale = config_.schedule.lr_at(step_, 1.0, config_.max_steps);
   auto& groups = optimizer_->param_groups();
   for (std::size_t i = 0; i < groups.size(); ++i) groups[i].lr = base_lrs_[i] * scale;
-  std::vector<Tensor> params;
-  for (const auto& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
+  const std::vector<Tensor> params = trained_params();
   optimizer_->zero_grad();
+  if (!whole_params_.empty()) autograd::zero_grad(whole_params_);
 
   // All micro-batches first: each one's weight count_i / sum_j count_j needs the total before any backward.
   std::vector<data::Batch> batches;
@@ -326,11 +364,24 @@ StepMetrics Trainer::train_step() {
     grad_norm = global_grad_norm(params);
   } else {
     grad_norm = config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
-    optimizer_->step();
+    if (shards_.empty() && whole_params_.empty()) {
+      optimizer_->step();
+    } else {
+      // ZeRO-1: this rank steps its shards (their gradients are views of the summed whole gradients), then the
+      // ranks exchange the stepped shards.
+      for (Shard& s : shards_) {
+        const Tensor g = s.whole.grad();
+        s.view.set_grad(g.defined() ? g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.view.numel())
+                                    : Tensor());
+      }
+      optimizer_->step();
+      sync_->gather_shards(whole_params_);
+    }
   }
   if (scaler_) scaler_->update(skipped);
   if (fp8_) fp8_->update_scales();
   optimizer_->zero_grad();
+  if (!whole_params_.empty()) autograd::zero_grad(whole_params_);
   ++step_;
 
   StepMetrics m;

@@ -252,8 +252,15 @@ void TrainerConfig::validate() const {
   MT_CHECK(grad_accum >= 1, kWhere, "grad_accum must be >= 1, got {}", grad_accum);
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size >= 1, kWhere, "world_size must be >= 1, got {}", world_size);
-  MT_CHECK(zero == 0, kWhere, "zero {} is not supported yet: ZeRO stages 1 and 2 (sharded optimizer state and "
-           "gradients) are not built; use zero 0 (plain data parallel)", zero);
+  MT_CHECK(zero >= 0 && zero <= 2, kWhere, "zero must be 0, 1 or 2 (ZeRO stage), got {}", zero);
+  MT_CHECK(zero != 2, kWhere, "zero 2 is not supported yet: ZeRO-2 (gradients sharded by reduce-scatter during the "
+           "backward) is not built; use zero 1 (sharded optimizer state) or 0");
+  MT_CHECK(zero == 0 || galore_rank == 0, kWhere, "zero {} with galore_rank {}: GaLore's row shards with a "
+           "replicated projector are not built yet; use zero 0 with GaLore", zero, galore_rank);
+  MT_CHECK(zero == 0 || optimizer.kind != optim::OptimizerKind::adafactor, kWhere,
+           "zero {} with optimizer 'adafactor': its factored statistics (row and column sums of a whole matrix) "
+           "are not sharded yet; use zero 0, or an elementwise optimizer (sgd, adamw, adamw8bit, lion, lion8bit)",
+           zero);
   MT_CHECK(world_size == 1 || std::has_single_bit(static_cast<std::uint64_t>(grad_accum)), kWhere,
            "grad_accum {} with world_size {}: a data-parallel step sums its micro-batch gradients in one canonical "
            "tree over the global batch, and each rank's block must be one subtree of it, so grad_accum must be a "

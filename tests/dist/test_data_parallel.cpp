@@ -159,12 +159,51 @@ TEST(DataParallel, ACheckpointWrittenAtNRanksResumesAloneOnTheSameBits) {
     world->barrier();
   }
   Fixture resumed = make(config_for(adamw, 0, 1, world->size()), mt::dist::single_process());
+  testing::internal::CaptureStderr();
   resumed.trainer->load_checkpoint(path);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  // The same global batch split another way: the data order is the same, so nothing to warn about.
+  EXPECT_EQ(warnings.find("data order differs"), std::string::npos) << warnings;
   EXPECT_EQ(resumed.trainer->step(), 10);
   const std::vector<double> first_half(want.losses.begin(), want.losses.begin() + 10);
   expect_same_bits(finish(resumed, first_half), want, "resumed alone");
   world->barrier();  // everyone has read the file
   if (world->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// The optimizer state one rank keeps under ZeRO-1, by docs/memory.md's formulas applied to its shard of each
+// parameter (dist::shard_bounds: boundaries on 256-element blocks); 8-bit or not by the whole tensor's size.
+std::size_t zero1_state_bytes(const mt::nn::Module& model, bool eight_bit, int rank, int ranks) {
+  std::size_t bytes = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const std::vector<std::int64_t> b = mt::dist::shard_bounds(p.numel(), ranks, 256);
+    const auto n = static_cast<std::size_t>(b[static_cast<std::size_t>(rank) + 1] - b[static_cast<std::size_t>(rank)]);
+    bytes += eight_bit && p.numel() >= 4096 ? 2 * n + 8 * ((n + 255) / 256) : 8 * n;
+  }
+  return bytes;
+}
+
+// ZeRO-1: each rank steps its shard of every parameter with state for that shard alone, then the ranks
+// exchange the stepped shards; the bits stay those of the run alone, and each rank's state is its shards'
+// by the formulas (a shard of a tensor of >= 4096 elements is 8-bit however small it is).
+TEST(DataParallel, ZeroOneShardsTheStateAndKeepsTheBits) {
+  auto world = mt::dist::world();
+  const std::vector<std::pair<mt::optim::Spec, bool>> optimizers = {
+      {mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), false},
+      {mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), true}};
+  for (const auto& [spec, eight_bit] : optimizers) {
+    Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+    const RunResult want = finish(alone);
+    TrainerConfig c = config_for(spec, 0, world->size(), world->size());
+    c.zero = 1;
+    Fixture dp = make(c, world);
+    const std::string what = std::string(spec.to_string()) + " zero 1 at " + std::to_string(world->size());
+    expect_same_bits(finish(dp), want, what);
+    EXPECT_EQ(dp.trainer->optimizer().state_bytes(),
+              zero1_state_bytes(*dp.model, eight_bit, world->rank(), world->size())) << what;
+    if (world->size() > 1)
+      EXPECT_LT(dp.trainer->optimizer().state_bytes(), alone.trainer->optimizer().state_bytes()) << what;
+  }
 }
 
 TEST(DataParallel, RefusesAConfigThatDiffersBetweenRanksNamingTheField) {

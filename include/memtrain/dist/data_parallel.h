@@ -62,6 +62,8 @@ class DataParallel : public train::GradientSync {
   void gradient_ready(std::size_t index) override;
   void finish_gradients() override;
   void barrier() override { comm_->barrier(); }
+  std::vector<std::int64_t> shard_bounds(std::int64_t numel) override;
+  void gather_shards(const std::vector<Tensor>& params) override;
 
   const DataParallelOptions& options() const { return options_; }
   DataParallelStats stats() const;
@@ -96,6 +98,7 @@ class DataParallel : public train::GradientSync {
 
   void plan_buckets(const std::vector<Tensor>& params);
   void pack(std::size_t bucket);  // the trainer's thread: copy its gradients in, hand it to the worker
+  void gather_shard_group(const std::vector<Tensor>& params);  // one dtype, one all_gather
   void run_worker();
 };
 

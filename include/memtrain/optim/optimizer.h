@@ -34,7 +34,15 @@ struct ParamGroup {
   double beta1 = 0.9;         // AdamW/Lion: first-moment coefficient; SGD: momentum
   double beta2 = 0.999;       // AdamW/Lion: second coefficient
   double eps = 1e-8;
+  // ZeRO shards (dist::DataParallel): for each of params, the elements of the whole tensor it is a shard of.
+  // What an optimizer decides per tensor (8-bit state or 32-bit) it decides on the whole tensor, so every
+  // shard of one tensor, at any world size, keeps the same kind of state. Empty: each param is whole.
+  std::vector<std::int64_t> whole_numel;
 };
+
+// The elements of the whole tensor `param` (a member of group.params) is a shard of: group.whole_numel's entry
+// for it, or its own numel when the group has none.
+std::int64_t whole_numel(const Tensor& param, const ParamGroup& group);
 
 // Name -> tensor; keys are "<param index>.<state name>" with params numbered across groups in order,
 // plus "<param index>.step" (an i64 scalar). Tensors are CPU copies independent of the optimizer.

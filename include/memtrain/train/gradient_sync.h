@@ -41,6 +41,13 @@ class GradientSync {
   virtual void finish_gradients() = 0;
   // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).
   virtual void barrier() = 0;
+
+  // ZeRO-1: each rank steps only its shard of every parameter (and keeps optimizer state for it alone).
+  // Where the ranks' shards of a tensor of `numel` elements begin: world_size() + 1 offsets, 0 .. numel, every
+  // boundary on the 8-bit block size, so a shard is whole blocks of its tensor's state.
+  virtual std::vector<std::int64_t> shard_bounds(std::int64_t numel) = 0;
+  // After the shards' step: every rank's shard of each parameter (contiguous) copied to every rank.
+  virtual void gather_shards(const std::vector<Tensor>& params) = 0;
 };
 
 }  // namespace memtrain::train

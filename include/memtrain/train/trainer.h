@@ -215,6 +215,18 @@ class Trainer {
   std::unique_ptr<data::Loader> train_loader_;
   std::shared_ptr<GradientSync> sync_;  // data parallel; null when training alone
   std::shared_ptr<detail::SyncHooks> sync_hooks_;  // with sync_: its gradient-ready hooks
+  bool user_optimizer_ = false;                    // given to the constructor, not built from the config
+  // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
+  // whole_params_ are the parameters themselves, in the groups' order.
+  struct Shard {
+    Tensor whole;
+    Tensor view;  // elements [begin, begin + view.numel()) of whole, flattened
+    std::int64_t begin = 0;
+  };
+  std::vector<Tensor> whole_params_;
+  std::vector<Shard> shards_;
+  void shard_optimizer();
+  std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's
   void make_train_loader(std::int64_t rank, std::int64_t world_size);
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them

@@ -65,8 +65,11 @@ struct TrainerConfig {
   // Data-parallel ranks: a run launched by mpirun takes the launcher's count (dist::attach_data_parallel
   // checks that the two agree). Each rank runs grad_accum micro-batches per step.
   std::int64_t world_size = 1;
-  // ZeRO stage: 0 = plain data parallel (every rank keeps every gradient and optimizer state). Stages 1 and
-  // 2 (sharded optimizer state, then gradients) are refused until they are built.
+  // ZeRO stage. 0: plain data parallel (every rank keeps every gradient and all optimizer state). 1: each rank
+  // steps, and keeps optimizer state for, only its shard of each parameter (dist::shard_bounds: rows of the
+  // flattened tensor, boundaries on the 8-bit block of 256), then the ranks exchange the stepped shards; for
+  // the elementwise optimizers (not Adafactor), without GaLore and without checkpoints for now. At world_size 1
+  // there is nothing to shard. 2 (gradients sharded too) is refused until it is built.
   std::int64_t zero = 0;
   // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
   // each into .grad as it comes: costs up to log2(grad_accum) extra gradient sets, and gives the bits of a
