@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -414,9 +415,12 @@ int main(int argc, char** argv) {
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
     const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world);
-    trainer.memory_notes = [model, data_parallel] {
+    // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
+    // and only rank 0 prints the notes.
+    auto state_per_rank = std::make_shared<std::string>();
+    trainer.memory_notes = [model, data_parallel, state_per_rank] {
       std::string notes = model->checkpointing().describe(model->config().n_layer);
-      if (data_parallel) notes += (notes.empty() ? "" : "\n") + data_parallel->stats().describe();
+      if (data_parallel) notes += (notes.empty() ? "" : "\n") + data_parallel->stats().describe() + *state_per_rank;
       return notes;
     };
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
@@ -439,6 +443,12 @@ int main(int argc, char** argv) {
       trainer.on_step = [&](const train::StepMetrics& m) {
         timeline.after_step(m.step);
         if (m.step != config.max_steps) return;
+        if (data_parallel) {
+          const std::vector<std::int64_t> bytes =
+              world->all_gather_i64({static_cast<std::int64_t>(trainer.optimizer().state_bytes())});
+          *state_per_rank = fmt::format("\noptimizer state by rank (zero {}): {} bytes", config.zero,
+                                        fmt::join(bytes, ", "));
+        }
         sample();
         print_scale_up_hints();
       };

@@ -43,8 +43,9 @@ std::string first_difference(const nlohmann::json& here, const nlohmann::json& o
 DataParallel::DataParallel(std::shared_ptr<Communicator> comm, DataParallelOptions options)
     : comm_(std::move(comm)), options_(options) {
   MT_CHECK(comm_ != nullptr, "DataParallel", "the communicator is null");
-  MT_CHECK(options_.first_bucket_bytes > 0 && options_.bucket_bytes > 0, "DataParallel",
-           "bucket sizes must be > 0 (first {} B, then {} B)", options_.first_bucket_bytes, options_.bucket_bytes);
+  MT_CHECK(options_.first_bucket_bytes > 0 && options_.bucket_bytes > 0 && options_.gather_bytes > 0, "DataParallel",
+           "bucket sizes must be > 0 (first {} B, then {} B, gathers {} B)", options_.first_bucket_bytes,
+           options_.bucket_bytes, options_.gather_bytes);
 }
 
 void DataParallel::check_same_config(const nlohmann::json& config) {
@@ -216,15 +217,16 @@ std::vector<std::int64_t> DataParallel::shard_bounds(std::int64_t numel) {
 }
 
 void DataParallel::gather_shards(const std::vector<Tensor>& params) {
-  // One all_gather per group of parameters (of one dtype, up to bucket_bytes): rank q's part is its shards
+  // One all_gather per group of parameters (of one dtype, up to gather_bytes): rank q's part is its shards
   // of those parameters, one after another, so a step makes a few large messages instead of one per tensor.
+  const auto t0 = std::chrono::steady_clock::now();
   std::size_t first = 0;
   while (first < params.size()) {
     std::size_t last = first + 1;
     std::size_t bytes = static_cast<std::size_t>(params[first].numel()) * dtype_size(params[first].dtype());
     while (last < params.size() && params[last].dtype() == params[first].dtype()) {
       const std::size_t more = static_cast<std::size_t>(params[last].numel()) * dtype_size(params[last].dtype());
-      if (bytes + more > options_.bucket_bytes) break;
+      if (bytes + more > options_.gather_bytes) break;
       bytes += more;
       ++last;
     }
@@ -232,6 +234,8 @@ void DataParallel::gather_shards(const std::vector<Tensor>& params) {
                         params.begin() + static_cast<std::ptrdiff_t>(last)});
     first = last;
   }
+  std::lock_guard lock(mutex_);
+  stats_.gather_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void DataParallel::gather_shard_group(const std::vector<Tensor>& params) {
@@ -278,10 +282,12 @@ DataParallelStats DataParallel::stats() const {
 }
 
 std::string DataParallelStats::describe() const {
-  return fmt::format("data parallel: {} steps, {} bucket sums ({} started during the backward) of {:.1f} MiB in "
-                     "all; {:.3f} s summing, {:.3f} s of it waited for after the backward",
-                     steps, buckets, early_buckets, static_cast<double>(bytes) / (1 << 20), sum_seconds,
-                     wait_seconds);
+  std::string line = fmt::format("data parallel: {} steps, {} bucket sums ({} started during the backward) of "
+                                 "{:.1f} MiB in all; {:.3f} s summing, {:.3f} s of it waited for after the backward",
+                                 steps, buckets, early_buckets, static_cast<double>(bytes) / (1 << 20), sum_seconds,
+                                 wait_seconds);
+  if (gather_seconds > 0.0) line += fmt::format("; {:.3f} s gathering the ZeRO-1 shards", gather_seconds);
+  return line;
 }
 
 std::shared_ptr<DataParallel> attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm,

@@ -33,6 +33,9 @@ namespace memtrain::dist {
 struct DataParallelOptions {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  // the last parameters' gradients, ready first
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  // ZeRO-1: parameters gathered per all_gather after the step; its receive buffer is transient memory on top
+  // of the parameters, so it is kept small.
+  std::size_t gather_bytes = std::size_t{4} << 20;
 };
 
 // Where a data-parallel run's time went, summed over its steps.
@@ -43,6 +46,7 @@ struct DataParallelStats {
   std::size_t bytes = 0;          // gradient bytes summed
   double sum_seconds = 0.0;       // the sums themselves, on the communication thread
   double wait_seconds = 0.0;      // the trainer blocked after its backward, waiting for sums not yet done
+  double gather_seconds = 0.0;    // ZeRO-1: exchanging the stepped shards
   std::string describe() const;  // one line for the run's report
 };
 
