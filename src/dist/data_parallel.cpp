@@ -1,3 +1,4 @@
+// DataParallel: the gradient buckets, their sums on the communication thread, and the start-up checks.
 #include "memtrain/dist/data_parallel.h"
 
 #include "memtrain/autograd/grad_mode.h"
@@ -8,37 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <utility>
 
 namespace memtrain::dist {
-
-namespace {
-
-std::string diff_at(const std::string& path, const nlohmann::json& here, const nlohmann::json& other) {
-  if (here.is_object() && other.is_object()) {
-    // Keys in order over both, so every rank names the same first field.
-    std::map<std::string, int> keys;
-    for (const auto& [k, v] : here.items()) keys[k];
-    for (const auto& [k, v] : other.items()) keys[k];
-    for (const auto& [k, unused] : keys) {
-      const std::string sub = path.empty() ? k : path + "." + k;
-      if (!here.contains(k)) return fmt::format("{}: absent here, {} in the other", sub, other.at(k).dump());
-      if (!other.contains(k)) return fmt::format("{}: {} here, absent in the other", sub, here.at(k).dump());
-      std::string d = diff_at(sub, here.at(k), other.at(k));
-      if (!d.empty()) return d;
-    }
-    return {};
-  }
-  if (here == other) return {};
-  return fmt::format("{}: {} here, {} in the other", path.empty() ? "(the config)" : path, here.dump(), other.dump());
-}
-
-}  // namespace
-
-std::string first_difference(const nlohmann::json& here, const nlohmann::json& other) {
-  return diff_at("", here, other);
-}
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> comm, DataParallelOptions options)
     : comm_(std::move(comm)), options_(options) {
@@ -210,70 +183,6 @@ void DataParallel::finish_gradients() {
     }
     b.flat = Tensor();
   }
-}
-
-std::vector<std::int64_t> DataParallel::shard_bounds(std::int64_t numel) {
-  return dist::shard_bounds(numel, comm_->size(), 256);
-}
-
-void DataParallel::gather_shards(const std::vector<Tensor>& params) {
-  // One all_gather per group of parameters (of one dtype, up to gather_bytes): rank q's part is its shards
-  // of those parameters, one after another, so a step makes a few large messages instead of one per tensor.
-  const auto t0 = std::chrono::steady_clock::now();
-  std::size_t first = 0;
-  while (first < params.size()) {
-    std::size_t last = first + 1;
-    std::size_t bytes = static_cast<std::size_t>(params[first].numel()) * dtype_size(params[first].dtype());
-    while (last < params.size() && params[last].dtype() == params[first].dtype()) {
-      const std::size_t more = static_cast<std::size_t>(params[last].numel()) * dtype_size(params[last].dtype());
-      if (bytes + more > options_.gather_bytes) break;
-      bytes += more;
-      ++last;
-    }
-    gather_shard_group({params.begin() + static_cast<std::ptrdiff_t>(first),
-                        params.begin() + static_cast<std::ptrdiff_t>(last)});
-    first = last;
-  }
-  std::lock_guard lock(mutex_);
-  stats_.gather_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void DataParallel::gather_shard_group(const std::vector<Tensor>& params) {
-  autograd::NoGradGuard no_grad;
-  CategoryGuard category(MemoryCategory::workspace);
-  const auto ranks = static_cast<std::size_t>(comm_->size());
-  std::vector<std::vector<std::int64_t>> shards;  // per parameter: its shard_bounds
-  std::vector<std::int64_t> bounds(ranks + 1, 0);  // of the packed parts
-  for (const Tensor& p : params) {
-    MT_CHECK(p.is_contiguous(), "DataParallel::gather_shards", "parameter of shape {} is not contiguous",
-             shape_str(p.shape()));
-    shards.push_back(shard_bounds(p.numel()));
-    for (std::size_t q = 0; q < ranks; ++q) bounds[q + 1] += shards.back()[q + 1] - shards.back()[q];
-  }
-  for (std::size_t q = 0; q < ranks; ++q) bounds[q + 1] += bounds[q];
-  // Part q of `packed` holds rank q's shards, parameter after parameter; `copy` moves one rank's shards
-  // between the parameters and its part.
-  const auto copy = [&](Tensor& packed, std::size_t q, bool into_params) {
-    std::int64_t at = into_params ? bounds[q] : 0;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const std::int64_t begin = shards[i][q], n = shards[i][q + 1] - begin;
-      Tensor flat = params[i].detach().view({params[i].numel()});
-      Tensor part = packed.narrow(0, at, n);
-      if (into_params) {
-        flat.narrow(0, begin, n).copy_(part);
-      } else {
-        part.copy_(flat.narrow(0, begin, n));
-      }
-      at += n;
-    }
-  };
-  const auto me = static_cast<std::size_t>(rank());
-  Tensor mine = Tensor::empty({bounds[me + 1] - bounds[me]}, params.front().dtype(), Device::cpu());
-  copy(mine, me, false);
-  Tensor all = Tensor::empty({bounds[ranks]}, params.front().dtype(), Device::cpu());
-  comm_->all_gather(mine, bounds, all);
-  for (std::size_t q = 0; q < ranks; ++q)
-    if (q != me) copy(all, q, true);
 }
 
 DataParallelStats DataParallel::stats() const {

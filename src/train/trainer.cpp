@@ -208,9 +208,7 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   sync->check_same_config(config_.to_json());
   sync_ = std::move(sync);
   make_train_loader(sync_->rank(), sync_->world_size());
-  std::vector<Tensor> params;
-  for (const auto& g : optimizer_->param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-  sync_hooks_ = detail::SyncHooks::install(params);
+  sync_hooks_ = detail::SyncHooks::install(trained_params());
   if (config_.zero >= 1) shard_optimizer();
 }
 
@@ -300,7 +298,7 @@ StepMetrics Trainer::train_step() {
 
   // The canonical tree keeps each micro-batch's gradients apart until its subtree is complete.
   std::optional<detail::GradientTree> tree;
-  if (config_.canonical_reduction || config_.world_size > 1) tree.emplace(params);
+  if (config_.canonical_reduction || config_.world_size > 1 || sync_) tree.emplace(params);
   std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
   if (sync_) sync_->begin_gradients(params);
   for (std::size_t i = 0; i < batches.size(); ++i) {
@@ -364,7 +362,7 @@ StepMetrics Trainer::train_step() {
     grad_norm = global_grad_norm(params);
   } else {
     grad_norm = config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
-    if (shards_.empty() && whole_params_.empty()) {
+    if (whole_params_.empty()) {
       optimizer_->step();
     } else {
       // ZeRO-1: this rank steps its shards (their gradients are views of the summed whole gradients), then the
