@@ -334,7 +334,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", f.micro_batch, "sequences per micro-batch");
   app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step (per rank under mpirun)");
   app.add_option("--zero", f.zero, "ZeRO stage of a data-parallel run under mpirun (0: plain data parallel, "
-                 "1: optimizer state sharded; needs --checkpoint-interval 0 for now)");
+                 "1: optimizer state sharded, checkpoints with a file per rank)");
   app.add_option("--checkpoint-interval", f.checkpoint_interval, "steps between checkpoints (0: none; default 200)");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");

@@ -4,6 +4,7 @@
 #include "memtrain/core/rng.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/train/trainer.h"
+#include "train/state_shards.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -120,6 +121,7 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t 
   for (std::size_t i = 0; i < n_remove; ++i) {
     std::error_code ec;
     fs::remove(all[i].second, ec);
+    detail::remove_state_shards(all[i].second);  // a ZeRO-1 checkpoint's optimizer state
     MT_CHECK(!ec, "prune_checkpoints", "cannot remove '{}': {}", all[i].second, ec.message());
     removed.push_back(all[i].second);
   }
@@ -128,8 +130,10 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t 
 
 std::string Trainer::save_checkpoint() {
   MT_CHECK(!config_.checkpoint_dir.empty(), "Trainer::save_checkpoint", "config.checkpoint_dir is empty");
-  // Every rank of a data-parallel run holds the same model and state: rank 0 writes them for all.
-  if (!writes_files()) return (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
+  // Every rank of a data-parallel run holds the same model and state: rank 0 writes them for all; under
+  // ZeRO-1 every rank writes its shard of the state too.
+  const bool sharded = !whole_params_.empty();
+  if (!writes_files() && !sharded) return (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
   std::error_code ec;
   fs::create_directories(config_.checkpoint_dir, ec);
   MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", config_.checkpoint_dir,
@@ -137,21 +141,85 @@ std::string Trainer::save_checkpoint() {
   const std::string path = (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
   save_checkpoint(path);
   // Only after the new file is complete may old ones go.
-  prune_checkpoints(config_.checkpoint_dir, config_.keep_checkpoints);
+  if (writes_files()) prune_checkpoints(config_.checkpoint_dir, config_.keep_checkpoints);
   return path;
 }
 
+optim::StateDict Trainer::state_by_param_index() const {
+  optim::StateDict state = optimizer_->state_view();
+  if (whole_params_.empty()) return state;
+  optim::StateDict out;
+  for (auto& [key, t] : state) {
+    const std::size_t dot = key.find('.');
+    out.emplace(fmt::format("{}.{}", shards_.at(std::stoull(key.substr(0, dot))).index, key.substr(dot + 1)), t);
+  }
+  return out;
+}
+
+optim::StateDict Trainer::state_by_optimizer_slot(optim::StateDict by_param) const {
+  if (whole_params_.empty()) return by_param;
+  std::map<std::size_t, std::size_t> slot_of;  // index in whole_params_ -> the optimizer's slot
+  for (std::size_t k = 0; k < shards_.size(); ++k) slot_of[shards_[k].index] = k;
+  optim::StateDict out;
+  for (auto& [key, t] : by_param) {
+    const std::size_t dot = key.find('.');
+    out.emplace(fmt::format("{}.{}", slot_of.at(std::stoull(key.substr(0, dot))), key.substr(dot + 1)), t);
+  }
+  return out;
+}
+
+optim::StateDict Trainer::checkpoint_state(const std::string& path, const std::map<std::string, std::string>& meta,
+                                           optim::StateDict in_file) const {
+  const auto shards = meta.find("zero_shards");
+  if (shards == meta.end() && whole_params_.empty()) return in_file;  // unsharded both ways: as it is
+  const std::vector<Tensor> params = trained_params();
+  std::vector<detail::StateShard> pieces;
+  if (shards != meta.end()) {
+    pieces = detail::load_state_shards(path, meta_i64(meta, "zero_shards", path));
+  } else {
+    detail::StateShard whole{std::move(in_file), {}};
+    for (std::size_t i = 0; i < params.size(); ++i) whole.shards[i] = {0, params[i].numel()};
+    pieces.push_back(std::move(whole));
+  }
+  detail::ShardMap want;
+  if (whole_params_.empty()) {
+    for (std::size_t i = 0; i < params.size(); ++i) want[i] = {0, params[i].numel()};
+  } else {
+    for (const Shard& s : shards_) want[s.index] = {s.begin, s.begin + s.view.numel()};
+  }
+  optim::StateDict state = detail::reshard_state(pieces, want, fmt::format("load_checkpoint: '{}'", path));
+  if (whole_params_.empty()) {
+    // Shards are flat; a whole tensor's 32-bit moments have its shape (8-bit codes and absmax stay flat).
+    for (auto& [key, t] : state) {
+      const std::size_t dot = key.find('.');
+      const Tensor& p = params.at(std::stoull(key.substr(0, dot)));
+      const std::string_view name = std::string_view(key).substr(dot + 1);
+      if (name != "step" && !name.ends_with(".codes") && !name.ends_with(".absmax") && t.numel() == p.numel())
+        t = t.reshape(p.shape());
+    }
+  }
+  return state_by_optimizer_slot(std::move(state));
+}
+
 void Trainer::save_checkpoint(const std::string& path) const {
-  MT_CHECK(whole_params_.empty(), "Trainer::save_checkpoint", "'{}': this rank holds a ZeRO-1 shard of the "
-           "optimizer state; sharded checkpoints (a file per rank and an index) are not built yet", path);
   mark("checkpoint save");
   // What saving allocates is transient: count it as workspace (the step counts, and for device tensors the
   // host copy the file is written from, one tensor at a time).
   CategoryGuard category(MemoryCategory::workspace);
+  const bool sharded = !whole_params_.empty();
+  if (sharded) {
+    // ZeRO-1: every rank writes its shards' state; the main file, written last, makes the checkpoint exist.
+    detail::StateShard mine{state_by_param_index(), {}};
+    for (const Shard& s : shards_) mine.shards[s.index] = {s.begin, s.begin + s.view.numel()};
+    detail::save_state_shard(path, sync_->rank(), sync_->world_size(), mine);
+    sync_->barrier();
+    if (!writes_files()) return;
+  }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back(kModelPrefix + name, t);
   // The state itself, not a copy: written out before anything steps again.
-  for (auto& [key, t] : optimizer_->state_view()) tensors.emplace_back(kOptimPrefix + key, t);
+  if (!sharded)
+    for (auto& [key, t] : optimizer_->state_view()) tensors.emplace_back(kOptimPrefix + key, t);
   optim::StateDict amp_sd;
   if (scaler_) scaler_->save(amp_sd, kLossScalerKey);
   if (fp8_) fp8_->save(amp_sd, kFp8Key, model_->named_parameters());
@@ -170,13 +238,12 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"optimizer", std::string(optimizer_->name())},  // the optimizer stepping, built from the config or by the user
       {"config", config_.to_json().dump()},
   };
+  if (sharded) meta["zero_shards"] = std::to_string(sync_->world_size());
   io::save_safetensors(path, tensors, meta);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
   const char* where = "load_checkpoint";
-  MT_CHECK(whole_params_.empty(), where, "'{}': this rank holds a ZeRO-1 shard of the optimizer state; loading "
-           "into shards is not built yet (resume with zero 0)", path);
   const auto meta = io::load_safetensors_metadata(path);
   auto format = meta.find("format");
   MT_CHECK(format != meta.end() && format->second == kFormat, where, "'{}' is not a memtrain checkpoint (no "
@@ -241,7 +308,7 @@ void Trainer::load_checkpoint(const std::string& path) {
     // leaves this run's fresh; such state in a file read by a run of another precision has nothing to restore.
     if (scaler_ && amp_sd.count(std::string(kLossScalerKey) + ".scale") != 0) scaler_->load(amp_sd, kLossScalerKey);
     if (fp8_) fp8_->load(amp_sd, kFp8Key, model_->named_parameters());
-    optimizer_->load_state_dict(optim_sd);
+    optimizer_->load_state_dict(checkpoint_state(path, meta, std::move(optim_sd)));
     model_->load_state_dict(model_sd, /*strict=*/true);
   } catch (const Error& e) {
     throw Error(fmt::format("{}: '{}': {}", where, path, e.what()));

@@ -223,9 +223,6 @@ void Trainer::shard_optimizer() {
   const char* where = "Trainer (zero 1)";
   MT_CHECK(!user_optimizer_, where, "ZeRO-1 shards the optimizer the config describes; an optimizer built by the "
            "caller cannot be rebuilt over shards (pass it with zero 0, or describe it in config.optimizer)");
-  MT_CHECK(config_.checkpoint_interval == 0, where, "checkpoint_interval {}: sharded checkpoints (a file per rank "
-           "and an index) are not built yet; set checkpoint_interval 0, or use zero 0 to checkpoint",
-           config_.checkpoint_interval);
   // The groups were built over whole tensors, so weight decay (by rank) is each whole tensor's choice; so is
   // 8-bit state, through whole_numel.
   std::vector<optim::ParamGroup> groups = optimizer_->param_groups();
@@ -241,7 +238,7 @@ void Trainer::shard_optimizer() {
       Tensor view = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
       g.params.push_back(view);
       g.whole_numel.push_back(p.numel());
-      shards_.push_back({p, view, begin});
+      shards_.push_back({p, view, begin, whole_params_.size() - 1});
     }
   }
   optimizer_.reset();  // the whole tensors' optimizer goes before the shards' is made

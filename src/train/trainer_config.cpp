@@ -28,6 +28,7 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kWhere = "TrainerConfig";
+constexpr std::int64_t kBlock8bit = 256;  // dist::shard_bounds puts ZeRO shard boundaries on it
 
 // A setting stored typed and written by name: the name is read as a string and parsed, and a bad one is
 // refused naming the key ("precision: unknown precision 'fp64' ...").
@@ -257,6 +258,10 @@ void TrainerConfig::validate() const {
            "backward) is not built; use zero 1 (sharded optimizer state) or 0");
   MT_CHECK(zero == 0 || galore_rank == 0, kWhere, "zero {} with galore_rank {}: GaLore's row shards with a "
            "replicated projector are not built yet; use zero 0 with GaLore", zero, galore_rank);
+  MT_CHECK(zero == 0 || (optimizer.block_size > 0 && kBlock8bit % optimizer.block_size == 0), kWhere,
+           "zero {} with optimizer.block_size {}: shard boundaries fall every {} elements, so the 8-bit blocks of a "
+           "shard are the whole tensor's only for block sizes that divide {}", zero, optimizer.block_size,
+           kBlock8bit, kBlock8bit);
   MT_CHECK(zero == 0 || optimizer.kind != optim::OptimizerKind::adafactor, kWhere,
            "zero {} with optimizer 'adafactor': its factored statistics (row and column sums of a whole matrix) "
            "are not sharded yet; use zero 0, or an elementwise optimizer (sgd, adamw, adamw8bit, lion, lion8bit)",

@@ -10,6 +10,7 @@
 #include "memtrain/io/safetensors.h"
 #include "memtrain/train/trainer.h"
 
+#include "error_text.h"
 #include "tiny_lm.h"
 
 #include <gtest/gtest.h>
@@ -204,6 +205,64 @@ TEST(DataParallel, ZeroOneShardsTheStateAndKeepsTheBits) {
     if (world->size() > 1)
       EXPECT_LT(dp.trainer->optimizer().state_bytes(), alone.trainer->optimizer().state_bytes()) << what;
   }
+}
+
+// A ZeRO-1 checkpoint is the main file plus one file of optimizer state per rank. Written at N ranks after 10
+// of 20 steps, it resumes on the run alone's bits both alone (unsharded) and at N ranks (sharded again), and
+// an unsharded checkpoint resumes into shards; a missing shard file is refused naming it.
+TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
+  auto world = mt::dist::world();
+  const mt::optim::Spec spec = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
+  Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+  const RunResult want = finish(alone);
+  const std::vector<double> first_half(want.losses.begin(), want.losses.begin() + 10);
+  TrainerConfig sharded = config_for(spec, 0, world->size(), world->size());
+  sharded.zero = 1;
+
+  const std::string dir = world->broadcast_string(
+      (std::filesystem::temp_directory_path() / ("memtrain_zero1_" + std::to_string(::getpid()))).string(), 0);
+  if (world->rank() == 0) std::filesystem::create_directories(dir);
+  world->barrier();
+  const std::string path = dir + "/zero1.safetensors", plain = dir + "/plain.safetensors";
+  {
+    Fixture dp = make(sharded, world);
+    for (int s = 0; s < 10; ++s) dp.trainer->train_step();
+    dp.trainer->save_checkpoint(path);  // every rank: its shard file, then rank 0 the main file
+    Fixture half = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+    for (int s = 0; s < 10; ++s) half.trainer->train_step();
+    if (world->rank() == 0) half.trainer->save_checkpoint(plain);
+    world->barrier();
+  }
+  if (world->size() > 1) {
+    EXPECT_TRUE(std::filesystem::exists(path + ".rank1of" + std::to_string(world->size())));
+    EXPECT_EQ(mt::io::load_safetensors_metadata(path).at("zero_shards"), std::to_string(world->size()));
+  }
+  {
+    Fixture resumed = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+    resumed.trainer->load_checkpoint(path);
+    expect_same_bits(finish(resumed, first_half), want, "zero 1 checkpoint resumed alone");
+  }
+  {
+    Fixture resumed = make(sharded, world);
+    resumed.trainer->load_checkpoint(path);
+    expect_same_bits(finish(resumed, first_half), want, "zero 1 checkpoint resumed sharded");
+  }
+  {
+    Fixture resumed = make(sharded, world);
+    resumed.trainer->load_checkpoint(plain);
+    expect_same_bits(finish(resumed, first_half), want, "unsharded checkpoint resumed sharded");
+  }
+  world->barrier();
+  if (world->size() > 1) {
+    const std::string shard1 = path + ".rank1of" + std::to_string(world->size());
+    if (world->rank() == 0) std::filesystem::rename(shard1, shard1 + ".moved");
+    world->barrier();
+    Fixture resumed = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+    const std::string e = mt::test_support::error_of([&] { resumed.trainer->load_checkpoint(path); });
+    EXPECT_NE(e.find("shard file '" + shard1 + "' is missing"), std::string::npos) << e;
+  }
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(DataParallel, RefusesAConfigThatDiffersBetweenRanksNamingTheField) {

@@ -222,11 +222,19 @@ class Trainer {
     Tensor whole;
     Tensor view;  // elements [begin, begin + view.numel()) of whole, flattened
     std::int64_t begin = 0;
+    std::size_t index = 0;  // of whole in whole_params_ (the key of its state in checkpoints)
   };
   std::vector<Tensor> whole_params_;
   std::vector<Shard> shards_;
   void shard_optimizer();
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's
+  // The optimizer state in checkpoint keys ("<index in trained_params()>.<name>") and back: the same keys
+  // unless the optimizer holds ZeRO-1 shards.
+  optim::StateDict state_by_param_index() const;
+  optim::StateDict state_by_optimizer_slot(optim::StateDict by_param) const;
+  // The optimizer state of a checkpoint (its own, or its ranks' shard files), cut to what this trainer steps.
+  optim::StateDict checkpoint_state(const std::string& path, const std::map<std::string, std::string>& meta,
+                                    optim::StateDict in_file) const;
   void make_train_loader(std::int64_t rank, std::int64_t world_size);
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them

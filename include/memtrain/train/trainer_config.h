@@ -68,7 +68,8 @@ struct TrainerConfig {
   // ZeRO stage. 0: plain data parallel (every rank keeps every gradient and all optimizer state). 1: each rank
   // steps, and keeps optimizer state for, only its shard of each parameter (dist::shard_bounds: rows of the
   // flattened tensor, boundaries on the 8-bit block of 256), then the ranks exchange the stepped shards; for
-  // the elementwise optimizers (not Adafactor), without GaLore and without checkpoints for now. At world_size 1
+  // the elementwise optimizers (not Adafactor) with 8-bit blocks of at most 256, without GaLore for now.
+  // Checkpoints then hold a file per rank beside the main one, and resume at any world size. At world_size 1
   // there is nothing to shard. 2 (gradients sharded too) is refused until it is built.
   std::int64_t zero = 0;
   // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
