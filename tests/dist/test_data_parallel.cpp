@@ -1,8 +1,9 @@
 // Data parallel training over dist::world(), run by ctest alone and under mpirun at 2, 3 and 4 ranks: the tiny
 // GPT trained for 20 steps on a global batch of 8 micro-batches (6 at 3 ranks) gives the same losses and
-// weights, bit for bit, as the same global batch trained alone with the canonical reduction, for
-// AdamW, 8-bit AdamW and 8-bit GaLore. A checkpoint written at N ranks resumes alone on the same bits; a
-// config that differs between ranks is refused naming the field; a world size that does not match the
+// weights, bit for bit, as the same global batch trained alone with the canonical reduction: AdamW, 8-bit
+// AdamW and 8-bit GaLore, AdamW in fp16 and bf16, small buckets started during the backward, and ZeRO-1 (with
+// each rank's optimizer state by formula). Checkpoints written at N ranks resume alone or sharded on the same
+// bits; a config that differs between ranks is refused naming the field; a world size that does not match the
 // launcher's is refused.
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/communicator.h"
@@ -100,12 +101,23 @@ struct Case {
   const char* name;
   mt::optim::Spec optimizer;
   std::int64_t galore_rank;
+  mt::amp::Precision precision = mt::amp::Precision::fp32;
 };
 
 std::vector<Case> cases() {
-  return {{"adamw", mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), 0},
+  const mt::optim::Spec adamw = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
+  return {{"adamw", adamw, 0},
           {"adamw8bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 0},
-          {"galore 8-bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 4}};
+          {"galore 8-bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 4},
+          // The loss scaler decides from the summed gradients: the same on every rank.
+          {"adamw fp16", adamw, 0, mt::amp::Precision::fp16},
+          {"adamw bf16", adamw, 0, mt::amp::Precision::bf16}};
+}
+
+TrainerConfig config_for(const Case& c, std::int64_t ranks, std::int64_t world) {
+  TrainerConfig config = config_for(c.optimizer, c.galore_rank, ranks, world);
+  config.precision = c.precision;
+  return config;
 }
 
 }  // namespace
@@ -113,9 +125,9 @@ std::vector<Case> cases() {
 TEST(DataParallel, SameBitsAsTheRunAloneAtAnyWorldSize) {
   auto world = mt::dist::world();
   for (const Case& c : cases()) {
-    Fixture alone = make(config_for(c.optimizer, c.galore_rank, 1, world->size()), mt::dist::single_process());
+    Fixture alone = make(config_for(c, 1, world->size()), mt::dist::single_process());
     const RunResult want = finish(alone);
-    Fixture dp = make(config_for(c.optimizer, c.galore_rank, world->size(), world->size()), world);
+    Fixture dp = make(config_for(c, world->size(), world->size()), world);
     expect_same_bits(finish(dp), want, std::string(c.name) + " at " + std::to_string(world->size()) + " ranks");
     // The weights moved: a test of equal bits between runs that never trained would prove nothing.
     EXPECT_NE(want.losses.front(), want.losses.back()) << c.name;
