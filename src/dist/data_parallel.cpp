@@ -72,9 +72,19 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
     b.bytes += bytes;
     bucket_of_[k] = buckets_.size() - 1;
   }
+  const auto ranks = static_cast<std::size_t>(comm_->size());
+  for (Bucket& b : buckets_) {
+    b.part_bounds.assign(ranks + 1, 0);
+    for (const std::size_t k : b.params) {
+      const std::vector<std::int64_t> bounds = shard_bounds(params_[k].numel());
+      b.shard_bounds.insert(b.shard_bounds.end(), bounds.begin(), bounds.end());
+      for (std::size_t q = 0; q < ranks; ++q) b.part_bounds[q + 1] += bounds[q + 1] - bounds[q];
+    }
+    for (std::size_t q = 0; q < ranks; ++q) b.part_bounds[q + 1] += b.part_bounds[q];
+  }
 }
 
-void DataParallel::begin_gradients(const std::vector<Tensor>& params) {
+void DataParallel::begin_gradients(const std::vector<Tensor>& params, bool sharded) {
   bool same = params.size() == params_.size();
   for (std::size_t k = 0; same && k < params.size(); ++k) same = params[k].impl_ptr() == params_[k].impl_ptr();
   if (!same) plan_buckets(params);
@@ -86,6 +96,8 @@ void DataParallel::begin_gradients(const std::vector<Tensor>& params) {
     b.flat = Tensor();
   }
   reported_.assign(params_.size(), false);
+  sharded_ = sharded;
+  shard_grads_.assign(params_.size(), Tensor());
   packed_.assign(buckets_.size(), false);
   next_sum_ = 0;
   error_ = nullptr;
@@ -107,19 +119,26 @@ void DataParallel::pack(std::size_t bucket) {
     autograd::NoGradGuard no_grad;
     CategoryGuard category(MemoryCategory::gradients);
     flat = Tensor::empty({b.numel}, b.dtype, Device::cpu());
+    // Plain: each parameter's gradient whole, one after another. ZeRO-2: part by part (rank q's shards of
+    // every parameter, then rank q + 1's), the layout reduce_scatter_canonical hands out.
+    const std::size_t ranks = sharded_ ? static_cast<std::size_t>(comm_->size()) : 1;
     std::int64_t offset = 0;
-    for (const std::size_t k : b.params) {
-      const Tensor& p = params_[k];
-      Tensor slot = flat.narrow(0, offset, p.numel());
-      const Tensor g = p.grad();
-      if (g.defined()) {
-        slot.copy_(g.contiguous().view({p.numel()}));
-        Tensor(p).set_grad(Tensor());  // the bucket holds it now
-      } else {
-        slot.zero_();  // no gradient on this rank: zero, since another rank's block may have one
+    for (std::size_t q = 0; q < ranks; ++q) {
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        const Tensor& p = params_[b.params[i]];
+        const std::int64_t begin = sharded_ ? b.shard_bounds[i * (ranks + 1) + q] : 0;
+        const std::int64_t n = sharded_ ? b.shard_bounds[i * (ranks + 1) + q + 1] - begin : p.numel();
+        Tensor slot = flat.narrow(0, offset, n);
+        const Tensor g = p.grad();
+        if (g.defined()) {
+          slot.copy_(g.contiguous().view({p.numel()}).narrow(0, begin, n));
+        } else {
+          slot.zero_();  // no gradient on this rank: zero, since another rank's block may have one
+        }
+        offset += n;
       }
-      offset += p.numel();
     }
+    for (const std::size_t k : b.params) Tensor(params_[k]).set_grad(Tensor());  // the bucket holds them now
   }
   {
     std::lock_guard lock(mutex_);
@@ -143,7 +162,14 @@ void DataParallel::run_worker() {
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
-      comm_->all_reduce_canonical(flat);
+      if (sharded_) {
+        const auto r = static_cast<std::size_t>(comm_->rank());
+        Tensor mine = Tensor::empty({b.part_bounds[r + 1] - b.part_bounds[r]}, b.dtype, Device::cpu());
+        comm_->reduce_scatter_canonical(flat, b.part_bounds, mine);
+        flat = mine;  // the whole bucket goes: only this rank's part of the sum is kept
+      } else {
+        comm_->all_reduce_canonical(flat);
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -155,6 +181,7 @@ void DataParallel::run_worker() {
     if (error) {
       error_ = error;
     } else {
+      b.flat = std::move(flat);
       ++next_sum_;
     }
     changed_.notify_all();
@@ -173,16 +200,35 @@ void DataParallel::finish_gradients() {
     ++stats_.steps;
     if (error_) std::rethrow_exception(error_);
   }
+  const auto ranks = static_cast<std::size_t>(comm_->size()), r = static_cast<std::size_t>(comm_->rank());
   for (Bucket& b : buckets_) {
     std::int64_t offset = 0;
-    for (const std::size_t k : b.params) {
-      Tensor p = params_[k];
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      Tensor p = params_[b.params[i]];
       // Views into the bucket: its one buffer is the gradients now (freed when the last of them is).
-      p.set_grad(b.flat.narrow(0, offset, p.numel()).view(p.shape()));
-      offset += p.numel();
+      if (sharded_) {
+        const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - b.shard_bounds[i * (ranks + 1) + r];
+        if (n > 0) shard_grads_[b.params[i]] = b.flat.narrow(0, offset, n);
+        offset += n;
+      } else {
+        p.set_grad(b.flat.narrow(0, offset, p.numel()).view(p.shape()));
+        offset += p.numel();
+      }
     }
     b.flat = Tensor();
   }
+}
+
+Tensor DataParallel::shard_gradient(std::size_t index) const {
+  MT_CHECK(index < shard_grads_.size(), "DataParallel::shard_gradient", "parameter {} of {}", index,
+           shard_grads_.size());
+  return shard_grads_[index];
+}
+
+void DataParallel::combine_disjoint(std::vector<double>& values) {
+  Tensor t = tensor(values, {static_cast<std::int64_t>(values.size())});
+  comm_->all_reduce_sum(t);
+  values.assign(t.data<double>(), t.data<double>() + values.size());
 }
 
 DataParallelStats DataParallel::stats() const {

@@ -12,6 +12,7 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <utility>
@@ -34,6 +35,34 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
   for (const auto& [key, list] : by_device)
     total += ::memtrain::detail::backend_for(list.front().device()).sum_of_squares(list);
   return total;
+}
+
+double canonical_grad_norm(const std::vector<std::int64_t>& numels, const std::vector<GradPiece>& pieces,
+                           const std::function<void(std::vector<double>&)>& combine_disjoint) {
+  constexpr std::int64_t kBlock = 256;
+  std::vector<std::size_t> first_block(numels.size() + 1, 0);
+  for (std::size_t i = 0; i < numels.size(); ++i)
+    first_block[i + 1] = first_block[i] + static_cast<std::size_t>((numels[i] + kBlock - 1) / kBlock);
+  std::vector<double> blocks(first_block.back(), 0.0);
+  for (const GradPiece& piece : pieces) {
+    if (!piece.grad.defined()) continue;
+    MT_CHECK(piece.grad.device().is_cpu() && piece.grad.dtype() == DType::f32 && piece.grad.is_contiguous() &&
+                 piece.begin % kBlock == 0,
+             "canonical_grad_norm", "parameter {}: a piece must be a contiguous CPU f32 gradient starting on a "
+             "{}-element block (got {} {} from element {})", piece.param, kBlock, piece.grad.device().str(),
+             dtype_name(piece.grad.dtype()), piece.begin);
+    const float* g = piece.grad.data<float>();
+    const std::int64_t n = piece.grad.numel();
+    for (std::int64_t at = 0; at < n; at += kBlock) {
+      double sum = 0.0;
+      for (std::int64_t j = at; j < std::min(n, at + kBlock); ++j) sum += static_cast<double>(g[j]) * g[j];
+      blocks[first_block[piece.param] + static_cast<std::size_t>((piece.begin + at) / kBlock)] = sum;
+    }
+  }
+  if (combine_disjoint) combine_disjoint(blocks);
+  double total = 0.0;
+  for (const double b : blocks) total += b;
+  return std::sqrt(total);
 }
 
 }  // namespace detail

@@ -4,6 +4,8 @@
 
 #include "memtrain/core/tensor.h"
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace memtrain::train::detail {
@@ -12,5 +14,20 @@ namespace memtrain::train::detail {
 // contiguous) or through an f32 copy; CUDA tensors are reduced on their device; meta tensors count as zero
 // (see grad_clip.cpp).
 double sum_of_squares(const std::vector<Tensor>& tensors);
+
+// A piece of one parameter's flattened gradient: the whole of it, or a ZeRO shard (first element a multiple of
+// 256).
+struct GradPiece {
+  std::size_t param;   // index into the parameter list the numels describe
+  std::int64_t begin;  // its first element
+  Tensor grad;         // CPU, flat, f32 (undefined: zero)
+};
+
+// The global L2 norm in one canonical order, whatever the split of the gradients over ranks: the sum of
+// squares of each 256-element block of each parameter in double, element by element, then the blocks summed in
+// (parameter, block) order. `numels` are the whole parameters' sizes; `pieces` cover them (whole gradients),
+// or only this rank's shards, and then combine_disjoint (GradientSync) fills in the other ranks' blocks.
+double canonical_grad_norm(const std::vector<std::int64_t>& numels, const std::vector<GradPiece>& pieces,
+                           const std::function<void(std::vector<double>&)>& combine_disjoint = nullptr);
 
 }  // namespace memtrain::train::detail

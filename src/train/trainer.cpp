@@ -9,8 +9,10 @@
 #include "memtrain/core/rng.h"
 #include "core/backend.h"
 #include "core/phase_marks.h"
+#include "memtrain/ops/elementwise.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
+#include "train/grad_norm.h"
 #include "train/gradient_tree.h"
 #include "train/layerwise.h"
 #include "train/progress.h"
@@ -212,6 +214,47 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   if (config_.zero >= 1) shard_optimizer();
 }
 
+bool Trainer::canonical_reduction_on() const {
+  return config_.canonical_reduction || config_.world_size > 1 || sync_ != nullptr;
+}
+
+double Trainer::clip_gradients(const std::vector<Tensor>& params) {
+  const double clip = config_.grad_clip;
+  // The canonical order needs the gradients on the host; a CUDA run keeps its device's reduction.
+  if (!canonical_reduction_on() || !device_.is_cpu())
+    return clip > 0.0 ? clip_grad_norm(params, clip) : global_grad_norm(params);
+  // A norm in one order whatever the split over ranks, so a sharded run clips with the run alone's bits.
+  const bool sharded = config_.zero >= 2 && !whole_params_.empty();
+  std::vector<std::int64_t> numels;
+  for (const Tensor& p : params) numels.push_back(p.numel());
+  std::vector<Tensor> grads;  // what the clip scales: the shards' gradients, or the whole ones
+  std::vector<detail::GradPiece> pieces;
+  if (sharded) {
+    for (const Shard& s : shards_) {
+      grads.push_back(s.view.grad());
+      pieces.push_back({s.index, s.begin, grads.back().defined() ? grads.back().to(DType::f32) : Tensor()});
+    }
+  } else {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      grads.push_back(params[i].grad());
+      const Tensor& g = grads.back();
+      pieces.push_back({i, 0, g.defined() ? g.to(DType::f32).contiguous().view({g.numel()}) : Tensor()});
+    }
+  }
+  const double norm = detail::canonical_grad_norm(
+      numels, pieces, sharded ? std::function<void(std::vector<double>&)>([this](std::vector<double>& blocks) {
+        sync_->combine_disjoint(blocks);
+      })
+                              : nullptr);
+  if (clip > 0.0 && std::isfinite(norm) && norm > clip) {
+    autograd::NoGradGuard no_grad;
+    CategoryGuard category(MemoryCategory::workspace);
+    for (Tensor& g : grads)
+      if (g.defined()) ops::mul_(g, clip / (norm + 1e-6));  // the factor clip_grad_norm applies
+  }
+  return norm;
+}
+
 std::vector<Tensor> Trainer::trained_params() const {
   if (!whole_params_.empty()) return whole_params_;
   std::vector<Tensor> params;
@@ -220,7 +263,7 @@ std::vector<Tensor> Trainer::trained_params() const {
 }
 
 void Trainer::shard_optimizer() {
-  const char* where = "Trainer (zero 1)";
+  const char* where = "Trainer (ZeRO)";
   MT_CHECK(!user_optimizer_, where, "ZeRO-1 shards the optimizer the config describes; an optimizer built by the "
            "caller cannot be rebuilt over shards (pass it with zero 0, or describe it in config.optimizer)");
   // The groups were built over whole tensors, so weight decay (by rank) is each whole tensor's choice; so is
@@ -295,9 +338,9 @@ StepMetrics Trainer::train_step() {
 
   // The canonical tree keeps each micro-batch's gradients apart until its subtree is complete.
   std::optional<detail::GradientTree> tree;
-  if (config_.canonical_reduction || config_.world_size > 1 || sync_) tree.emplace(params);
+  if (canonical_reduction_on()) tree.emplace(params);
   std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
-  if (sync_) sync_->begin_gradients(params);
+  if (sync_) sync_->begin_gradients(params, /*sharded=*/config_.zero >= 2);
   for (std::size_t i = 0; i < batches.size(); ++i) {
     data::Batch batch = std::move(batches[i]);
     if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add
@@ -358,20 +401,17 @@ StepMetrics Trainer::train_step() {
   } else if (skipped) {
     grad_norm = global_grad_norm(params);
   } else {
-    grad_norm = config_.grad_clip > 0.0 ? clip_grad_norm(params, config_.grad_clip) : global_grad_norm(params);
-    if (whole_params_.empty()) {
-      optimizer_->step();
-    } else {
-      // ZeRO-1: this rank steps its shards (their gradients are views of the summed whole gradients), then the
-      // ranks exchange the stepped shards.
-      for (Shard& s : shards_) {
-        const Tensor g = s.whole.grad();
-        s.view.set_grad(g.defined() ? g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.view.numel())
-                                    : Tensor());
-      }
-      optimizer_->step();
-      sync_->gather_shards(whole_params_);
+    // ZeRO-1/2: this rank steps its shards, whose gradients are views of the summed whole gradients (ZeRO-1)
+    // or the summed shards themselves (ZeRO-2), then the ranks exchange the stepped shards.
+    for (Shard& s : shards_) {
+      const Tensor g = config_.zero >= 2 ? sync_->shard_gradient(s.index) : s.whole.grad();
+      s.view.set_grad(!g.defined() || config_.zero >= 2
+                          ? g
+                          : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.view.numel()));
     }
+    grad_norm = clip_gradients(params);
+    optimizer_->step();
+    if (!whole_params_.empty()) sync_->gather_shards(whole_params_);
   }
   if (scaler_) scaler_->update(skipped);
   if (fp8_) fp8_->update_scales();

@@ -254,8 +254,9 @@ void TrainerConfig::validate() const {
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size >= 1, kWhere, "world_size must be >= 1, got {}", world_size);
   MT_CHECK(zero >= 0 && zero <= 2, kWhere, "zero must be 0, 1 or 2 (ZeRO stage), got {}", zero);
-  MT_CHECK(zero != 2, kWhere, "zero 2 is not supported yet: ZeRO-2 (gradients sharded by reduce-scatter during the "
-           "backward) is not built; use zero 1 (sharded optimizer state) or 0");
+  MT_CHECK(zero < 2 || precision != amp::Precision::fp16, kWhere,
+           "zero {} with precision 'fp16': the loss scaler reads every whole gradient, which ZeRO-2 no longer keeps "
+           "(use bf16, or zero 1)", zero);
   MT_CHECK(zero == 0 || galore_rank == 0, kWhere, "zero {} with galore_rank {}: GaLore's row shards with a "
            "replicated projector are not built yet; use zero 0 with GaLore", zero, galore_rank);
   MT_CHECK(zero == 0 || (optimizer.block_size > 0 && kBlock8bit % optimizer.block_size == 0), kWhere,

@@ -197,20 +197,25 @@ std::size_t zero1_state_bytes(const mt::nn::Module& model, bool eight_bit, int r
 }
 
 // ZeRO-1: each rank steps its shard of every parameter with state for that shard alone, then the ranks
-// exchange the stepped shards; the bits stay those of the run alone, and each rank's state is its shards'
-// by the formulas (a shard of a tensor of >= 4096 elements is 8-bit however small it is).
-TEST(DataParallel, ZeroOneShardsTheStateAndKeepsTheBits) {
+// exchange the stepped shards; ZeRO-2: the ranks also keep only their shards of the summed gradients (a
+// reduce-scatter per bucket) and clip by a norm combined from every rank's blocks. The bits stay those of the
+// run alone (clipping active: grad_clip 1), and each rank's state is its shards' by the formulas (a shard of a
+// tensor of >= 4096 elements is 8-bit however small it is).
+TEST(DataParallel, ZeroShardsTheStateAndKeepsTheBits) {
   auto world = mt::dist::world();
   const std::vector<std::pair<mt::optim::Spec, bool>> optimizers = {
       {mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), false},
       {mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), true}};
+  for (const std::int64_t stage : {1, 2})
   for (const auto& [spec, eight_bit] : optimizers) {
     Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
     const RunResult want = finish(alone);
+    EXPECT_GT(alone.trainer->history().front().grad_norm, 1.0) << "the test is about runs that clip";
     TrainerConfig c = config_for(spec, 0, world->size(), world->size());
-    c.zero = 1;
+    c.zero = stage;
     Fixture dp = make(c, world);
-    const std::string what = std::string(spec.to_string()) + " zero 1 at " + std::to_string(world->size());
+    const std::string what =
+        spec.to_string() + " zero " + std::to_string(stage) + " at " + std::to_string(world->size());
     expect_same_bits(finish(dp), want, what);
     EXPECT_EQ(dp.trainer->optimizer().state_bytes(),
               zero1_state_bytes(*dp.model, eight_bit, world->rank(), world->size())) << what;

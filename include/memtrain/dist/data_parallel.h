@@ -62,12 +62,14 @@ class DataParallel : public train::GradientSync {
   void check_same_config(const nlohmann::json& config) override;
   std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override;
   std::vector<double> gather_f64(const std::vector<double>& mine) override;
-  void begin_gradients(const std::vector<Tensor>& params) override;
+  void begin_gradients(const std::vector<Tensor>& params, bool sharded) override;
   void gradient_ready(std::size_t index) override;
   void finish_gradients() override;
   void barrier() override { comm_->barrier(); }
   std::vector<std::int64_t> shard_bounds(std::int64_t numel) override;
   void gather_shards(const std::vector<Tensor>& params) override;
+  Tensor shard_gradient(std::size_t index) const override;
+  void combine_disjoint(std::vector<double>& values) override;
 
   const DataParallelOptions& options() const { return options_; }
   DataParallelStats stats() const;
@@ -79,8 +81,11 @@ class DataParallel : public train::GradientSync {
     std::vector<std::size_t> params;  // indices into params_, in reverse parameter order
     std::int64_t numel = 0;
     std::size_t bytes = 0;
+    // ZeRO-2's layout: the packed bucket holds rank 0's shards of its parameters, then rank 1's, ...
+    std::vector<std::int64_t> part_bounds;   // where each rank's part begins (size() + 1 entries)
+    std::vector<std::int64_t> shard_bounds;  // per parameter, flattened: that parameter's shard_bounds
     std::size_t unreported = 0;  // this step: parameters not yet reported ready
-    Tensor flat;                 // this step: the packed gradients, then their sum
+    Tensor flat;                 // this step: the packed gradients, then their sum (ZeRO-2: this rank's part)
   };
   std::shared_ptr<Communicator> comm_;
   DataParallelOptions options_;
@@ -88,6 +93,8 @@ class DataParallel : public train::GradientSync {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // by parameter index
   std::vector<bool> reported_;          // by parameter index, this step
+  bool sharded_ = false;                // this step: ZeRO-2
+  std::vector<Tensor> shard_grads_;     // by parameter index, ZeRO-2: this rank's summed shard
 
   // The communication thread sums buckets[next_sum_] once it is packed, in index order.
   std::thread worker_;

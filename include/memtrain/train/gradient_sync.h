@@ -35,8 +35,9 @@ class GradientSync {
   // taken as zero); the Trainer calls it from the gradient-ready hooks of the step's last backward, so the
   // sums of complete buckets can run while the backward goes on. finish_gradients takes every parameter not
   // reported yet as ready, waits for all sums, and leaves each .grad holding the canonical sum over every
-  // rank's block, the same bits on every rank.
-  virtual void begin_gradients(const std::vector<Tensor>& params) = 0;
+  // rank's block, the same bits on every rank. With `sharded` (ZeRO-2) each rank keeps only the sum of its
+  // shard of each gradient instead (shard_gradient), and every .grad is left undefined.
+  virtual void begin_gradients(const std::vector<Tensor>& params, bool sharded) = 0;
   virtual void gradient_ready(std::size_t index) = 0;
   virtual void finish_gradients() = 0;
   // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).
@@ -48,6 +49,12 @@ class GradientSync {
   virtual std::vector<std::int64_t> shard_bounds(std::int64_t numel) = 0;
   // After the shards' step: every rank's shard of each parameter (contiguous) copied to every rank.
   virtual void gather_shards(const std::vector<Tensor>& params) = 0;
+  // ZeRO-2, after finish_gradients: the summed gradient of this rank's shard of params[index], flat (undefined
+  // when the shard is empty).
+  virtual Tensor shard_gradient(std::size_t index) const = 0;
+  // `values`: entries each nonzero on at most one rank; afterwards every rank holds all of them (exact, since
+  // only zeros are added to each).
+  virtual void combine_disjoint(std::vector<double>& values) = 0;
 };
 
 }  // namespace memtrain::train

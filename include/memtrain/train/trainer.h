@@ -228,6 +228,8 @@ class Trainer {
   std::vector<Shard> shards_;
   void shard_optimizer();
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's
+  bool canonical_reduction_on() const;          // the canonical tree (and, on the CPU, the canonical norm)
+  double clip_gradients(const std::vector<Tensor>& params);  // clips by config.grad_clip; returns the norm
   // The optimizer state in checkpoint keys ("<index in trained_params()>.<name>") and back: the same keys
   // unless the optimizer holds ZeRO-1 shards.
   optim::StateDict state_by_param_index() const;
