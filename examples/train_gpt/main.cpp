@@ -28,7 +28,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline,
+  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
       galore_targets;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
       checkpoint_interval;
@@ -335,6 +335,8 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step (per rank under mpirun)");
   app.add_option("--zero", f.zero, "ZeRO stage of a data-parallel run under mpirun (0: plain data parallel, "
                  "1: optimizer state sharded, checkpoints with a file per rank)");
+  app.add_option("--bucket", f.bucket, "data parallel: gradient bucket size after the first (default 25MiB; "
+                 "smaller buckets start their sums sooner and, with --zero 2, hold fewer whole gradients)");
   app.add_option("--checkpoint-interval", f.checkpoint_interval, "steps between checkpoints (0: none; default 200)");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
@@ -414,7 +416,9 @@ int main(int argc, char** argv) {
 
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
-    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world);
+    dist::DataParallelOptions dp_options;
+    if (f.bucket) dp_options.bucket_bytes = parse_byte_size(*f.bucket, "--bucket");
+    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world, dp_options);
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();

@@ -54,6 +54,7 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
   params_ = params;
   buckets_.clear();
   bucket_of_.assign(params.size(), 0);
+  slot_of_.assign(params.size(), 0);
   for (std::size_t k = params.size(); k-- > 0;) {
     const Tensor& p = params[k];
     MT_CHECK(p.device().is_cpu(), "DataParallel", "parameter {} ({}) is on {}: the MPI communicator sums CPU "
@@ -67,6 +68,7 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
       buckets_.back().dtype = p.dtype();
     }
     Bucket& b = buckets_.back();
+    slot_of_[k] = b.params.size();
     b.params.push_back(k);
     b.numel += p.numel();
     b.bytes += bytes;
@@ -93,6 +95,7 @@ void DataParallel::begin_gradients(const std::vector<Tensor>& params, bool shard
            "the previous step's sums did not finish ({} of {} buckets)", next_sum_, buckets_.size());
   for (Bucket& b : buckets_) {
     b.unreported = b.params.size();
+    b.filling = Tensor();
     b.flat = Tensor();
   }
   reported_.assign(params_.size(), false);
@@ -108,41 +111,45 @@ void DataParallel::gradient_ready(std::size_t index) {
   MT_CHECK(index < params_.size(), "DataParallel::gradient_ready", "parameter {} of {}", index, params_.size());
   if (reported_[index]) return;
   reported_[index] = true;
+  copy_in(index);
   const std::size_t b = bucket_of_[index];
   if (--buckets_[b].unreported == 0) pack(b);
 }
 
+void DataParallel::copy_in(std::size_t param) {
+  Bucket& b = buckets_[bucket_of_[param]];
+  autograd::NoGradGuard no_grad;
+  CategoryGuard category(MemoryCategory::gradients);
+  if (!b.filling.defined()) b.filling = Tensor::empty({b.numel}, b.dtype, Device::cpu());
+  // Plain: each parameter's gradient whole, one after another. ZeRO-2: part by part (rank q's shards of every
+  // parameter, then rank q + 1's), the layout reduce_scatter_canonical hands out.
+  const std::size_t i = slot_of_[param];
+  const std::size_t ranks = sharded_ ? static_cast<std::size_t>(comm_->size()) : 1;
+  Tensor p = params_[param];
+  const Tensor g = p.grad();
+  for (std::size_t q = 0; q < ranks; ++q) {
+    std::int64_t offset = sharded_ ? b.part_bounds[q] : 0;
+    for (std::size_t j = 0; j < i; ++j)
+      offset += sharded_ ? b.shard_bounds[j * (ranks + 1) + q + 1] - b.shard_bounds[j * (ranks + 1) + q]
+                         : params_[b.params[j]].numel();
+    const std::int64_t begin = sharded_ ? b.shard_bounds[i * (ranks + 1) + q] : 0;
+    const std::int64_t n = sharded_ ? b.shard_bounds[i * (ranks + 1) + q + 1] - begin : p.numel();
+    Tensor slot = b.filling.narrow(0, offset, n);
+    if (g.defined()) {
+      slot.copy_(g.contiguous().view({p.numel()}).narrow(0, begin, n));
+    } else {
+      slot.zero_();  // no gradient on this rank: zero, since another rank's block may have one
+    }
+  }
+  p.set_grad(Tensor());  // the bucket holds it now
+}
+
 void DataParallel::pack(std::size_t bucket) {
   Bucket& b = buckets_[bucket];
-  Tensor flat;
-  {
-    autograd::NoGradGuard no_grad;
-    CategoryGuard category(MemoryCategory::gradients);
-    flat = Tensor::empty({b.numel}, b.dtype, Device::cpu());
-    // Plain: each parameter's gradient whole, one after another. ZeRO-2: part by part (rank q's shards of
-    // every parameter, then rank q + 1's), the layout reduce_scatter_canonical hands out.
-    const std::size_t ranks = sharded_ ? static_cast<std::size_t>(comm_->size()) : 1;
-    std::int64_t offset = 0;
-    for (std::size_t q = 0; q < ranks; ++q) {
-      for (std::size_t i = 0; i < b.params.size(); ++i) {
-        const Tensor& p = params_[b.params[i]];
-        const std::int64_t begin = sharded_ ? b.shard_bounds[i * (ranks + 1) + q] : 0;
-        const std::int64_t n = sharded_ ? b.shard_bounds[i * (ranks + 1) + q + 1] - begin : p.numel();
-        Tensor slot = flat.narrow(0, offset, n);
-        const Tensor g = p.grad();
-        if (g.defined()) {
-          slot.copy_(g.contiguous().view({p.numel()}).narrow(0, begin, n));
-        } else {
-          slot.zero_();  // no gradient on this rank: zero, since another rank's block may have one
-        }
-        offset += n;
-      }
-    }
-    for (const std::size_t k : b.params) Tensor(params_[k]).set_grad(Tensor());  // the bucket holds them now
-  }
   {
     std::lock_guard lock(mutex_);
-    b.flat = std::move(flat);
+    b.flat = std::move(b.filling);
+    b.filling = Tensor();
     packed_[bucket] = true;
     if (!finishing_) ++stats_.early_buckets;
   }
@@ -219,10 +226,10 @@ void DataParallel::finish_gradients() {
   }
 }
 
-Tensor DataParallel::shard_gradient(std::size_t index) const {
-  MT_CHECK(index < shard_grads_.size(), "DataParallel::shard_gradient", "parameter {} of {}", index,
+Tensor DataParallel::take_shard_gradient(std::size_t index) {
+  MT_CHECK(index < shard_grads_.size(), "DataParallel::take_shard_gradient", "parameter {} of {}", index,
            shard_grads_.size());
-  return shard_grads_[index];
+  return std::exchange(shard_grads_[index], Tensor());
 }
 
 void DataParallel::combine_disjoint(std::vector<double>& values) {

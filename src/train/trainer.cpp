@@ -404,7 +404,7 @@ StepMetrics Trainer::train_step() {
     // ZeRO-1/2: this rank steps its shards, whose gradients are views of the summed whole gradients (ZeRO-1)
     // or the summed shards themselves (ZeRO-2), then the ranks exchange the stepped shards.
     for (Shard& s : shards_) {
-      const Tensor g = config_.zero >= 2 ? sync_->shard_gradient(s.index) : s.whole.grad();
+      const Tensor g = config_.zero >= 2 ? sync_->take_shard_gradient(s.index) : s.whole.grad();
       s.view.set_grad(!g.defined() || config_.zero >= 2
                           ? g
                           : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.view.numel()));

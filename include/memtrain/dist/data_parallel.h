@@ -68,7 +68,7 @@ class DataParallel : public train::GradientSync {
   void barrier() override { comm_->barrier(); }
   std::vector<std::int64_t> shard_bounds(std::int64_t numel) override;
   void gather_shards(const std::vector<Tensor>& params) override;
-  Tensor shard_gradient(std::size_t index) const override;
+  Tensor take_shard_gradient(std::size_t index) override;
   void combine_disjoint(std::vector<double>& values) override;
 
   const DataParallelOptions& options() const { return options_; }
@@ -85,6 +85,7 @@ class DataParallel : public train::GradientSync {
     std::vector<std::int64_t> part_bounds;   // where each rank's part begins (size() + 1 entries)
     std::vector<std::int64_t> shard_bounds;  // per parameter, flattened: that parameter's shard_bounds
     std::size_t unreported = 0;  // this step: parameters not yet reported ready
+    Tensor filling;              // this step: gradients copied in as they are reported (the trainer's thread)
     Tensor flat;                 // this step: the packed gradients, then their sum (ZeRO-2: this rank's part)
   };
   std::shared_ptr<Communicator> comm_;
@@ -92,6 +93,7 @@ class DataParallel : public train::GradientSync {
   std::vector<Tensor> params_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // by parameter index
+  std::vector<std::size_t> slot_of_;    // by parameter index: its position in its bucket's params
   std::vector<bool> reported_;          // by parameter index, this step
   bool sharded_ = false;                // this step: ZeRO-2
   std::vector<Tensor> shard_grads_;     // by parameter index, ZeRO-2: this rank's summed shard
@@ -108,7 +110,8 @@ class DataParallel : public train::GradientSync {
   DataParallelStats stats_;
 
   void plan_buckets(const std::vector<Tensor>& params);
-  void pack(std::size_t bucket);  // the trainer's thread: copy its gradients in, hand it to the worker
+  void copy_in(std::size_t param);  // the trainer's thread: into its bucket, freeing the gradient at once
+  void pack(std::size_t bucket);    // the trainer's thread: hand a complete bucket to the worker
   void gather_shard_group(const std::vector<Tensor>& params);  // one dtype, one all_gather
   void run_worker();
 };

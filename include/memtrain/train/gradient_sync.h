@@ -50,8 +50,8 @@ class GradientSync {
   // After the shards' step: every rank's shard of each parameter (contiguous) copied to every rank.
   virtual void gather_shards(const std::vector<Tensor>& params) = 0;
   // ZeRO-2, after finish_gradients: the summed gradient of this rank's shard of params[index], flat (undefined
-  // when the shard is empty).
-  virtual Tensor shard_gradient(std::size_t index) const = 0;
+  // when the shard is empty), handed over: the sync keeps no reference, so it is freed with the caller's.
+  virtual Tensor take_shard_gradient(std::size_t index) = 0;
   // `values`: entries each nonzero on at most one rank; afterwards every rank holds all of them (exact, since
   // only zeros are added to each).
   virtual void combine_disjoint(std::vector<double>& values) = 0;
