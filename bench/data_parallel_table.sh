@@ -8,7 +8,7 @@
 #
 # Usage: bench/data_parallel_table.sh
 # Environment: MEMTRAIN_BUILD_DIR (build), SKIP_BUILD=1, STEPS (14), WARMUP (4), ROUNDS (3), SEQ (128),
-#   MICRO (4), WORK (scratch dir, default a mktemp).
+#   MICRO (4), ZERO (0: the ZeRO stage of the 2-rank runs), WORK (scratch dir, default a mktemp).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
@@ -16,7 +16,7 @@ cd "$MEMTRAIN_ROOT"
 
 # shellcheck source=bench/train_gpt_common.sh
 source bench/train_gpt_common.sh
-steps=${STEPS:-14} warmup=${WARMUP:-4} rounds=${ROUNDS:-3} seq=${SEQ:-128} micro=${MICRO:-4}
+steps=${STEPS:-14} warmup=${WARMUP:-4} rounds=${ROUNDS:-3} seq=${SEQ:-128} micro=${MICRO:-4} zero=${ZERO:-0}
 command -v mpirun > /dev/null || mt_die "mpirun is missing (bash scripts/setup.sh installs Open MPI)"
 mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe -np 2)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none  # see docs/distributed.md
@@ -37,16 +37,17 @@ OMP_NUM_THREADS=2 "$bin" "${base[@]}" --steps 1 --out-dir "$work/prep" > "$work/
 declare -a one two
 printf '%-22s %5s %14s %12s\n' run round "median step s" "tokens/s"
 for ((r = 1; r <= rounds; ++r)); do
-  OMP_NUM_THREADS=2 "$bin" "${base[@]}" --steps "$steps" --grad-accum 2 --out-dir "$work/one$r" > "$work/one$r.log" 2>&1 ||
+  OMP_NUM_THREADS=2 "$bin" "${base[@]}" --steps "$steps" --grad-accum 2 --checkpoint-interval 0 --out-dir "$work/one$r" > "$work/one$r.log" 2>&1 ||
     { cat "$work/one$r.log"; mt_die "1 rank x 2 threads failed"; }
   read -r s rate < <(step_stats "$work/one$r/metrics.jsonl")
   one+=("$s")
   printf '%-22s %5d %14.3f %12.0f\n' "1 rank x 2 threads" "$r" "$s" "$rate"
-  OMP_NUM_THREADS=1 "${mpirun_cmd[@]}" "$bin" "${base[@]}" --steps "$steps" --grad-accum 1 --out-dir "$work/two$r" \
+  OMP_NUM_THREADS=1 "${mpirun_cmd[@]}" "$bin" "${base[@]}" --steps "$steps" --grad-accum 1 --zero "$zero" \
+    --checkpoint-interval 0 --out-dir "$work/two$r" \
     > "$work/two$r.log" 2>&1 || { cat "$work/two$r.log"; mt_die "2 ranks x 1 thread failed"; }
   read -r s rate < <(step_stats "$work/two$r/metrics.jsonl")
   two+=("$s")
-  printf '%-22s %5d %14.3f %12.0f\n' "2 ranks x 1 thread" "$r" "$s" "$rate"
+  printf '%-22s %5d %14.3f %12.0f\n' "2 ranks x 1 thread z$zero" "$r" "$s" "$rate"
 done
 "$py" -c 'import statistics, sys
 n = len(sys.argv) // 2

@@ -248,7 +248,7 @@ std::string DataParallelStats::describe() const {
                                  "{:.1f} MiB in all; {:.3f} s summing, {:.3f} s of it waited for after the backward",
                                  steps, buckets, early_buckets, static_cast<double>(bytes) / (1 << 20), sum_seconds,
                                  wait_seconds);
-  if (gather_seconds > 0.0) line += fmt::format("; {:.3f} s gathering the ZeRO-1 shards", gather_seconds);
+  if (gather_seconds > 0.0) line += fmt::format("; {:.3f} s gathering the stepped shards (ZeRO)", gather_seconds);
   return line;
 }
 

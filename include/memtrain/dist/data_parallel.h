@@ -46,7 +46,7 @@ struct DataParallelStats {
   std::size_t bytes = 0;          // gradient bytes summed
   double sum_seconds = 0.0;       // the sums themselves, on the communication thread
   double wait_seconds = 0.0;      // the trainer blocked after its backward, waiting for sums not yet done
-  double gather_seconds = 0.0;    // ZeRO-1: exchanging the stepped shards
+  double gather_seconds = 0.0;    // ZeRO-1/2: exchanging the stepped shards
   std::string describe() const;  // one line for the run's report
 };
 
