@@ -10,6 +10,7 @@
 #include "memtrain/nn/linear.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/reduce.h"
+#include "error_text.h"
 #include "temp_dir.h"
 
 #include <gtest/gtest.h>
@@ -26,14 +27,7 @@ namespace {
 using ckpt::Policy;
 using test_support::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test_support::error_of;
 
 void expect_contains(const std::string& text, const std::vector<std::string>& parts) {
   for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in: " << text;
