@@ -53,10 +53,14 @@ double canonical_grad_norm(const std::vector<std::int64_t>& numels, const std::v
              dtype_name(piece.grad.dtype()), piece.begin);
     const float* g = piece.grad.data<float>();
     const std::int64_t n = piece.grad.numel();
-    for (std::int64_t at = 0; at < n; at += kBlock) {
+    double* out = blocks.data() + first_block[piece.param] + static_cast<std::size_t>(piece.begin / kBlock);
+    // Blocks in parallel: each block's own sum is sequential, so the bits do not depend on the threads.
+#pragma omp parallel for schedule(static) if (n > 64 * kBlock)
+    for (std::int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
       double sum = 0.0;
-      for (std::int64_t j = at; j < std::min(n, at + kBlock); ++j) sum += static_cast<double>(g[j]) * g[j];
-      blocks[first_block[piece.param] + static_cast<std::size_t>((piece.begin + at) / kBlock)] = sum;
+      for (std::int64_t j = b * kBlock; j < std::min(n, (b + 1) * kBlock); ++j)
+        sum += static_cast<double>(g[j]) * g[j];
+      out[b] = sum;
     }
   }
   if (combine_disjoint) combine_disjoint(blocks);
