@@ -191,6 +191,28 @@ std::size_t GaLore::index_of(const Tensor& param) const {
 
 bool GaLore::is_projected(const Tensor& param) const { return entries_[index_of(param)].projector != nullptr; }
 
+Shape GaLore::projected_shape(const Tensor& param) const {
+  MT_CHECK(is_projected(param), kWhere, "param of shape {} is not projected (it is in a plain group)",
+           shape_str(param.shape()));
+  const std::int64_t m = param.size(0), n = param.size(1);
+  return GaLoreProjector::projected_shape(GaLoreProjector::side_for(galore_.proj_type, m, n), m, n, galore_.rank);
+}
+
+void GaLore::shard_projected_state(StateShards shards) {
+  MT_CHECK(shards.range && shards.gather, kWhere, "shard_projected_state needs both a range and a gather");
+  for (const Entry& e : entries_)
+    MT_CHECK(e.steps == 0 && e.base.step() == 0, kWhere,
+             "shard_projected_state after the first step: the state already covers whole tensors");
+  shards_ = std::move(shards);
+}
+
+ParamGroup GaLore::range_group(const ParamGroup& group, const Tensor& part, std::int64_t r_numel) {
+  ParamGroup hyper = hyper_of(group, 0.0);
+  hyper.params = {part};
+  hyper.whole_numel = {r_numel};
+  return hyper;
+}
+
 const GaLoreProjector* GaLore::projector(const Tensor& param) const {
   return entries_[index_of(param)].projector.get();
 }
@@ -206,7 +228,7 @@ void GaLore::update(Tensor& param, const Tensor& grad, const ParamGroup& group, 
   }
   // R and the workspace below are temporaries: update() runs under MemoryCategory::workspace, and the
   // projector allocates its refreshed basis under optimizer_state itself.
-  const Tensor R = entry.projector->project(grad_f32(grad, param.device()), entry.base.step());
+  const Tensor R = entry.projector->project(grad_f32(grad, param.device()), entry.steps);
   step_projected(param, R, group, entry);
 }
 
@@ -214,7 +236,18 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
   // On the parameter's device: the base rule then dispatches to its device kernels, and its state lives there.
   Tensor delta = zeros(R.shape(), DType::f32, param.device());
   // R is finite: G passed the base class's gate and the basis is orthonormal.
-  rule_->step_external(delta, R, hyper_of(group, 0.0), entry.base, /*grad_checked=*/true);
+  if (!projected_state_sharded()) {
+    rule_->step_external(delta, R, hyper_of(group, 0.0), entry.base, /*grad_checked=*/true);
+  } else {
+    const auto [begin, end] = shards_.range(R.numel());
+    if (end > begin) {
+      Tensor part = delta.view({R.numel()}).narrow(0, begin, end - begin);
+      const Tensor r_part = R.view({R.numel()}).narrow(0, begin, end - begin);
+      rule_->step_external(part, r_part, range_group(group, part, R.numel()), entry.base, /*grad_checked=*/true);
+    }
+    shards_.gather(delta);
+  }
+  ++entry.steps;
   const float decay = static_cast<float>(1.0 - group.lr * group.weight_decay);
   entry.projector->project_back_add(delta, param, decay);  // param = param * decay + project_back(delta)
 }
@@ -226,6 +259,46 @@ const ParamGroup& GaLore::group_of(std::size_t index) const {
   }
   MT_CHECK(false, kWhere, "parameter index {} is past the {} parameters", index, entries_.size());
   return param_groups().front();
+}
+
+const Tensor& GaLore::param_of(std::size_t index) const {
+  for (const ParamGroup& g : param_groups()) {
+    if (index < g.params.size()) return g.params[index];
+    index -= g.params.size();
+  }
+  MT_CHECK(false, kWhere, "parameter index {} is past the {} parameters", index, entries_.size());
+  return param_groups().front().params.front();
+}
+
+void GaLore::save_sharded(std::size_t i, const Tensor& param, StateDict& out, StateCopy copy) const {
+  const Entry& e = entries_[i];
+  const auto [begin, end] = shards_.range(shape_numel(projected_shape(param)));
+  if (end > begin) {
+    rule_->save_external(e.base, std::to_string(i), out, copy);  // its step count is e.steps
+  } else {
+    out.emplace(key_of(i, "step"), tensor<std::int64_t>({e.steps}, {}));  // no range of R here: the count alone
+  }
+}
+
+void GaLore::load_sharded(const StateDict& dict, std::size_t i, const Tensor& param, const ParamGroup& group,
+                          std::set<std::string>& used, const std::string& where, Entry& entry) {
+  const std::int64_t r_numel = shape_numel(projected_shape(param));
+  const auto [begin, end] = shards_.range(r_numel);
+  if (end > begin) {
+    // A stand-in of the range: init_state reads only its shape, dtype and device (and R's whole size).
+    CategoryGuard category(MemoryCategory::workspace);
+    const Tensor like = Tensor::empty({end - begin}, DType::f32, param.device());
+    entry.base = rule_->load_external(dict, std::to_string(i), like, range_group(group, like, r_numel), used, where);
+    entry.steps = entry.base.step();
+    return;
+  }
+  const std::string key = key_of(i, "step");
+  const auto it = dict.find(key);
+  MT_CHECK(it != dict.end() && it->second.numel() == 1 && it->second.dtype() == DType::i64, where,
+           "key '{}' should hold the step count (one i64) of projected param {}", key, i);
+  used.insert(key);
+  entry.steps = it->second.contiguous().data<std::int64_t>()[0];
+  MT_CHECK(entry.steps >= 0, where, "key '{}' holds a negative step {}", key, entry.steps);
 }
 
 GaLore::Entry& GaLore::projected_entry(const Tensor& param, const char* who) {
@@ -255,7 +328,7 @@ void GaLore::accumulate(const Tensor& param, const Tensor& grad) {
   if (!entry.accumulated.defined()) {
     // The first micro-batch: project() refreshes the basis when this step is a refresh step.
     CategoryGuard category(MemoryCategory::gradients);
-    entry.accumulated = entry.projector->project(G, entry.base.step());
+    entry.accumulated = entry.projector->project(G, entry.steps);
     return;
   }
   entry.projector->project_add(G, entry.accumulated);
@@ -313,7 +386,11 @@ StateDict GaLore::collect_state(StateCopy copy) const {
   StateDict out;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
-    rule_->save_external(e.base, std::to_string(i), out, copy);
+    if (e.projector && projected_state_sharded()) {
+      save_sharded(i, param_of(i), out, copy);
+    } else {
+      rule_->save_external(e.base, std::to_string(i), out, copy);
+    }
     if (!e.projector || e.projector->refresh_count() == 0) continue;
     const GaLoreProjector& proj = *e.projector;
     if (proj.left_matrix().defined()) out.emplace(key_of(i, "galore.left"), collected(proj.left_matrix(), copy));
@@ -346,14 +423,16 @@ void GaLore::load_state_dict(const StateDict& dict) {
       e.projector = std::make_unique<GaLoreProjector>(projector_options(i));
       const std::int64_t m = param.size(0), n = param.size(1);
       const auto side = GaLoreProjector::side_for(galore_.proj_type, m, n);
-      {
+      if (projected_state_sharded()) {
+        load_sharded(dict, i, param, group, used, where, e);
+      } else {
         // A stand-in of R's shape: init_state reads only its shape, dtype and device.
         CategoryGuard category(MemoryCategory::workspace);
-        const Tensor like =
-            Tensor::empty(GaLoreProjector::projected_shape(side, m, n, galore_.rank), DType::f32, param.device());
+        const Tensor like = Tensor::empty(projected_shape(param), DType::f32, param.device());
         e.base = rule_->load_external(dict, prefix, like, hyper_of(group, 0.0), used, where);
+        e.steps = e.base.step();
       }
-      if (e.base.step() > 0) {
+      if (e.steps > 0) {
         // A side the projector does not keep has no key; a stray one is reported as unexpected below.
         auto take = [&](const char* name, bool wanted) {
           if (!wanted) return Tensor();

@@ -178,24 +178,26 @@ optim::StateDict Trainer::checkpoint_state(const std::string& path, const std::m
     pieces = detail::load_state_shards(path, meta_i64(meta, "zero_shards", path));
   } else {
     detail::StateShard whole{std::move(in_file), {}};
-    for (std::size_t i = 0; i < params.size(); ++i) whole.shards[i] = {0, params[i].numel()};
+    for (std::size_t i = 0; i < params.size(); ++i) whole.shards[i] = {0, shape_numel(state_shape(i))};
     pieces.push_back(std::move(whole));
   }
   detail::ShardMap want;
   if (whole_params_.empty()) {
-    for (std::size_t i = 0; i < params.size(); ++i) want[i] = {0, params[i].numel()};
+    for (std::size_t i = 0; i < params.size(); ++i) want[i] = {0, shape_numel(state_shape(i))};
   } else {
-    for (const Shard& s : shards_) want[s.index] = {s.begin, s.begin + s.view.numel()};
+    for (const Shard& s : shards_) want[s.index] = {s.begin, s.begin + s.count};
   }
   optim::StateDict state = detail::reshard_state(pieces, want, fmt::format("load_checkpoint: '{}'", path));
   if (whole_params_.empty()) {
-    // Shards are flat; a whole tensor's 32-bit moments have its shape (8-bit codes and absmax stay flat).
+    // Shards are flat; a whole tensor's 32-bit moments have its state's shape (8-bit codes and absmax stay
+    // flat, and what every rank keeps whole, a step count or a GaLore basis, is as it was saved).
     for (auto& [key, t] : state) {
       const std::size_t dot = key.find('.');
-      const Tensor& p = params.at(std::stoull(key.substr(0, dot)));
+      const Shape shape = state_shape(std::stoull(key.substr(0, dot)));
       const std::string_view name = std::string_view(key).substr(dot + 1);
-      if (name != "step" && !name.ends_with(".codes") && !name.ends_with(".absmax") && t.numel() == p.numel())
-        t = t.reshape(p.shape());
+      if (!detail::replicated_state(name) && !name.ends_with(".codes") && !name.ends_with(".absmax") &&
+          t.numel() == shape_numel(shape))
+        t = t.reshape(shape);
     }
   }
   return state_by_optimizer_slot(std::move(state));
@@ -210,7 +212,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
   if (sharded) {
     // ZeRO-1: every rank writes its shards' state; the main file, written last, makes the checkpoint exist.
     detail::StateShard mine{state_by_param_index(), {}};
-    for (const Shard& s : shards_) mine.shards[s.index] = {s.begin, s.begin + s.view.numel()};
+    for (const Shard& s : shards_) mine.shards[s.index] = {s.begin, s.begin + s.count};
     detail::save_state_shard(path, sync_->rank(), sync_->world_size(), mine);
     sync_->barrier();
     if (!writes_files()) return;

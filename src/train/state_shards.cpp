@@ -36,6 +36,8 @@ bool per_block(std::string_view name) { return name.ends_with(".absmax"); }
 
 }  // namespace
 
+bool replicated_state(std::string_view name) { return name == "step" || name.starts_with("galore."); }
+
 std::string state_shard_path(const std::string& checkpoint, std::int64_t rank, std::int64_t ranks) {
   return fmt::format("{}.rank{}of{}", checkpoint, rank, ranks);
 }
@@ -77,7 +79,6 @@ std::vector<StateShard> load_state_shards(const std::string& checkpoint, std::in
 }
 
 optim::StateDict reshard_state(const std::vector<StateShard>& pieces, const ShardMap& want, const std::string& where) {
-  // State names of each parameter and the pieces that hold some of it, in element order.
   struct Piece {
     const StateShard* shard;
     std::int64_t begin, end;
@@ -85,12 +86,16 @@ optim::StateDict reshard_state(const std::vector<StateShard>& pieces, const Shar
   optim::StateDict out;
   for (const auto& [index, range] : want) {
     const auto [begin, end] = range;
-    std::vector<Piece> covering;
+    // Every piece that holds some of the parameter (perhaps only its replicated state), and those among them
+    // that hold elements of [begin, end), in element order.
+    std::vector<Piece> holding, covering;
     for (const StateShard& s : pieces) {
       const auto it = s.shards.find(index);
-      if (it != s.shards.end() && it->second.first < end && it->second.second > begin)
-        covering.push_back({&s, it->second.first, it->second.second});
+      if (it == s.shards.end()) continue;
+      holding.push_back({&s, it->second.first, it->second.second});
+      if (it->second.first < end && it->second.second > begin) covering.push_back(holding.back());
     }
+    MT_CHECK(!holding.empty(), where, "parameter {}: no saved shard holds its state", index);
     std::sort(covering.begin(), covering.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
     // The pieces must tile [begin, end) with no gap, and cut it only at block boundaries.
     std::int64_t at = begin;
@@ -102,15 +107,19 @@ optim::StateDict reshard_state(const std::vector<StateShard>& pieces, const Shar
     }
     MT_CHECK(at == end, where, "parameter {}: the saved shards hold its elements only up to {} of [{}, {})", index,
              at, begin, end);
-    // Every state name of the parameter, from the first piece (all pieces have the same names).
+    // The state names of the parameter: a piece with an empty range holds only the replicated ones.
     const std::string prefix = std::to_string(index) + ".";
-    for (const auto& [key, first] : covering.front().shard->state) {
-      if (!key.starts_with(prefix)) continue;
+    std::map<std::string, const Tensor*> names;  // key -> the first piece's tensor of it
+    for (const Piece& p : holding)
+      for (const auto& [key, t] : p.shard->state)
+        if (key.starts_with(prefix)) names.emplace(key, &t);
+    for (const auto& [key, first] : names) {
       const std::string name = split_key(key, where).second;
-      if (first.numel() == 1 && name == "step") {
-        out[key] = first;
+      if (replicated_state(name)) {
+        out[key] = *first;
         continue;
       }
+      if (begin == end) continue;
       std::vector<Tensor> parts;
       at = begin;
       for (const Piece& p : covering) {

@@ -46,15 +46,19 @@ struct TrainModeRestorer {
 
 // The configured optimizer over the model's parameters: weights decay, biases and norms do not; with
 // galore_rank > 0 the weights galore_targets chooses (default: attention and MLP) step in GaLore's space.
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const nn::NamedTensors& named) {
-  const optim::Spec& spec = c.optimizer;
-  if (c.galore_rank == 0) return spec.make(optim::decay_groups(named, spec.lr, spec.weight_decay));
+std::unique_ptr<optim::GaLore> make_galore(const TrainerConfig& c, optim::GaLoreGroups groups) {
   optim::GaLoreSpec g;
   g.rank = c.galore_rank;
   g.update_gap = c.galore_update_gap;
   g.scale = c.galore_scale;
   g.proj_type = c.galore_proj_type;
   g.svd = c.galore_svd;
+  return std::make_unique<optim::GaLore>(c.optimizer, g, std::move(groups));
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const nn::NamedTensors& named) {
+  const optim::Spec& spec = c.optimizer;
+  if (c.galore_rank == 0) return spec.make(optim::decay_groups(named, spec.lr, spec.weight_decay));
   optim::GaLoreGroups groups;
   try {
     groups = optim::galore_groups(named, spec.lr, spec.weight_decay, c.galore_targets);
@@ -66,7 +70,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const n
            "'.weight' parameters below a module named attn, self_attn or mlp); choose them with galore_targets "
            "(e.g. \"*.w_in.weight\"). The 2-D parameters are: {}",
            c.galore_rank, optim::describe_matrices(named));
-  return std::make_unique<optim::GaLore>(spec, g, std::move(groups));
+  return make_galore(c, std::move(groups));
 }
 
 // A user-built optimizer must step the model's own parameters, and every one that requires grad: a gradient
@@ -266,26 +270,60 @@ void Trainer::shard_optimizer() {
   const char* where = "Trainer (ZeRO)";
   MT_CHECK(!user_optimizer_, where, "ZeRO-1 shards the optimizer the config describes; an optimizer built by the "
            "caller cannot be rebuilt over shards (pass it with zero 0, or describe it in config.optimizer)");
+  const auto* galore = dynamic_cast<const optim::GaLore*>(optimizer_.get());
+  const auto range_of = [this](std::int64_t numel) {
+    const std::vector<std::int64_t> bounds = sync_->shard_bounds(numel);
+    return std::pair<std::int64_t, std::int64_t>(bounds[sync_->rank()], bounds[sync_->rank() + 1]);
+  };
   // The groups were built over whole tensors, so weight decay (by rank) is each whole tensor's choice; so is
   // 8-bit state, through whole_numel.
   std::vector<optim::ParamGroup> groups = optimizer_->param_groups();
+  optim::GaLoreGroups split;  // the same groups, for GaLore
   for (optim::ParamGroup& g : groups) {
+    const bool projected = galore != nullptr && !g.params.empty() && galore->is_projected(g.params.front());
     std::vector<Tensor> whole = std::move(g.params);
     g.params.clear();
     g.whole_numel.clear();
     for (const Tensor& p : whole) {
       whole_params_.push_back(p);
-      const std::vector<std::int64_t> bounds = sync_->shard_bounds(p.numel());
-      const std::int64_t begin = bounds[sync_->rank()], end = bounds[sync_->rank() + 1];
+      if (projected) {  // held whole; GaLore shards its state over R's elements
+        const auto [begin, end] = range_of(shape_numel(galore->projected_shape(p)));
+        g.params.push_back(p);
+        shards_.push_back({p, p, begin, end - begin, whole_params_.size() - 1, true});
+        continue;
+      }
+      exchanged_params_.push_back(p);
+      const auto [begin, end] = range_of(p.numel());
       if (begin == end) continue;  // a small tensor: lower ranks hold it
       Tensor view = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
       g.params.push_back(view);
       g.whole_numel.push_back(p.numel());
-      shards_.push_back({p, view, begin, whole_params_.size() - 1});
+      shards_.push_back({p, view, begin, end - begin, whole_params_.size() - 1, false});
     }
+    if (galore != nullptr) (projected ? split.projected : split.plain).push_back(g);
   }
-  optimizer_.reset();  // the whole tensors' optimizer goes before the shards' is made
-  optimizer_ = config_.optimizer.make(std::move(groups));
+  // The whole tensors' optimizer goes before the shards' is made.
+  if (galore == nullptr) {
+    optimizer_.reset();
+    optimizer_ = config_.optimizer.make(std::move(groups));
+    return;
+  }
+  optimizer_.reset();
+  std::unique_ptr<optim::GaLore> sharded = make_galore(config_, std::move(split));
+  sharded->shard_projected_state({range_of, [this](Tensor& flat) { sync_->gather_shards({flat}); }});
+  optimizer_ = std::move(sharded);
+}
+
+Shape Trainer::state_shape(std::size_t i) const {
+  const Tensor p = trained_params().at(i);
+  const auto* galore = dynamic_cast<const optim::GaLore*>(optimizer_.get());
+  if (galore == nullptr) return p.shape();
+  // Sharded, the optimizer holds a plain weight's shard, not the weight: ask it only about what it holds whole.
+  const bool projected = whole_params_.empty() ? galore->is_projected(p)
+                                               : std::any_of(shards_.begin(), shards_.end(), [&](const Shard& s) {
+                                                   return s.index == i && s.projected;
+                                                 });
+  return projected ? galore->projected_shape(p) : p.shape();
 }
 
 Trainer::~Trainer() {
@@ -404,14 +442,15 @@ StepMetrics Trainer::train_step() {
     // ZeRO-1/2: this rank steps its shards, whose gradients are views of the summed whole gradients (ZeRO-1)
     // or the summed shards themselves (ZeRO-2), then the ranks exchange the stepped shards.
     for (Shard& s : shards_) {
+      if (s.projected) continue;  // stepped whole, from its whole gradient
       const Tensor g = config_.zero >= 2 ? sync_->take_shard_gradient(s.index) : s.whole.grad();
       s.view.set_grad(!g.defined() || config_.zero >= 2
                           ? g
-                          : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.view.numel()));
+                          : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.count));
     }
     grad_norm = clip_gradients(params);
     optimizer_->step();
-    if (!whole_params_.empty()) sync_->gather_shards(whole_params_);
+    if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_);
   }
   if (scaler_) scaler_->update(skipped);
   if (fp8_) fp8_->update_scales();

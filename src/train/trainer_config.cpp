@@ -257,8 +257,9 @@ void TrainerConfig::validate() const {
   MT_CHECK(zero < 2 || precision != amp::Precision::fp16, kWhere,
            "zero {} with precision 'fp16': the loss scaler reads every whole gradient, which ZeRO-2 no longer keeps "
            "(use bf16, or zero 1)", zero);
-  MT_CHECK(zero == 0 || galore_rank == 0, kWhere, "zero {} with galore_rank {}: GaLore's row shards with a "
-           "replicated projector are not built yet; use zero 0 with GaLore", zero, galore_rank);
+  MT_CHECK(zero < 2 || galore_rank == 0, kWhere, "zero {} with galore_rank {}: under ZeRO-1 every rank projects "
+           "the whole summed gradient; ZeRO-2 keeps only a shard of it, and a projection of the shards (a "
+           "reduce-scatter of R) is not built yet: use zero 1 with GaLore", zero, galore_rank);
   MT_CHECK(zero == 0 || (optimizer.block_size > 0 && kBlock8bit % optimizer.block_size == 0), kWhere,
            "zero {} with optimizer.block_size {}: shard boundaries fall every {} elements, so the 8-bit blocks of a "
            "shard are the whole tensor's only for block sizes that divide {}", zero, optimizer.block_size,

@@ -1,14 +1,15 @@
 // Data parallel training over dist::world(), run by ctest alone and under mpirun at 2, 3 and 4 ranks: the tiny
 // GPT trained for 20 steps on a global batch of 8 micro-batches (6 at 3 ranks) gives the same losses and
 // weights, bit for bit, as the same global batch trained alone with the canonical reduction: AdamW, 8-bit
-// AdamW and 8-bit GaLore, AdamW in fp16 and bf16, small buckets started during the backward, and ZeRO-1 (with
-// each rank's optimizer state by formula). Checkpoints written at N ranks resume alone or sharded on the same
-// bits; a config that differs between ranks is refused naming the field; a world size that does not match the
-// launcher's is refused.
+// AdamW and 8-bit GaLore, AdamW in fp16 and bf16, small buckets started during the backward, and ZeRO-1/2
+// (each rank's optimizer state by formula; 8-bit GaLore at ZeRO-1). Checkpoints written at N ranks resume alone
+// or sharded on the same bits; a config that differs between ranks is refused naming the field; a world size
+// that does not match the launcher's is refused.
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/communicator.h"
 #include "memtrain/dist/data_parallel.h"
 #include "memtrain/io/safetensors.h"
+#include "memtrain/optim/galore.h"
 #include "memtrain/train/trainer.h"
 
 #include "error_text.h"
@@ -186,39 +187,59 @@ TEST(DataParallel, ACheckpointWrittenAtNRanksResumesAloneOnTheSameBits) {
 
 // The optimizer state one rank keeps under ZeRO-1, by docs/memory.md's formulas applied to its shard of each
 // parameter (dist::shard_bounds: boundaries on 256-element blocks); 8-bit or not by the whole tensor's size.
-std::size_t zero1_state_bytes(const mt::nn::Module& model, bool eight_bit, int rank, int ranks) {
+// With GaLore, a projected weight's state is that of its shard of the projected gradient R (r x n when m <= n,
+// else m x r), plus the whole basis (min(m, n) x r floats) that every rank keeps.
+std::size_t zero1_state_bytes(const mt::nn::Module& model, bool eight_bit, std::int64_t galore_rank, int rank,
+                              int ranks) {
   std::size_t bytes = 0;
-  for (const auto& [name, p] : model.named_parameters()) {
-    const std::vector<std::int64_t> b = mt::dist::shard_bounds(p.numel(), ranks, 256);
+  const auto shard_bytes = [&](std::int64_t numel) {
+    const std::vector<std::int64_t> b = mt::dist::shard_bounds(numel, ranks, 256);
     const auto n = static_cast<std::size_t>(b[static_cast<std::size_t>(rank) + 1] - b[static_cast<std::size_t>(rank)]);
-    bytes += eight_bit && p.numel() >= 4096 ? 2 * n + 8 * ((n + 255) / 256) : 8 * n;
+    return eight_bit && numel >= 4096 ? 2 * n + 8 * ((n + 255) / 256) : 8 * n;
+  };
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (galore_rank == 0 || !mt::optim::is_galore_target(name, p)) {
+      bytes += shard_bytes(p.numel());
+      continue;
+    }
+    const std::int64_t m = p.size(0), n = p.size(1);
+    bytes += shard_bytes(galore_rank * (m <= n ? n : m)) + 4 * static_cast<std::size_t>(std::min(m, n) * galore_rank);
   }
   return bytes;
 }
 
 // ZeRO-1: each rank steps its shard of every parameter with state for that shard alone, then the ranks
-// exchange the stepped shards; ZeRO-2: the ranks also keep only their shards of the summed gradients (a
-// reduce-scatter per bucket) and clip by a norm combined from every rank's blocks. The bits stay those of the
-// run alone (clipping active: grad_clip 1), and each rank's state is its shards' by the formulas (a shard of a
-// tensor of >= 4096 elements is 8-bit however small it is).
+// exchange the stepped shards; with GaLore every rank projects the whole gradient of a projected weight and
+// steps its shard of R, the ranks exchange the projected update and each adds it to its whole weight. ZeRO-2:
+// the ranks also keep only their shards of the summed gradients (a reduce-scatter per bucket) and clip by a
+// norm combined from every rank's blocks. The bits stay those of the run alone (clipping active: grad_clip 1),
+// and each rank's state is its shards' by the formulas (a shard of a tensor of >= 4096 elements is 8-bit
+// however small it is).
 TEST(DataParallel, ZeroShardsTheStateAndKeepsTheBits) {
   auto world = mt::dist::world();
-  const std::vector<std::pair<mt::optim::Spec, bool>> optimizers = {
-      {mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), false},
-      {mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), true}};
+  struct Optimizer {
+    mt::optim::Spec spec;
+    bool eight_bit;
+    std::int64_t galore_rank;
+  };
+  const std::vector<Optimizer> optimizers = {
+      {mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}), false, 0},
+      {mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), true, 0},
+      {mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), true, 4}};
   for (const std::int64_t stage : {1, 2})
-  for (const auto& [spec, eight_bit] : optimizers) {
-    Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+  for (const auto& [spec, eight_bit, galore_rank] : optimizers) {
+    if (stage == 2 && galore_rank > 0) continue;  // refused: tests/test_trainer.cpp
+    Fixture alone = make(config_for(spec, galore_rank, 1, world->size()), mt::dist::single_process());
     const RunResult want = finish(alone);
     EXPECT_GT(alone.trainer->history().front().grad_norm, 1.0) << "the test is about runs that clip";
-    TrainerConfig c = config_for(spec, 0, world->size(), world->size());
+    TrainerConfig c = config_for(spec, galore_rank, world->size(), world->size());
     c.zero = stage;
     Fixture dp = make(c, world);
-    const std::string what =
-        spec.to_string() + " zero " + std::to_string(stage) + " at " + std::to_string(world->size());
+    const std::string what = spec.to_string() + (galore_rank > 0 ? " galore" : "") + " zero " +
+                             std::to_string(stage) + " at " + std::to_string(world->size());
     expect_same_bits(finish(dp), want, what);
     EXPECT_EQ(dp.trainer->optimizer().state_bytes(),
-              zero1_state_bytes(*dp.model, eight_bit, world->rank(), world->size())) << what;
+              zero1_state_bytes(*dp.model, eight_bit, galore_rank, world->rank(), world->size())) << what;
     if (world->size() > 1)
       EXPECT_LT(dp.trainer->optimizer().state_bytes(), alone.trainer->optimizer().state_bytes()) << what;
   }
@@ -226,60 +247,65 @@ TEST(DataParallel, ZeroShardsTheStateAndKeepsTheBits) {
 
 // A ZeRO-1 checkpoint is the main file plus one file of optimizer state per rank. Written at N ranks after 10
 // of 20 steps, it resumes on the run alone's bits both alone (unsharded) and at N ranks (sharded again), and
-// an unsharded checkpoint resumes into shards; a missing shard file is refused naming it.
+// an unsharded checkpoint resumes into shards; a missing shard file is refused naming it. With GaLore (a basis
+// refresh falls on step 10, right after the resume) the shards hold ranges of R and every rank the basis.
 TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
   auto world = mt::dist::world();
   const mt::optim::Spec spec = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
-  Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
-  const RunResult want = finish(alone);
-  const std::vector<double> first_half(want.losses.begin(), want.losses.begin() + 10);
-  TrainerConfig sharded = config_for(spec, 0, world->size(), world->size());
-  sharded.zero = 1;
+  for (const std::int64_t galore_rank : {0, 4}) {
+    const std::string what = galore_rank > 0 ? "galore: " : "";
+    Fixture alone = make(config_for(spec, galore_rank, 1, world->size()), mt::dist::single_process());
+    const RunResult want = finish(alone);
+    const std::vector<double> first_half(want.losses.begin(), want.losses.begin() + 10);
+    TrainerConfig sharded = config_for(spec, galore_rank, world->size(), world->size());
+    sharded.zero = 1;
 
-  const std::string dir = world->broadcast_string(
-      (std::filesystem::temp_directory_path() / ("memtrain_zero1_" + std::to_string(::getpid()))).string(), 0);
-  if (world->rank() == 0) std::filesystem::create_directories(dir);
-  world->barrier();
-  const std::string path = dir + "/zero1.safetensors", plain = dir + "/plain.safetensors";
-  {
-    Fixture dp = make(sharded, world);
-    for (int s = 0; s < 10; ++s) dp.trainer->train_step();
-    dp.trainer->save_checkpoint(path);  // every rank: its shard file, then rank 0 the main file
-    Fixture half = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
-    for (int s = 0; s < 10; ++s) half.trainer->train_step();
-    if (world->rank() == 0) half.trainer->save_checkpoint(plain);
+    const std::string dir = world->broadcast_string(
+        (std::filesystem::temp_directory_path() / ("memtrain_zero1_" + std::to_string(::getpid()))).string(), 0);
+    if (world->rank() == 0) std::filesystem::create_directories(dir);
+    world->barrier();
+    const std::string path = dir + "/zero1.safetensors", plain = dir + "/plain.safetensors";
+    {
+      Fixture dp = make(sharded, world);
+      for (int s = 0; s < 10; ++s) dp.trainer->train_step();
+      dp.trainer->save_checkpoint(path);  // every rank: its shard file, then rank 0 the main file
+      Fixture half = make(config_for(spec, galore_rank, 1, world->size()), mt::dist::single_process());
+      for (int s = 0; s < 10; ++s) half.trainer->train_step();
+      if (world->rank() == 0) half.trainer->save_checkpoint(plain);
+      world->barrier();
+    }
+    if (world->size() > 1) {
+      EXPECT_TRUE(std::filesystem::exists(path + ".rank1of" + std::to_string(world->size())));
+      EXPECT_EQ(mt::io::load_safetensors_metadata(path).at("zero_shards"), std::to_string(world->size()));
+    }
+    {
+      Fixture resumed = make(config_for(spec, galore_rank, 1, world->size()), mt::dist::single_process());
+      resumed.trainer->load_checkpoint(path);
+      expect_same_bits(finish(resumed, first_half), want, what + "zero 1 checkpoint resumed alone");
+    }
+    {
+      Fixture resumed = make(sharded, world);
+      resumed.trainer->load_checkpoint(path);
+      expect_same_bits(finish(resumed, first_half), want, what + "zero 1 checkpoint resumed sharded");
+    }
+    {
+      Fixture resumed = make(sharded, world);
+      resumed.trainer->load_checkpoint(plain);
+      expect_same_bits(finish(resumed, first_half), want, what + "unsharded checkpoint resumed sharded");
+    }
+    world->barrier();
+    if (world->size() > 1) {
+      const std::string shard1 = path + ".rank1of" + std::to_string(world->size());
+      if (world->rank() == 0) std::filesystem::rename(shard1, shard1 + ".moved");
+      world->barrier();
+      Fixture resumed = make(config_for(spec, galore_rank, 1, world->size()), mt::dist::single_process());
+      const std::string e = mt::test_support::error_of([&] { resumed.trainer->load_checkpoint(path); });
+      EXPECT_NE(e.find("shard file '" + shard1 + "' is missing"), std::string::npos) << what << e;
+    }
+    world->barrier();
+    if (world->rank() == 0) std::filesystem::remove_all(dir);
     world->barrier();
   }
-  if (world->size() > 1) {
-    EXPECT_TRUE(std::filesystem::exists(path + ".rank1of" + std::to_string(world->size())));
-    EXPECT_EQ(mt::io::load_safetensors_metadata(path).at("zero_shards"), std::to_string(world->size()));
-  }
-  {
-    Fixture resumed = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
-    resumed.trainer->load_checkpoint(path);
-    expect_same_bits(finish(resumed, first_half), want, "zero 1 checkpoint resumed alone");
-  }
-  {
-    Fixture resumed = make(sharded, world);
-    resumed.trainer->load_checkpoint(path);
-    expect_same_bits(finish(resumed, first_half), want, "zero 1 checkpoint resumed sharded");
-  }
-  {
-    Fixture resumed = make(sharded, world);
-    resumed.trainer->load_checkpoint(plain);
-    expect_same_bits(finish(resumed, first_half), want, "unsharded checkpoint resumed sharded");
-  }
-  world->barrier();
-  if (world->size() > 1) {
-    const std::string shard1 = path + ".rank1of" + std::to_string(world->size());
-    if (world->rank() == 0) std::filesystem::rename(shard1, shard1 + ".moved");
-    world->barrier();
-    Fixture resumed = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
-    const std::string e = mt::test_support::error_of([&] { resumed.trainer->load_checkpoint(path); });
-    EXPECT_NE(e.find("shard file '" + shard1 + "' is missing"), std::string::npos) << e;
-  }
-  world->barrier();
-  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(DataParallel, RefusesAConfigThatDiffersBetweenRanksNamingTheField) {

@@ -36,7 +36,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -98,7 +100,25 @@ class GaLore final : public Optimizer {
   std::size_t projector_bytes() const;        // the projectors' bases
   std::size_t plain_state_bytes() const;      // base state of the plain parameters
 
+  // ZeRO-1 (train::Trainer with config.zero 1): every rank holds the whole summed gradient G of a projected W,
+  // so every rank computes the same R and refreshes the same basis (the projector is replicated: no exchange,
+  // the decomposition runs on identical inputs). The base state covers only this rank's `range` of R's
+  // elements (boundaries on 256-element blocks, so a range's 8-bit blocks are the whole R's; 8-bit or not by
+  // R's whole size). A rank steps its range of the update D, `gather` fills in the other ranks' ranges (all
+  // ranks call it together, projected parameter by projected parameter in order: an all-gather of R's size,
+  // r*n or m*r floats, never W's), and every rank adds the same P D (or D Q^T) to its whole W, so W itself
+  // needs no exchange. Call before the first step and before load_state_dict. Checkpoint keys then hold each
+  // base state tensor flat, over the range alone; "i.step" is written even by a rank whose range is empty.
+  struct StateShards {
+    std::function<std::pair<std::int64_t, std::int64_t>(std::int64_t numel)> range;  // this rank's [begin, end)
+    std::function<void(Tensor& flat)> gather;  // fills the other ranks' ranges of a whole contiguous tensor
+  };
+  void shard_projected_state(StateShards shards);
+  bool projected_state_sharded() const { return static_cast<bool>(shards_.gather); }
+
   bool is_projected(const Tensor& param) const;
+  // R's shape for projected `param` (m, n): (r, n), (m, r) or (r, r) by the projection side.
+  Shape projected_shape(const Tensor& param) const;
   // The projector of a projected parameter (nullptr for a plain one); throws for a tensor not in a group.
   const GaLoreProjector* projector(const Tensor& param) const;
   const GaLoreSpec& galore_spec() const { return galore_; }
@@ -128,6 +148,7 @@ class GaLore final : public Optimizer {
     std::unique_ptr<GaLoreProjector> projector;  // null for a plain parameter
     ExternalState base;                          // the base rule's state (R's shape when projected)
     Tensor accumulated;                          // sum of this step's projected micro-batch gradients
+    std::int64_t steps = 0;                      // updates made (the base's step count, kept with a sharded one)
     bool skip = false;                           // a non-finite micro-batch gradient was seen this step
   };
   // (number of projected groups, all groups with the spec's family options)
@@ -140,7 +161,17 @@ class GaLore final : public Optimizer {
   Entry& projected_entry(const Tensor& param, const char* who);
   const ParamGroup& group_of(std::size_t index) const;
 
+  // Saves / loads the base state of projected entry `i` when it is sharded (see StateShards).
+  void save_sharded(std::size_t i, const Tensor& param, StateDict& out, StateCopy copy) const;
+  // Fills entry.base and entry.steps.
+  void load_sharded(const StateDict& dict, std::size_t i, const Tensor& param, const ParamGroup& group,
+                    std::set<std::string>& used, const std::string& where, Entry& entry);
+  const Tensor& param_of(std::size_t index) const;  // by state_dict numbering
+  // hyper_of(group, 0) over `part`, a range of the whole R of `r_numel` elements.
+  static ParamGroup range_group(const ParamGroup& group, const Tensor& part, std::int64_t r_numel);
+
   GaLoreSpec galore_;
+  StateShards shards_;  // empty unless sharded
   std::string name_;
   std::unique_ptr<Optimizer> rule_;  // the base optimizer, holding no parameters: its rule and checks
   std::vector<Entry> entries_;       // by parameter index (state_dict numbering)

@@ -217,16 +217,21 @@ class Trainer {
   std::shared_ptr<detail::SyncHooks> sync_hooks_;  // with sync_: its gradient-ready hooks
   bool user_optimizer_ = false;                    // given to the constructor, not built from the config
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
-  // whole_params_ are the parameters themselves, in the groups' order.
+  // whole_params_ are the parameters themselves, in the groups' order. A GaLore-projected weight is held whole
+  // (every rank steps it alike) and only its state is sharded, over the elements of its projected gradient R.
   struct Shard {
     Tensor whole;
-    Tensor view;  // elements [begin, begin + view.numel()) of whole, flattened
-    std::int64_t begin = 0;
-    std::size_t index = 0;  // of whole in whole_params_ (the key of its state in checkpoints)
+    Tensor view;  // what the optimizer steps: elements [begin, begin + count) of whole, flattened (or whole)
+    std::int64_t begin = 0, count = 0;  // the range of the state: of whole's elements, or of R's when projected
+    std::size_t index = 0;              // of whole in whole_params_ (the key of its state in checkpoints)
+    bool projected = false;
   };
   std::vector<Tensor> whole_params_;
+  std::vector<Tensor> exchanged_params_;  // those of whole_params_ whose stepped shards the ranks exchange
   std::vector<Shard> shards_;
   void shard_optimizer();
+  // The shape of parameter i's (of trained_params()) optimizer state: R's for a GaLore-projected weight.
+  Shape state_shape(std::size_t i) const;
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's
   bool canonical_reduction_on() const;          // the canonical tree (and, on the CPU, the canonical norm)
   double clip_gradients(const std::vector<Tensor>& params);  // clips by config.grad_clip; returns the norm
