@@ -68,10 +68,12 @@ struct TrainerConfig {
   // ZeRO stage. 0: plain data parallel (every rank keeps every gradient and all optimizer state). 1: each rank
   // steps, and keeps optimizer state for, only its shard of each parameter (dist::shard_bounds: rows of the
   // flattened tensor, boundaries on the 8-bit block of 256), then the ranks exchange the stepped shards; for
-  // the elementwise optimizers (not Adafactor) with 8-bit blocks of at most 256, without GaLore for now.
+  // the elementwise optimizers (not Adafactor) with 8-bit blocks of at most 256. With GaLore a projected
+  // weight is stepped whole by every rank and only its projected state is sharded (optim::GaLore::StateShards).
   // Checkpoints then hold a file per rank beside the main one, and resume at any world size. At world_size 1
   // there is nothing to shard. 2: each rank also keeps only its shard of the summed gradients (a reduce-scatter
-  // per bucket) and clips by a canonical global norm; not with fp16 (its scaler reads whole gradients).
+  // per bucket) and clips by a canonical global norm; not with fp16 (its scaler reads whole gradients) nor
+  // GaLore (it projects whole gradients).
   std::int64_t zero = 0;
   // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
   // each into .grad as it comes: costs up to log2(grad_accum) extra gradient sets, and gives the bits of a
