@@ -39,7 +39,7 @@ if(MEMTRAIN_HAVE_CUDA)
   set(_mt_cuda_rpath "$ORIGIN" ${CUDAToolkit_LIBRARY_DIR})
   message(STATUS "memtrain: CUDA backend ON (${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
 
-  # cuDNN and NCCL: optional. cuDNN, when found, is linked for conv2d; NCCL is found and reported only.
+  # cuDNN and NCCL: optional. cuDNN, when found, is linked for conv2d; NCCL for dist::make_nccl_communicator.
   # Besides the toolkit and the usual system paths, look in MEMTRAIN_CUDNN_ROOT / MEMTRAIN_NCCL_ROOT and in
   # the layouts of the pip wheels (nvidia-cudnn-cu13, nvidia-nccl-cu13):
   # site-packages/nvidia/{cudnn,nccl,cu13}/{include,lib}.
@@ -82,7 +82,14 @@ if(MEMTRAIN_HAVE_CUDA)
     message(STATUS "memtrain: cuDNN not found (optional; set MEMTRAIN_CUDNN_ROOT)")
   endif()
   if(MEMTRAIN_NCCL_INCLUDE_DIR AND MEMTRAIN_NCCL_LIBRARY)
-    message(STATUS "memtrain: NCCL found (${MEMTRAIN_NCCL_LIBRARY}); not used yet")
+    # Only src/cuda/cuda_nccl.cpp sees nccl.h; without NCCL it compiles to an entry point that says so.
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/cuda_nccl.cpp PROPERTIES
+                                COMPILE_DEFINITIONS MEMTRAIN_HAVE_NCCL=1
+                                INCLUDE_DIRECTORIES ${MEMTRAIN_NCCL_INCLUDE_DIR})
+    target_link_libraries(memtrain_cuda PRIVATE ${MEMTRAIN_NCCL_LIBRARY})
+    get_filename_component(_mt_nccl_dir ${MEMTRAIN_NCCL_LIBRARY} DIRECTORY)
+    list(APPEND _mt_cuda_rpath ${_mt_nccl_dir})
+    message(STATUS "memtrain: NCCL found (${MEMTRAIN_NCCL_LIBRARY}); dist::make_nccl_communicator uses it")
   else()
     message(STATUS "memtrain: NCCL not found (optional; set MEMTRAIN_NCCL_ROOT)")
   endif()

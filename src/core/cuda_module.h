@@ -8,13 +8,18 @@
 // guards against a module left from another build.
 #pragma once
 
+#include <memory>
 #include <string>
+
+namespace memtrain::dist {
+class Communicator;
+}  // namespace memtrain::dist
 
 namespace memtrain::detail {
 
 class Backend;
 
-inline constexpr int kCudaModuleAbi = 1;
+inline constexpr int kCudaModuleAbi = 2;
 inline constexpr const char* kCudaModuleSymbol = "memtrain_cuda_module";
 inline constexpr const char* kCudaModuleFile = "libmemtrain_cuda.so";
 
@@ -25,6 +30,9 @@ struct CudaModule {
   int (*device_count)() = nullptr;                // usable devices; 0 when none
   std::string (*unavailable_reason)() = nullptr;  // "" when a device is usable
   void (*synchronize)(int device) = nullptr;      // throws as cuda::synchronize documents
+  // An NCCL group over `bootstrap`'s ranks (dist::make_nccl_communicator), or nullptr with `why` set.
+  std::shared_ptr<dist::Communicator> (*nccl_communicator)(std::shared_ptr<dist::Communicator> bootstrap,
+                                                           std::string& why) = nullptr;
 };
 
 // The loaded module, or nullptr with `why` naming the file and the loader's error (or that this build has

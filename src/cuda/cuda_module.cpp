@@ -8,6 +8,12 @@ namespace memtrain::detail {
 const Backend* cuda_backend(std::string& why);  // src/cuda/cuda_tensor_backend.cpp
 }  // namespace memtrain::detail
 
+namespace memtrain::cuda::detail {
+// src/cuda/cuda_nccl.cpp
+std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist::Communicator> bootstrap,
+                                                           std::string& why);
+}  // namespace memtrain::cuda::detail
+
 extern "C" __attribute__((visibility("default"))) const memtrain::detail::CudaModule* memtrain_cuda_module() {
   namespace cuda = memtrain::cuda;
   static const memtrain::detail::CudaModule module{
@@ -16,6 +22,7 @@ extern "C" __attribute__((visibility("default"))) const memtrain::detail::CudaMo
       .device_count = &cuda::detail::usable_device_count,
       .unavailable_reason = &cuda::detail::unusable_reason,
       .synchronize = &cuda::detail::synchronize_device,
+      .nccl_communicator = &cuda::detail::make_nccl_communicator,
   };
   return &module;
 }

@@ -21,6 +21,11 @@ void check_sharded(std::string_view op, const Communicator& comm, const Tensor& 
                    const std::vector<std::int64_t>& bounds, const Tensor& mine) {
   check_host_tensor(op, full, "the full tensor");
   check_host_tensor(op, mine, "mine");
+  check_shard_layout(op, comm, full, bounds, mine);
+}
+
+void check_shard_layout(std::string_view op, const Communicator& comm, const Tensor& full,
+                        const std::vector<std::int64_t>& bounds, const Tensor& mine) {
   MT_CHECK(mine.dtype() == full.dtype(), op, "mine is {} but the full tensor is {}", dtype_name(mine.dtype()),
            dtype_name(full.dtype()));
   const auto size = static_cast<std::size_t>(comm.size());

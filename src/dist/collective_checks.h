@@ -20,5 +20,8 @@ void check_root(std::string_view op, int root, int size);
 // both of one dtype.
 void check_sharded(std::string_view op, const Communicator& comm, const Tensor& full,
                    const std::vector<std::int64_t>& bounds, const Tensor& mine);
+// The same without the CPU check, for a backend on device tensors (which checks their device itself).
+void check_shard_layout(std::string_view op, const Communicator& comm, const Tensor& full,
+                        const std::vector<std::int64_t>& bounds, const Tensor& mine);
 
 }  // namespace memtrain::dist::detail

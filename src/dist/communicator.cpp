@@ -2,6 +2,7 @@
 // world(), which picks the MPI backend when a launcher started this process.
 #include "memtrain/dist/communicator.h"
 
+#include "core/cuda_module.h"
 #include "dist/mpi_backend.h"
 
 #include <algorithm>
@@ -92,6 +93,17 @@ std::shared_ptr<Communicator> world() {
   // A function-local static: built once, thread-safely; a failed build throws and is retried by the next call.
   static const std::shared_ptr<Communicator> the_world = make_world();
   return the_world;
+}
+
+std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator> bootstrap) {
+  const char* where = "dist::make_nccl_communicator";
+  MT_CHECK(bootstrap != nullptr, where, "the bootstrap group is null");
+  std::string why;
+  const ::memtrain::detail::CudaModule* module = ::memtrain::detail::cuda_module(why);
+  MT_CHECK(module != nullptr, where, "no CUDA backend: {}", why);
+  std::shared_ptr<Communicator> made = module->nccl_communicator(std::move(bootstrap), why);
+  MT_CHECK(made != nullptr, where, "{}", why);
+  return made;
 }
 
 bool mpi_built() {

@@ -14,8 +14,8 @@
 //   the same bits.
 //
 // Element types: f64 and f32 are summed in their own type; bf16 and f16 are summed in f32 and rounded once at
-// the end. Tensors are CPU, contiguous; `out` tensors are written in place and must have the stated numel and
-// the input's dtype. Every wait is bounded by timeout_seconds(): a peer that does not answer in time (dead,
+// the end. Tensors are contiguous, on the CPU (backends "single", "mpi") or on the rank's GPU ("nccl"); `out`
+// tensors are written in place and must have the stated numel and the input's dtype. Every wait is bounded by timeout_seconds(): a peer that does not answer in time (dead,
 // or stuck) raises dist::PeerTimeout naming this rank, the peer and the operation, never a hang. After a
 // PeerTimeout that operation's outputs are undefined; a peer that joins it late completes it (its messages go
 // to the abandoned operation, not to the next one), otherwise end the run with abort_world.
@@ -53,7 +53,7 @@ class Communicator {
   virtual int size() const = 0;
   // The rank among the processes on this host (one GPU per local rank).
   virtual int local_rank() const = 0;
-  virtual std::string backend() const = 0;  // "single" or "mpi"
+  virtual std::string backend() const = 0;  // "single", "mpi" or "nccl"
 
   double timeout_seconds() const { return timeout_seconds_; }
   void set_timeout_seconds(double s);  // > 0; default 300, or $MEMTRAIN_DIST_TIMEOUT
@@ -92,6 +92,14 @@ std::shared_ptr<Communicator> world();
 std::shared_ptr<Communicator> single_process();
 // Whether this build has the MPI backend.
 bool mpi_built();
+// A new NCCL group over `bootstrap`'s ranks (the launcher's, by default), for CUDA tensors: rank r
+// communicates on cuda:<its local rank> (one GPU per rank), rank 0's NCCL id broadcast over `bootstrap`, which
+// also carries the host values (all_gather_f64/i64, broadcast_string). Collectives run on the group's own
+// stream, ordered after the calling thread's current stream by events and before its later work (no host
+// sync); the canonical sums exchange parts point to point and add them on the device in the canonical order,
+// with the MPI backend's bits. Every rank calls it together; throws naming the reason when one cannot (no CUDA
+// backend, a build without NCCL, no device, more ranks on a host than it has GPUs). Keep the group for the run.
+std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator> bootstrap = world());
 // Ends every process of the run with exit status `code`: MPI_Abort when MPI is up (the launcher then stops the
 // other ranks, including one stuck in a collective), std::exit otherwise. What a caller does after PeerTimeout.
 [[noreturn]] void abort_world(int code);
