@@ -314,6 +314,16 @@ void Trainer::shard_optimizer() {
   optimizer_ = std::move(sharded);
 }
 
+void Trainer::set_shard_gradients() {
+  for (Shard& s : shards_) {
+    if (s.projected) continue;  // stepped whole, from its whole gradient
+    const Tensor g = config_.zero >= 2 ? sync_->take_shard_gradient(s.index) : s.whole.grad();
+    s.view.set_grad(!g.defined() || config_.zero >= 2
+                        ? g
+                        : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.count));
+  }
+}
+
 Shape Trainer::state_shape(std::size_t i) const {
   const Tensor p = trained_params().at(i);
   const auto* galore = dynamic_cast<const optim::GaLore*>(optimizer_.get());
@@ -425,29 +435,35 @@ StepMetrics Trainer::train_step() {
   for (const double l : weighted_losses) loss_value += l;
 
   mark("optimizer step");
+  // ZeRO-1/2: this rank steps its shards, whose gradients are the summed shards themselves (ZeRO-2, taken
+  // before anything reads them) or views of the summed whole gradients (ZeRO-1, taken once the loss scaler
+  // has unscaled those); then the ranks exchange the stepped shards.
+  const bool grad_shards = config_.zero >= 2 && !whole_params_.empty();
+  if (grad_shards) set_shard_gradients();
   // fp16: gradients back in true units before anything reads them; an overflow skips the whole step.
   const std::optional<double> loss_scale = scaler_ ? std::optional<double>(scaler_->scale()) : std::nullopt;
   bool skipped = false;
   if (scaler_) {
     std::vector<Tensor> grads;
-    for (const Tensor& p : params) grads.push_back(p.grad());
+    if (grad_shards) {
+      for (const Shard& s : shards_) grads.push_back(s.view.grad());
+    } else {
+      for (const Tensor& p : params) grads.push_back(p.grad());
+    }
     skipped = !scaler_->unscale_(grads);
+    // Each rank saw only its shards: the step is skipped when any rank found an overflow.
+    if (grad_shards) {
+      const std::vector<std::int64_t> any = sync_->gather_i64({skipped ? 1 : 0});
+      skipped = std::find(any.begin(), any.end(), 1) != any.end();
+    }
   }
   double grad_norm = 0.0;
   if (layerwise_) {
     grad_norm = layerwise_->finish_step();
   } else if (skipped) {
-    grad_norm = global_grad_norm(params);
+    grad_norm = grad_shards ? clip_gradients(params) : global_grad_norm(params);  // not finite: nothing clipped
   } else {
-    // ZeRO-1/2: this rank steps its shards, whose gradients are views of the summed whole gradients (ZeRO-1)
-    // or the summed shards themselves (ZeRO-2), then the ranks exchange the stepped shards.
-    for (Shard& s : shards_) {
-      if (s.projected) continue;  // stepped whole, from its whole gradient
-      const Tensor g = config_.zero >= 2 ? sync_->take_shard_gradient(s.index) : s.whole.grad();
-      s.view.set_grad(!g.defined() || config_.zero >= 2
-                          ? g
-                          : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.count));
-    }
+    if (!whole_params_.empty() && !grad_shards) set_shard_gradients();
     grad_norm = clip_gradients(params);
     optimizer_->step();
     if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_);

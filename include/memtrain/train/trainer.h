@@ -230,6 +230,8 @@ class Trainer {
   std::vector<Tensor> exchanged_params_;  // those of whole_params_ whose stepped shards the ranks exchange
   std::vector<Shard> shards_;
   void shard_optimizer();
+  // Gives this rank's shards their gradients: the summed shards (ZeRO-2) or views of the whole gradients.
+  void set_shard_gradients();
   // The shape of parameter i's (of trained_params()) optimizer state: R's for a GaLore-projected weight.
   Shape state_shape(std::size_t i) const;
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's
