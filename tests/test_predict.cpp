@@ -8,10 +8,12 @@
 #include "memtrain/core/rng.h"
 #include "memtrain/optim/spec.h"
 #include "memtrain/ops/linalg.h"
+#include "memtrain/train/fit.h"
 #include "memtrain/train/predict.h"
 #include "core/backend.h"
 #include "core/work_counter.h"
 
+#include "error_text.h"
 #include "tiny_lm.h"
 #include "token_dataset.h"
 
@@ -124,6 +126,20 @@ TEST(PredictMemory, LeavesTheRngStreamAndTheCpuAllocatorAsTheyWere) {
   EXPECT_EQ(mt::get_rng_state().offset, rng.offset);
   EXPECT_EQ(mt::get_rng_state().seed, rng.seed);
   EXPECT_EQ(cpu.stats().live_bytes, live) << "the prediction left CPU tensors behind";
+}
+
+// A data-parallel config is predicted for one rank: without the hook that attaches a simulated one (dist, above
+// train in the layers), the prediction says how to ask for it, and fitting such a run is refused.
+TEST(PredictMemory, AskForARankOfADataParallelRun) {
+  TrainerConfig c = short_run_config(0);
+  c.world_size = 2;
+  c.grad_accum = 1;
+  const std::string e = mt::test_support::error_of([&] { (void)mt::train::predict_memory(c, inputs_for(false)); });
+  EXPECT_NE(e.find("world_size is 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("dist::simulate_rank(r)"), std::string::npos) << e;
+  const std::string f =
+      mt::test_support::error_of([&] { (void)mt::train::fit_to_budget(c, std::size_t{1} << 30, inputs_for(false)); });
+  EXPECT_NE(f.find("fit_to_budget: world_size 2"), std::string::npos) << f;
 }
 
 TEST(PredictMemory, PredictsACudaRunWithoutAGpuAndLeavesTheHostQueuesOut) {

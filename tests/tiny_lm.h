@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace memtrain::test_support {
@@ -78,14 +79,17 @@ struct Measured {
   std::array<std::size_t, kNumMemoryCategories> at_peak{}, own_peak{};
 };
 
-// `config` trained on the CPU for what a prediction runs: two optimizer steps and an evaluation.
-inline Measured measure_on_cpu(const train::TrainerConfig& config, bool llama) {
+// `config` trained on the CPU for what a prediction runs: two optimizer steps and an evaluation. `attach`, when
+// given, is called on the trainer first (a data-parallel run: dist::attach_data_parallel).
+inline Measured measure_on_cpu(const train::TrainerConfig& config, bool llama,
+                               const std::function<void(train::Trainer&)>& attach = nullptr) {
   const train::RunInputs in = inputs_for(llama);
   Allocator& cpu = Allocator::get(Device::cpu());
   const MemoryStats before = cpu.stats();
   Measured m;
   auto model = in.make_model();
   train::Trainer trainer(config, model, in.make_loss(model), in.train, in.val);  // resets the peak
+  if (attach) attach(trainer);
   trainer.train_step();
   trainer.train_step();
   trainer.evaluate();

@@ -184,6 +184,12 @@ void print_sample(nn::GPT& model, const data::BpeTokenizer& tokenizer, std::int6
 // What train::predict_memory and train::fit_to_budget run: the configured GPT over blank windows of the run's
 // shapes (no corpus is read). The vocabulary is `vocab` (the prepared tokenizer's), else --vocab-size or the
 // preset's; with --init-from, the checkpoint's config.json (its weights are not loaded, only its shapes matter).
+dist::DataParallelOptions dp_options(const Flags& f) {
+  dist::DataParallelOptions options;
+  if (f.bucket) options.bucket_bytes = parse_byte_size(*f.bucket, "--bucket");
+  return options;
+}
+
 struct PlanInputs {
   nn::GPTConfig gpt;
   std::int64_t window = 0;
@@ -207,7 +213,8 @@ PlanInputs plan_inputs(const Flags& f, const train::TrainerConfig& config, std::
   g.dropout = config.model.dropout;
   plan.window = config.model.seq_len > 0 ? config.model.seq_len : g.block_size;
   // Enough windows for any split of the global batch and for eval_batches.
-  const std::int64_t windows = config.micro_batch * config.grad_accum * std::max<std::int64_t>(1, config.eval_batches);
+  const std::int64_t windows = config.micro_batch * config.grad_accum * config.world_size *
+                               std::max<std::int64_t>(1, config.eval_batches);
   plan.inputs.make_model = [g, seed = config.seed] {
     manual_seed(seed);
     return std::static_pointer_cast<nn::Module>(std::make_shared<nn::GPT>(g));
@@ -219,21 +226,29 @@ PlanInputs plan_inputs(const Flags& f, const train::TrainerConfig& config, std::
   const Shape window{plan.window};
   plan.inputs.train = std::make_shared<data::BlankDataset>(windows, window, DType::i64, window);
   plan.inputs.val = config.eval_batches > 0 ? plan.inputs.train : nullptr;
+  // Under mpirun each process predicts its own rank: its shards and buckets.
+  if (config.world_size > 1) plan.inputs.prepare = dist::simulate_rank(dist::world()->rank(), dp_options(f));
   return plan;
 }
 
 // --plan-only: the configured run on the meta device, printed and, with --summary-json, written under
 // "predicted". Nothing is read or trained, and no GPU is needed to plan a --device cuda run.
-void plan_only(const Flags& f, const train::TrainerConfig& config) {
+void plan_only(const Flags& f, const train::TrainerConfig& config, dist::Communicator& world) {
   const PlanInputs plan = plan_inputs(f, config);
   const nn::GPTConfig& g = plan.gpt;
+  const train::MemoryPrediction p = train::predict_memory(config, plan.inputs);
+  // Under mpirun every rank predicted its own memory; rank 0 speaks for all.
+  const std::vector<std::int64_t> peaks = world.all_gather_i64({static_cast<std::int64_t>(p.peak_bytes_total)});
+  if (world.rank() != 0) return;
   fmt::print("plan: GPT L{} H{} C{} V{}, windows of {} tokens, micro-batch {} x {}, optimizer {}, precision {}, "
-             "checkpointing {}\n",
+             "checkpointing {}{}\n",
              g.n_layer, g.n_head, g.n_embd, g.vocab_size, plan.window, config.micro_batch, config.grad_accum,
              config.optimizer.to_string(), amp::precision_name(config.precision),
-             config.activation_checkpointing.to_string());
-  const train::MemoryPrediction p = train::predict_memory(config, plan.inputs);
+             config.activation_checkpointing.to_string(),
+             config.world_size > 1 ? fmt::format(", {} ranks at ZeRO {} (rank 0 below)", config.world_size, config.zero)
+                                   : std::string());
   fmt::print("{}", p.report());
+  if (config.world_size > 1) fmt::print("predicted peak by rank: {} bytes\n", fmt::join(peaks, ", "));
   if (!f.summary_json.empty()) {
     train::write_prediction(p, config, f.summary_json);
     fmt::print("prediction written to {}\n", f.summary_json);
@@ -386,7 +401,7 @@ int main(int argc, char** argv) {
     if (f.fit) (void)check_fit_flags(f, config);  // before any data is prepared
     if (f.plan_only) {
       if (f.fit) config = fit_config(f, config, std::nullopt);
-      plan_only(f, config);
+      plan_only(f, config, *world);
       return 0;
     }
     // Before any data is prepared: a run asked for a GPU that is not there stops at once, saying why.
@@ -416,9 +431,7 @@ int main(int argc, char** argv) {
 
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
-    dist::DataParallelOptions dp_options;
-    if (f.bucket) dp_options.bucket_bytes = parse_byte_size(*f.bucket, "--bucket");
-    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world, dp_options);
+    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world, dp_options(f));
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();

@@ -96,6 +96,7 @@ class NcclCommunicator final : public dist::Communicator {
   int size() const override { return bootstrap_->size(); }
   int local_rank() const override { return bootstrap_->local_rank(); }
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
 
   void barrier() override {
     constexpr std::string_view op = "barrier";

@@ -57,8 +57,9 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
   slot_of_.assign(params.size(), 0);
   for (std::size_t k = params.size(); k-- > 0;) {
     const Tensor& p = params[k];
-    MT_CHECK(p.device().is_cpu(), "DataParallel", "parameter {} ({}) is on {}: the MPI communicator sums CPU "
-             "tensors (NCCL, for GPUs, is not built yet)", k, shape_str(p.shape()), p.device().str());
+    MT_CHECK(p.device() == comm_->device(), "DataParallel", "parameter {} ({}) is on {}, but the {} communicator "
+             "sums tensors on {} (data parallel training of a CUDA model over NCCL is not built yet)", k,
+             shape_str(p.shape()), p.device().str(), comm_->backend(), comm_->device().str());
     const std::size_t bytes = static_cast<std::size_t>(p.numel()) * dtype_size(p.dtype());
     // The open bucket's limit: the first one is small, so its sum starts early in the backward.
     const std::size_t limit = buckets_.size() == 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
@@ -120,7 +121,7 @@ void DataParallel::copy_in(std::size_t param) {
   Bucket& b = buckets_[bucket_of_[param]];
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::gradients);
-  if (!b.filling.defined()) b.filling = Tensor::empty({b.numel}, b.dtype, Device::cpu());
+  if (!b.filling.defined()) b.filling = Tensor::empty({b.numel}, b.dtype, comm_->device());
   // Plain: each parameter's gradient whole, one after another. ZeRO-2: part by part (rank q's shards of every
   // parameter, then rank q + 1's), the layout reduce_scatter_canonical hands out.
   const std::size_t i = slot_of_[param];
@@ -171,7 +172,7 @@ void DataParallel::run_worker() {
     try {
       if (sharded_) {
         const auto r = static_cast<std::size_t>(comm_->rank());
-        Tensor mine = Tensor::empty({b.part_bounds[r + 1] - b.part_bounds[r]}, b.dtype, Device::cpu());
+        Tensor mine = Tensor::empty({b.part_bounds[r + 1] - b.part_bounds[r]}, b.dtype, comm_->device());
         comm_->reduce_scatter_canonical(flat, b.part_bounds, mine);
         flat = mine;  // the whole bucket goes: only this rank's part of the sum is kept
       } else {
@@ -259,6 +260,15 @@ std::shared_ptr<DataParallel> attach_data_parallel(train::Trainer& trainer, std:
   auto dp = std::make_shared<DataParallel>(std::move(comm), options);
   trainer.set_gradient_sync(dp);
   return dp;
+}
+
+std::function<void(train::Trainer&)> simulate_rank(int rank, DataParallelOptions options) {
+  return [rank, options](train::Trainer& trainer) {
+    MT_CHECK(trainer.config().device.is_meta(), "dist::simulate_rank",
+             "the trainer runs on {}: a simulated rank trains only on the meta device (predict_memory)",
+             trainer.config().device.str());
+    attach_data_parallel(trainer, simulated_group(rank, static_cast<int>(trainer.config().world_size)), options);
+  };
 }
 
 }  // namespace memtrain::dist

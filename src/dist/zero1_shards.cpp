@@ -67,9 +67,9 @@ void DataParallel::gather_shard_group(const std::vector<Tensor>& params) {
     }
   };
   const auto me = static_cast<std::size_t>(rank());
-  Tensor mine = Tensor::empty({bounds[me + 1] - bounds[me]}, params.front().dtype(), Device::cpu());
+  Tensor mine = Tensor::empty({bounds[me + 1] - bounds[me]}, params.front().dtype(), comm_->device());
   copy(mine, me, false);
-  Tensor all = Tensor::empty({bounds[ranks]}, params.front().dtype(), Device::cpu());
+  Tensor all = Tensor::empty({bounds[ranks]}, params.front().dtype(), comm_->device());
   comm_->all_gather(mine, bounds, all);
   for (std::size_t q = 0; q < ranks; ++q)
     if (q != me) copy(all, q, true);

@@ -272,6 +272,9 @@ FitResult fit_to_budget(const TrainerConfig& base, std::size_t budget_bytes, con
   const char* where = "fit_to_budget";
   MT_CHECK(budget_bytes > 0, where, "the budget must be positive");
   base.validate();
+  MT_CHECK(base.world_size == 1, where, "world_size {}: fitting a data-parallel run into a budget is not built yet "
+           "(its candidates would need ZeRO stages and per-rank limits); predict one rank's memory with "
+           "predict_memory and dist::simulate_rank", base.world_size);
   const auto t0 = Clock::now();
   FitResult result;
   result.budget_bytes = budget_bytes;

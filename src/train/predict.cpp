@@ -35,6 +35,9 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
   MT_CHECK(static_cast<bool>(inputs.make_loss), where, "RunInputs::make_loss is empty");
   MT_CHECK(inputs.train != nullptr, where, "RunInputs::train is null");
   config.validate();
+  MT_CHECK(config.world_size == 1 || inputs.prepare, where,
+           "config.world_size is {}: a data-parallel run is predicted one rank at a time; set RunInputs::prepare "
+           "to dist::simulate_rank(r) for rank r", config.world_size);
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t rss_before = current_rss_bytes();
   // Building the model draws its initial weights: the caller's stream must not move.
@@ -60,6 +63,7 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
     }
     LossFn loss = inputs.make_loss(model);
     Trainer trainer(meta_config, std::move(model), std::move(loss), inputs.train, inputs.val);  // peak reset here
+    if (inputs.prepare) inputs.prepare(trainer);
     trainer.train_step();  // makes the optimizer state
     std::shared_ptr<MemoryTimeline> timeline;
     if (record_timeline) {

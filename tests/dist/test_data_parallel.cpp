@@ -10,6 +10,7 @@
 #include "memtrain/dist/data_parallel.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/optim/galore.h"
+#include "memtrain/train/predict.h"
 #include "memtrain/train/trainer.h"
 
 #include "error_text.h"
@@ -317,6 +318,37 @@ TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
     }
     world->barrier();
     if (world->rank() == 0) std::filesystem::remove_all(dir);
+    world->barrier();
+  }
+}
+
+// A data-parallel run is predicted one rank at a time: each rank predicts itself on the meta device as a
+// simulated rank (dist::simulate_rank: its buckets, shards and gathers, no data moved), then trains the run
+// for real. The CPU allocator's peak over the same two steps and evaluation, and each category at that peak,
+// are the prediction's to the byte, at every ZeRO stage, on every rank.
+TEST(DataParallel, EachRankPredictsItsOwnPeakToTheByte) {
+  auto world = mt::dist::world();
+  for (const std::int64_t stage : {0, 1, 2}) {
+    TrainerConfig c = mt::test_support::short_run_config();
+    c.optimizer = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
+    c.world_size = world->size();
+    c.grad_accum = world->size() <= 2 ? 2 : 1;
+    c.zero = stage;
+    mt::train::RunInputs in = mt::test_support::inputs_for(false);
+    in.prepare = mt::dist::simulate_rank(world->rank(), {.first_bucket_bytes = 4096, .bucket_bytes = 16384});
+    const mt::train::MemoryPrediction predicted = mt::train::predict_memory(c, in);
+    const mt::test_support::Measured measured =
+        mt::test_support::measure_on_cpu(c, false, [&](Trainer& t) {
+          mt::dist::attach_data_parallel(t, world, {.first_bucket_bytes = 4096, .bucket_bytes = 16384});
+        });
+    const std::string what = "zero " + std::to_string(stage) + ", rank " + std::to_string(world->rank()) + " of " +
+                             std::to_string(world->size());
+    EXPECT_EQ(predicted.peak_bytes_total, measured.peak_total) << what;
+    for (int i = 0; i < mt::kNumMemoryCategories; ++i) {
+      const std::string name(mt::category_name(static_cast<mt::MemoryCategory>(i)));
+      EXPECT_EQ(predicted.peak_bytes_by_category.at(name), measured.at_peak[static_cast<std::size_t>(i)])
+          << what << ": " << name << " at the peak";
+    }
     world->barrier();
   }
 }

@@ -53,7 +53,9 @@ class Communicator {
   virtual int size() const = 0;
   // The rank among the processes on this host (one GPU per local rank).
   virtual int local_rank() const = 0;
-  virtual std::string backend() const = 0;  // "single", "mpi" or "nccl"
+  virtual std::string backend() const = 0;  // "single", "mpi", "nccl" or "simulated"
+  // Where the tensors it sums live: the CPU (single, mpi), the rank's GPU (nccl), meta (simulated).
+  virtual Device device() const { return Device::cpu(); }
 
   double timeout_seconds() const { return timeout_seconds_; }
   void set_timeout_seconds(double s);  // > 0; default 300, or $MEMTRAIN_DIST_TIMEOUT
@@ -90,6 +92,11 @@ class Communicator {
 std::shared_ptr<Communicator> world();
 // A group of one process (rank 0 of 1), whatever the launcher.
 std::shared_ptr<Communicator> single_process();
+// Rank `rank` of a group of `size` that does not exist, for predicting one rank's memory on the meta device
+// (train::predict_memory, through dist::simulate_rank): the collectives check their arguments and move
+// nothing (meta tensors hold no data), value gathers return this rank's values as every rank's (the ranks of
+// a prediction are alike), and broadcasts return the caller's own.
+std::shared_ptr<Communicator> simulated_group(int rank, int size);
 // Whether this build has the MPI backend.
 bool mpi_built();
 // A new NCCL group over `bootstrap`'s ranks (the launcher's, by default), for CUDA tensors: rank r

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -125,5 +126,9 @@ std::string first_difference(const nlohmann::json& here, const nlohmann::json& o
 // with world_size 1.
 std::shared_ptr<DataParallel> attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm,
                                                    DataParallelOptions options = {});
+
+// For train::RunInputs::prepare: makes the meta trainer of train::predict_memory rank `rank` of its config's
+// world_size over a simulated_group, with these bucket options, so the prediction is that rank's memory.
+std::function<void(train::Trainer&)> simulate_rank(int rank, DataParallelOptions options = {});
 
 }  // namespace memtrain::dist

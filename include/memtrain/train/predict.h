@@ -73,6 +73,9 @@ struct RunInputs {
   std::function<LossFn(const std::shared_ptr<nn::Module>&)> make_loss;
   std::shared_ptr<const data::Dataset> train;
   std::shared_ptr<const data::Dataset> val;  // may be null: no evaluation
+  // Called on the meta Trainer before it runs. A data-parallel config (world_size > 1) needs one that attaches
+  // a rank, dist::simulate_rank(r): the prediction is then rank r's memory (its buckets and shards included).
+  std::function<void(Trainer&)> prepare;
 };
 
 // Runs `config` on the meta device and returns what it allocates (see above). config.device says which
