@@ -265,7 +265,6 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.zero = 1; c.optimizer = mt::optim::Spec::adafactor(); }, {"'adafactor'", "factored"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.grad_accum = 3; }, {"grad_accum 3", "power of two"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.layerwise_update = true; }, {"layerwise_update", "world_size 2"}},
-      {[](TrainerConfig& c) { c.world_size = 2; c.precision = mt::amp::Precision::fp8; }, {"'fp8'", "world_size 2"}},
       {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; c.fp8_amax_history = 0; }, {"fp8_amax_history"}},
       {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; c.fp8_margin = -1; }, {"fp8_margin"}},
       {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp16; c.loss_scaler.backoff_factor = 1.5; },

@@ -33,6 +33,35 @@ void Fp8State::update_scales() {
   for (auto& [key, entry] : metas_) entry.meta.update_scales();
 }
 
+std::vector<double> Fp8State::step_amaxes(const std::vector<Tensor>& weights) const {
+  std::vector<double> out;
+  for (const Tensor& w : weights) {
+    const auto it = metas_.find(&w.impl());
+    if (it == metas_.end()) continue;
+    const Fp8LinearMeta& m = it->second.meta;
+    for (const Fp8TensorMeta* role : {&m.input, &m.weight, &m.grad}) out.push_back(role->step_amax());
+  }
+  return out;
+}
+
+void Fp8State::merge_step_amaxes(const std::vector<Tensor>& weights, const std::vector<double>& all_ranks) {
+  std::vector<Fp8TensorMeta*> roles;
+  for (const Tensor& w : weights) {
+    const auto it = metas_.find(&w.impl());
+    if (it == metas_.end()) continue;
+    Fp8LinearMeta& m = it->second.meta;
+    roles.insert(roles.end(), {&m.input, &m.weight, &m.grad});
+  }
+  MT_CHECK(!roles.empty() || all_ranks.empty(), "amp::Fp8State::merge_step_amaxes",
+           "{} amaxes for no layer with scaling state", all_ranks.size());
+  if (roles.empty()) return;
+  MT_CHECK(all_ranks.size() % roles.size() == 0, "amp::Fp8State::merge_step_amaxes",
+           "{} amaxes are not whole lists of this state's {} (a rank with other FP8 layers?)", all_ranks.size(),
+           roles.size());
+  for (std::size_t i = 0; i < all_ranks.size(); ++i)
+    roles[i % roles.size()]->record_amax(static_cast<float>(all_ranks[i]));
+}
+
 void Fp8State::save(std::map<std::string, Tensor>& out, const std::string& prefix, const NamedWeights& weights) const {
   for (const auto& [name, w] : weights) {
     auto it = metas_.find(&w.impl());

@@ -469,7 +469,11 @@ StepMetrics Trainer::train_step() {
     if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_);
   }
   if (scaler_) scaler_->update(skipped);
-  if (fp8_) fp8_->update_scales();
+  if (fp8_) {
+    // Data parallel: every rank's scales follow the amaxes of the whole global batch, as the run alone's do.
+    if (sync_) fp8_->merge_step_amaxes(params, sync_->gather_f64(fp8_->step_amaxes(params)));
+    fp8_->update_scales();
+  }
   optimizer_->zero_grad();
   if (!whole_params_.empty()) autograd::zero_grad(whole_params_);
   ++step_;

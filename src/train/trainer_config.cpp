@@ -275,11 +275,6 @@ void TrainerConfig::validate() const {
   MT_CHECK(world_size == 1 || !layerwise_update, kWhere,
            "layerwise_update with world_size {}: a parameter's update needs the gradient summed over every rank, "
            "which the data-parallel step has only after the backward (use layerwise_update false)", world_size);
-  // fp16 needs nothing more: the loss scaler decides from the summed gradients, the same on every rank. fp8's
-  // delayed scaling keeps amax histories of each rank's own activations, which would differ between ranks.
-  MT_CHECK(world_size == 1 || precision != amp::Precision::fp8, kWhere,
-           "precision 'fp8' with world_size {}: each rank's amax history would follow its own micro-batches, so "
-           "the ranks' FP8 scales would drift apart (use bf16 or fp16)", world_size);
   MT_CHECK(!(layerwise_update && precision == amp::Precision::fp16), kWhere,
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
            "gradient overflows, which is known only after the last one, and layer-wise updates have applied the "

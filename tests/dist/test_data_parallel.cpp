@@ -1,10 +1,11 @@
 // Data parallel training over dist::world(), run by ctest alone and under mpirun at 2, 3 and 4 ranks: the tiny
 // GPT trained for 20 steps on a global batch of 8 micro-batches (6 at 3 ranks) gives the same losses and
 // weights, bit for bit, as the same global batch trained alone with the canonical reduction: AdamW, 8-bit
-// AdamW and 8-bit GaLore, AdamW in fp16 and bf16, small buckets started during the backward, and ZeRO-1/2
-// (each rank's optimizer state by formula; 8-bit GaLore at ZeRO-1). Checkpoints written at N ranks resume alone
-// or sharded on the same bits; a config that differs between ranks is refused naming the field; a world size
-// that does not match the launcher's is refused.
+// AdamW and 8-bit GaLore, AdamW in fp16, bf16 and fp8 (delayed and blockwise scaling), small buckets started
+// during the backward, and ZeRO-1/2 (each rank's optimizer state by formula; 8-bit GaLore at ZeRO-1).
+// Checkpoints written at N ranks resume alone or sharded on the same bits; each rank's memory is its own
+// prediction to the byte; a config that differs between ranks is refused naming the field; a world size that
+// does not match the launcher's is refused.
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/communicator.h"
 #include "memtrain/dist/data_parallel.h"
@@ -104,6 +105,7 @@ struct Case {
   mt::optim::Spec optimizer;
   std::int64_t galore_rank;
   mt::amp::Precision precision = mt::amp::Precision::fp32;
+  mt::amp::Fp8ScalingKind fp8_scaling = mt::amp::Fp8ScalingKind::blockwise;
 };
 
 std::vector<Case> cases() {
@@ -113,12 +115,16 @@ std::vector<Case> cases() {
           {"galore 8-bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 4},
           // The loss scaler decides from the summed gradients: the same on every rank.
           {"adamw fp16", adamw, 0, mt::amp::Precision::fp16},
-          {"adamw bf16", adamw, 0, mt::amp::Precision::bf16}};
+          {"adamw bf16", adamw, 0, mt::amp::Precision::bf16},
+          // Delayed scaling: the ranks merge each step's amaxes, so the scales follow the whole global batch.
+          {"adamw fp8 delayed", adamw, 0, mt::amp::Precision::fp8, mt::amp::Fp8ScalingKind::delayed},
+          {"adamw fp8 blockwise", adamw, 0, mt::amp::Precision::fp8, mt::amp::Fp8ScalingKind::blockwise}};
 }
 
 TrainerConfig config_for(const Case& c, std::int64_t ranks, std::int64_t world) {
   TrainerConfig config = config_for(c.optimizer, c.galore_rank, ranks, world);
   config.precision = c.precision;
+  config.fp8_scaling = c.fp8_scaling;
   return config;
 }
 

@@ -81,6 +81,7 @@ class Fp8TensorMeta {
   // a tensor quantized several times in one step records the max of its amaxes.
   void record_amax(float amax);
   void update_scale();
+  float step_amax() const { return amax_history_[current_]; }  // the current slot: this step's amax so far
 
   // The window, oldest first; the last entry is the current slot.
   std::vector<float> amax_history() const;

@@ -33,6 +33,12 @@ class Fp8State {
   Fp8LinearMeta* meta_for(const Tensor& weight);
   // After each optimizer step (delayed): every layer's scales from its amax histories.
   void update_scales();
+  // Data parallel: this step's amaxes (input, weight and grad of each layer of `weights` that has state, in that
+  // order). merge_step_amaxes takes every rank's list, one after another, and folds them into the current slots,
+  // so each rank's slots hold the max over all ranks' micro-batches (NaN sticks): what a run alone over the whole
+  // global batch records, and the same scales on every rank after update_scales.
+  std::vector<double> step_amaxes(const std::vector<Tensor>& weights) const;
+  void merge_step_amaxes(const std::vector<Tensor>& weights, const std::vector<double>& all_ranks);
   std::size_t layers() const { return metas_.size(); }
   std::size_t bytes() const;  // scaling state of all layers
 
