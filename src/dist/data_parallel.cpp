@@ -50,8 +50,9 @@ DataParallel::~DataParallel() {
   if (worker_.joinable()) worker_.join();
 }
 
-void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
+void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::vector<bool>& sharded) {
   params_ = params;
+  sharded_ = sharded;
   buckets_.clear();
   bucket_of_.assign(params.size(), 0);
   slot_of_.assign(params.size(), 0);
@@ -63,10 +64,12 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
     const std::size_t bytes = static_cast<std::size_t>(p.numel()) * dtype_size(p.dtype());
     // The open bucket's limit: the first one is small, so its sum starts early in the backward.
     const std::size_t limit = buckets_.size() == 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
-    const bool start = buckets_.empty() || buckets_.back().dtype != p.dtype() || buckets_.back().bytes + bytes > limit;
+    const bool start = buckets_.empty() || buckets_.back().dtype != p.dtype() ||
+                       buckets_.back().sharded != sharded_[k] || buckets_.back().bytes + bytes > limit;
     if (start) {
       buckets_.emplace_back();
       buckets_.back().dtype = p.dtype();
+      buckets_.back().sharded = sharded_[k];
     }
     Bucket& b = buckets_.back();
     slot_of_[k] = b.params.size();
@@ -87,10 +90,13 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params) {
   }
 }
 
-void DataParallel::begin_gradients(const std::vector<Tensor>& params, bool sharded) {
-  bool same = params.size() == params_.size();
+void DataParallel::begin_gradients(const std::vector<Tensor>& params, const std::vector<bool>& sharded_in) {
+  MT_CHECK(sharded_in.empty() || sharded_in.size() == params.size(), "DataParallel::begin_gradients",
+           "{} sharded flags for {} parameters", sharded_in.size(), params.size());
+  const std::vector<bool> sharded = sharded_in.empty() ? std::vector<bool>(params.size(), false) : sharded_in;
+  bool same = params.size() == params_.size() && sharded == sharded_;
   for (std::size_t k = 0; same && k < params.size(); ++k) same = params[k].impl_ptr() == params_[k].impl_ptr();
-  if (!same) plan_buckets(params);
+  if (!same) plan_buckets(params, sharded);
   std::lock_guard lock(mutex_);
   MT_CHECK(next_sum_ == 0 || next_sum_ == buckets_.size(), "DataParallel::begin_gradients",
            "the previous step's sums did not finish ({} of {} buckets)", next_sum_, buckets_.size());
@@ -100,7 +106,6 @@ void DataParallel::begin_gradients(const std::vector<Tensor>& params, bool shard
     b.flat = Tensor();
   }
   reported_.assign(params_.size(), false);
-  sharded_ = sharded;
   shard_grads_.assign(params_.size(), Tensor());
   packed_.assign(buckets_.size(), false);
   next_sum_ = 0;
@@ -125,16 +130,17 @@ void DataParallel::copy_in(std::size_t param) {
   // Plain: each parameter's gradient whole, one after another. ZeRO-2: part by part (rank q's shards of every
   // parameter, then rank q + 1's), the layout reduce_scatter_canonical hands out.
   const std::size_t i = slot_of_[param];
-  const std::size_t ranks = sharded_ ? static_cast<std::size_t>(comm_->size()) : 1;
+  const std::size_t ranks = static_cast<std::size_t>(comm_->size());
+  const std::size_t parts = b.sharded ? ranks : 1;
   Tensor p = params_[param];
   const Tensor g = p.grad();
-  for (std::size_t q = 0; q < ranks; ++q) {
-    std::int64_t offset = sharded_ ? b.part_bounds[q] : 0;
+  for (std::size_t q = 0; q < parts; ++q) {
+    std::int64_t offset = b.sharded ? b.part_bounds[q] : 0;
     for (std::size_t j = 0; j < i; ++j)
-      offset += sharded_ ? b.shard_bounds[j * (ranks + 1) + q + 1] - b.shard_bounds[j * (ranks + 1) + q]
-                         : params_[b.params[j]].numel();
-    const std::int64_t begin = sharded_ ? b.shard_bounds[i * (ranks + 1) + q] : 0;
-    const std::int64_t n = sharded_ ? b.shard_bounds[i * (ranks + 1) + q + 1] - begin : p.numel();
+      offset += b.sharded ? b.shard_bounds[j * (ranks + 1) + q + 1] - b.shard_bounds[j * (ranks + 1) + q]
+                          : params_[b.params[j]].numel();
+    const std::int64_t begin = b.sharded ? b.shard_bounds[i * (ranks + 1) + q] : 0;
+    const std::int64_t n = b.sharded ? b.shard_bounds[i * (ranks + 1) + q + 1] - begin : p.numel();
     Tensor slot = b.filling.narrow(0, offset, n);
     if (g.defined()) {
       slot.copy_(g.contiguous().view({p.numel()}).narrow(0, begin, n));
@@ -170,7 +176,7 @@ void DataParallel::run_worker() {
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
-      if (sharded_) {
+      if (b.sharded) {
         const auto r = static_cast<std::size_t>(comm_->rank());
         Tensor mine = Tensor::empty({b.part_bounds[r + 1] - b.part_bounds[r]}, b.dtype, comm_->device());
         comm_->reduce_scatter_canonical(flat, b.part_bounds, mine);
@@ -214,7 +220,7 @@ void DataParallel::finish_gradients() {
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       Tensor p = params_[b.params[i]];
       // Views into the bucket: its one buffer is the gradients now (freed when the last of them is).
-      if (sharded_) {
+      if (b.sharded) {
         const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - b.shard_bounds[i * (ranks + 1) + r];
         if (n > 0) shard_grads_[b.params[i]] = b.flat.narrow(0, offset, n);
         offset += n;

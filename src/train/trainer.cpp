@@ -236,7 +236,12 @@ double Trainer::clip_gradients(const std::vector<Tensor>& params) {
   if (sharded) {
     for (const Shard& s : shards_) {
       grads.push_back(s.view.grad());
-      pieces.push_back({s.index, s.begin, grads.back().defined() ? grads.back().to(DType::f32) : Tensor()});
+      const Tensor& g = grads.back();
+      if (!s.projected) {
+        pieces.push_back({s.index, s.begin, g.defined() ? g.to(DType::f32) : Tensor()});
+      } else if (sync_->rank() == 0) {  // whole and alike on every rank: its blocks come from rank 0 alone
+        pieces.push_back({s.index, 0, g.defined() ? g.to(DType::f32).contiguous().view({g.numel()}) : Tensor()});
+      }
     }
   } else {
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -314,6 +319,14 @@ void Trainer::shard_optimizer() {
   optimizer_ = std::move(sharded);
 }
 
+std::vector<bool> Trainer::gradient_shards() const {
+  if (config_.zero < 2 || whole_params_.empty()) return {};
+  std::vector<bool> sharded(whole_params_.size(), true);
+  for (const Shard& s : shards_)
+    if (s.projected) sharded[s.index] = false;
+  return sharded;
+}
+
 void Trainer::set_shard_gradients() {
   for (Shard& s : shards_) {
     if (s.projected) continue;  // stepped whole, from its whole gradient
@@ -388,7 +401,7 @@ StepMetrics Trainer::train_step() {
   std::optional<detail::GradientTree> tree;
   if (canonical_reduction_on()) tree.emplace(params);
   std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
-  if (sync_) sync_->begin_gradients(params, /*sharded=*/config_.zero >= 2);
+  if (sync_) sync_->begin_gradients(params, gradient_shards());
   for (std::size_t i = 0; i < batches.size(); ++i) {
     data::Batch batch = std::move(batches[i]);
     if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add

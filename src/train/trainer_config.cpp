@@ -254,9 +254,6 @@ void TrainerConfig::validate() const {
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size >= 1, kWhere, "world_size must be >= 1, got {}", world_size);
   MT_CHECK(zero >= 0 && zero <= 2, kWhere, "zero must be 0, 1 or 2 (ZeRO stage), got {}", zero);
-  MT_CHECK(zero < 2 || galore_rank == 0, kWhere, "zero {} with galore_rank {}: under ZeRO-1 every rank projects "
-           "the whole summed gradient; ZeRO-2 keeps only a shard of it, and a projection of the shards (a "
-           "reduce-scatter of R) is not built yet: use zero 1 with GaLore", zero, galore_rank);
   MT_CHECK(zero == 0 || (optimizer.block_size > 0 && kBlock8bit % optimizer.block_size == 0), kWhere,
            "zero {} with optimizer.block_size {}: shard boundaries fall every {} elements, so the 8-bit blocks of a "
            "shard are the whole tensor's only for block sizes that divide {}", zero, optimizer.block_size,

@@ -63,7 +63,7 @@ class DataParallel : public train::GradientSync {
   void check_same_config(const nlohmann::json& config) override;
   std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override;
   std::vector<double> gather_f64(const std::vector<double>& mine) override;
-  void begin_gradients(const std::vector<Tensor>& params, bool sharded) override;
+  void begin_gradients(const std::vector<Tensor>& params, const std::vector<bool>& sharded) override;
   void gradient_ready(std::size_t index) override;
   void finish_gradients() override;
   void barrier() override { comm_->barrier(); }
@@ -79,6 +79,7 @@ class DataParallel : public train::GradientSync {
  private:
   struct Bucket {
     DType dtype = DType::f32;
+    bool sharded = false;             // ZeRO-2: reduce-scattered, each rank keeping its shards' sums
     std::vector<std::size_t> params;  // indices into params_, in reverse parameter order
     std::int64_t numel = 0;
     std::size_t bytes = 0;
@@ -96,7 +97,7 @@ class DataParallel : public train::GradientSync {
   std::vector<std::size_t> bucket_of_;  // by parameter index
   std::vector<std::size_t> slot_of_;    // by parameter index: its position in its bucket's params
   std::vector<bool> reported_;          // by parameter index, this step
-  bool sharded_ = false;                // this step: ZeRO-2
+  std::vector<bool> sharded_;           // by parameter index: ZeRO-2's reduce-scatter (the plan's)
   std::vector<Tensor> shard_grads_;     // by parameter index, ZeRO-2: this rank's summed shard
 
   // The communication thread sums buckets[next_sum_] once it is packed, in index order.
@@ -110,7 +111,8 @@ class DataParallel : public train::GradientSync {
   bool finishing_ = false;  // the trainer's thread is in finish_gradients
   DataParallelStats stats_;
 
-  void plan_buckets(const std::vector<Tensor>& params);
+  // Buckets of one dtype and one kind of sum (whole or sharded), in reverse parameter order.
+  void plan_buckets(const std::vector<Tensor>& params, const std::vector<bool>& sharded);
   void copy_in(std::size_t param);  // the trainer's thread: into its bucket, freeing the gradient at once
   void pack(std::size_t bucket);    // the trainer's thread: hand a complete bucket to the worker
   void gather_shard_group(const std::vector<Tensor>& params);  // one dtype, one all_gather

@@ -35,9 +35,9 @@ class GradientSync {
   // taken as zero); the Trainer calls it from the gradient-ready hooks of the step's last backward, so the
   // sums of complete buckets can run while the backward goes on. finish_gradients takes every parameter not
   // reported yet as ready, waits for all sums, and leaves each .grad holding the canonical sum over every
-  // rank's block, the same bits on every rank. With `sharded` (ZeRO-2) each rank keeps only the sum of its
-  // shard of each gradient instead (shard_gradient), and every .grad is left undefined.
-  virtual void begin_gradients(const std::vector<Tensor>& params, bool sharded) = 0;
+  // rank's block, the same bits on every rank. A parameter with sharded[k] (ZeRO-2; `sharded` empty: none)
+  // has only the sum of this rank's shard kept instead (take_shard_gradient), and its .grad left undefined.
+  virtual void begin_gradients(const std::vector<Tensor>& params, const std::vector<bool>& sharded) = 0;
   virtual void gradient_ready(std::size_t index) = 0;
   virtual void finish_gradients() = 0;
   // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).

@@ -232,6 +232,9 @@ class Trainer {
   void shard_optimizer();
   // Gives this rank's shards their gradients: the summed shards (ZeRO-2) or views of the whole gradients.
   void set_shard_gradients();
+  // ZeRO-2: which of whole_params_ have their gradients reduce-scattered: all but GaLore-projected weights,
+  // whose projection needs the whole gradient (summed whole, as at ZeRO-1). Empty below ZeRO-2.
+  std::vector<bool> gradient_shards() const;
   // The shape of parameter i's (of trained_params()) optimizer state: R's for a GaLore-projected weight.
   Shape state_shape(std::size_t i) const;
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's

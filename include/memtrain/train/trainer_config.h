@@ -73,7 +73,8 @@ struct TrainerConfig {
   // Checkpoints then hold a file per rank beside the main one, and resume at any world size. At world_size 1
   // there is nothing to shard. 2: each rank also keeps only its shard of the summed gradients (a reduce-scatter
   // per bucket) and clips by a canonical global norm; with fp16 each rank unscales its shards and a step is
-  // skipped when any rank saw an overflow. Not with GaLore (it projects whole gradients).
+  // skipped when any rank saw an overflow. GaLore-projected weights keep their whole summed gradients, as at
+  // ZeRO-1 (the projection reads all of it); the other gradients are sharded.
   std::int64_t zero = 0;
   // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
   // each into .grad as it comes: costs up to log2(grad_accum) extra gradient sets, and gives the bits of a
