@@ -261,6 +261,7 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.max_steps = 0; }, {"max_steps"}},
       {[](TrainerConfig& c) { c.world_size = 0; }, {"world_size", ">= 1"}},
       {[](TrainerConfig& c) { c.zero = 3; }, {"zero must be 0, 1 or 2"}},
+      {[](TrainerConfig& c) { c.zero = 2; c.device = mt::Device::cuda(0); }, {"zero 2 on cuda:0", "zero 1 on GPUs"}},
       {[](TrainerConfig& c) { c.zero = 1; c.optimizer = mt::optim::Spec::adafactor(); }, {"'adafactor'", "factored"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.grad_accum = 3; }, {"grad_accum 3", "power of two"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.layerwise_update = true; }, {"layerwise_update", "world_size 2"}},

@@ -397,6 +397,8 @@ int main(int argc, char** argv) {
     train::TrainerConfig config = resolve_config(f);
     config.world_size = world->size();
     if (f.zero) config.zero = *f.zero;
+    // One GPU per rank: a data-parallel --device cuda run puts each rank on cuda:<its local rank>.
+    if (config.device.is_cuda() && world->size() > 1) config.device = Device::cuda(world->local_rank());
     config.validate();
     if (f.fit) (void)check_fit_flags(f, config);  // before any data is prepared
     if (f.plan_only) {
@@ -431,7 +433,10 @@ int main(int argc, char** argv) {
 
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
-    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, world, dp_options(f));
+    // Gradients on the GPUs are summed over NCCL (its id broadcast over the MPI world), on the CPU over MPI.
+    const std::shared_ptr<dist::Communicator> group =
+        device.is_cuda() && world->size() > 1 ? dist::make_nccl_communicator(world) : world;
+    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, group, dp_options(f));
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();

@@ -21,7 +21,12 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, DataParallelOptio
            options_.bucket_bytes, options_.gather_bytes);
 }
 
-void DataParallel::check_same_config(const nlohmann::json& config) {
+void DataParallel::check_same_config(const nlohmann::json& config_in) {
+  // Ranks on GPUs each train on their own (cuda:<local rank>): only the kind of device must agree.
+  nlohmann::json config = config_in;
+  if (config.contains("device") && config["device"].is_string() &&
+      config["device"].get<std::string>().starts_with("cuda:"))
+    config["device"] = "cuda";
   const std::string mine = config.dump();
   const nlohmann::json root = nlohmann::json::parse(comm_->broadcast_string(mine, 0));
   const std::string diff = first_difference(config, root);
@@ -59,7 +64,7 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
   for (std::size_t k = params.size(); k-- > 0;) {
     const Tensor& p = params[k];
     MT_CHECK(p.device() == comm_->device(), "DataParallel", "parameter {} ({}) is on {}, but the {} communicator "
-             "sums tensors on {} (data parallel training of a CUDA model over NCCL is not built yet)", k,
+             "sums tensors on {} (a CUDA model needs dist::make_nccl_communicator, on the rank's own GPU)", k,
              shape_str(p.shape()), p.device().str(), comm_->backend(), comm_->device().str());
     const std::size_t bytes = static_cast<std::size_t>(p.numel()) * dtype_size(p.dtype());
     // The open bucket's limit: the first one is small, so its sum starts early in the backward.

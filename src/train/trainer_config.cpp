@@ -254,6 +254,9 @@ void TrainerConfig::validate() const {
   MT_CHECK(max_steps >= 1, kWhere, "max_steps must be >= 1, got {}", max_steps);
   MT_CHECK(world_size >= 1, kWhere, "world_size must be >= 1, got {}", world_size);
   MT_CHECK(zero >= 0 && zero <= 2, kWhere, "zero must be 0, 1 or 2 (ZeRO stage), got {}", zero);
+  MT_CHECK(zero < 2 || !device.is_cuda(), kWhere,
+           "zero {} on {}: ZeRO-2 clips by a norm combined from every rank's gradient shards, which only the CPU's "
+           "canonical path computes; use zero 1 on GPUs", zero, device.str());
   MT_CHECK(zero == 0 || (optimizer.block_size > 0 && kBlock8bit % optimizer.block_size == 0), kWhere,
            "zero {} with optimizer.block_size {}: shard boundaries fall every {} elements, so the 8-bit blocks of a "
            "shard are the whole tensor's only for block sizes that divide {}", zero, optimizer.block_size,

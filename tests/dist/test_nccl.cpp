@@ -1,10 +1,16 @@
 // dist::make_nccl_communicator: without a GPU for every rank, every rank refuses together naming the reason
 // (never a hang); with one, the NCCL group's collectives on device tensors give the bits the serial canonical
-// tree gives (tests/dist/dist_test_util.h), like the MPI backend's, and refuse a tensor on another device.
+// tree gives (tests/dist/dist_test_util.h), like the MPI backend's, data parallel training of a CUDA model over
+// it gives the run alone's bits, and a tensor on another device is refused.
 #include "dist_test_util.h"
 
+#include "memtrain/core/rng.h"
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/dist/communicator.h"
+#include "memtrain/dist/data_parallel.h"
+#include "memtrain/train/trainer.h"
+
+#include "tiny_lm.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -93,6 +99,46 @@ TEST(Nccl, AllReduceGatherAndBroadcastMoveTheValues) {
   nccl->broadcast(t, root);
   EXPECT_TRUE(same_bits(t.to(mt::Device::cpu()), roots));
   nccl->barrier();
+}
+
+// Data parallel training of a CUDA model over the NCCL group (one GPU per rank; at world size 1, the group of
+// one that a single GPU allows): the tiny GPT's 10 steps give the losses and weights, bit for bit, of the same
+// global batch trained alone on the GPU with the canonical reduction.
+TEST(Nccl, DataParallelOnTheGpusGivesTheRunAlonesBits) {
+  const auto [nccl, why] = nccl_group();
+  if (!nccl) GTEST_SKIP() << why;
+  const auto run = [](std::int64_t ranks, const std::shared_ptr<dist::Communicator>& group) {
+    mt::train::TrainerConfig c = mt::test_support::short_run_config();
+    c.device = my_gpu();
+    c.micro_batch = 2;
+    c.grad_clip = 1.0;
+    c.optimizer = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
+    c.world_size = ranks;
+    c.grad_accum = 4 / ranks;
+    c.canonical_reduction = true;
+    c.zero = ranks > 1 ? 1 : 0;
+    mt::manual_seed(11);
+    auto model = mt::test_support::make_tiny_lm(false);
+    auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                                 mt::test_support::kTinyVocab);
+    mt::train::Trainer trainer(c, model, mt::test_support::tiny_lm_loss(model, false), data);
+    if (group) trainer.set_gradient_sync(std::make_shared<dist::DataParallel>(group));
+    std::vector<double> losses;
+    while (trainer.step() < c.max_steps) losses.push_back(trainer.train_step().loss);
+    std::vector<float> weights;
+    for (const auto& [name, p] : model->named_parameters()) {
+      const mt::Tensor h = p.detach().to(mt::Device::cpu()).contiguous();
+      weights.insert(weights.end(), h.data<float>(), h.data<float>() + h.numel());
+    }
+    return std::pair{losses, weights};
+  };
+  if (nccl->size() > 4 || 4 % nccl->size() != 0) GTEST_SKIP() << "the global batch of 4 needs 1, 2 or 4 ranks";
+  const auto alone = run(1, nullptr);
+  const auto ranks = run(nccl->size(), nccl);
+  EXPECT_EQ(ranks.first, alone.first);
+  ASSERT_EQ(ranks.second.size(), alone.second.size());
+  EXPECT_EQ(std::memcmp(ranks.second.data(), alone.second.data(), alone.second.size() * sizeof(float)), 0);
+  EXPECT_NE(alone.first.front(), alone.first.back());
 }
 
 TEST(Nccl, RefusesAHostTensorNamingTheOperation) {
