@@ -21,7 +21,9 @@ if(MEMTRAIN_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   file(GLOB MEMTRAIN_CUDA_KERNELS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
   file(GLOB MEMTRAIN_CUDA_HOST CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cuda/*.cpp)
-  add_library(memtrain_cuda SHARED ${MEMTRAIN_CUDA_KERNELS} ${MEMTRAIN_CUDA_HOST})
+  # dist's NCCL group needs CUDA (and NCCL when found), so it is built into the module (src/dist/nccl_backend.h).
+  add_library(memtrain_cuda SHARED ${MEMTRAIN_CUDA_KERNELS} ${MEMTRAIN_CUDA_HOST}
+              ${PROJECT_SOURCE_DIR}/src/dist/nccl_communicator.cpp)
   # Kernels need only C++17, which every CMake version knows how to ask nvcc for (3.25 has no CUDA20 flag
   # for nvcc 13); the host code in src/cuda/ is C++ and stays C++20.
   set_target_properties(memtrain_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
@@ -82,8 +84,8 @@ if(MEMTRAIN_HAVE_CUDA)
     message(STATUS "memtrain: cuDNN not found (optional; set MEMTRAIN_CUDNN_ROOT)")
   endif()
   if(MEMTRAIN_NCCL_INCLUDE_DIR AND MEMTRAIN_NCCL_LIBRARY)
-    # Only src/cuda/cuda_nccl.cpp sees nccl.h; without NCCL it compiles to an entry point that says so.
-    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/cuda_nccl.cpp PROPERTIES
+    # Only src/dist/nccl_communicator.cpp sees nccl.h; without NCCL it compiles to an entry that says so.
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/dist/nccl_communicator.cpp PROPERTIES
                                 COMPILE_DEFINITIONS MEMTRAIN_HAVE_NCCL=1
                                 INCLUDE_DIRECTORIES ${MEMTRAIN_NCCL_INCLUDE_DIR})
     target_link_libraries(memtrain_cuda PRIVATE ${MEMTRAIN_NCCL_LIBRARY})

@@ -8,12 +8,7 @@
 // guards against a module left from another build.
 #pragma once
 
-#include <memory>
 #include <string>
-
-namespace memtrain::dist {
-class Communicator;
-}  // namespace memtrain::dist
 
 namespace memtrain::detail {
 
@@ -30,13 +25,17 @@ struct CudaModule {
   int (*device_count)() = nullptr;                // usable devices; 0 when none
   std::string (*unavailable_reason)() = nullptr;  // "" when a device is usable
   void (*synchronize)(int device) = nullptr;      // throws as cuda::synchronize documents
-  // An NCCL group over `bootstrap`'s ranks (dist::make_nccl_communicator), or nullptr with `why` set.
-  std::shared_ptr<dist::Communicator> (*nccl_communicator)(std::shared_ptr<dist::Communicator> bootstrap,
-                                                           std::string& why) = nullptr;
+  // The calling thread's current stream on `device` (a cudaStream_t; nullptr is the legacy default stream):
+  // where work from above the backend (dist's NCCL group) orders itself against memtrain's launches.
+  void* (*current_stream)(int device) = nullptr;
 };
 
 // The loaded module, or nullptr with `why` naming the file and the loader's error (or that this build has
 // no CUDA). Loaded once per process; later calls return the first answer.
 const CudaModule* cuda_module(std::string& why);
+// Another symbol of the loaded module: a higher layer's part that needs CUDA is built into the module and
+// exports its own entry (dist's NCCL group, src/dist/nccl_communicator.cpp), so nothing in the backend layer
+// refers to it. nullptr with `why` when the module is not loaded or lacks the symbol.
+void* cuda_module_symbol(const char* name, std::string& why);
 
 }  // namespace memtrain::detail

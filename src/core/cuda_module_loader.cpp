@@ -24,7 +24,8 @@ namespace {
 
 struct Loaded {
   const CudaModule* module = nullptr;
-  std::string why;  // set when module is null
+  std::string why;        // set when module is null
+  void* handle = nullptr;  // the module's, for its other symbols
 };
 
 #ifdef MEMTRAIN_HAVE_CUDA
@@ -64,18 +65,39 @@ Loaded load() {
                                  module == nullptr ? -1 : module->abi, kCudaModuleAbi)};
   }
   // The handle is never closed: the backend's kernels and allocators live until the process ends.
-  return {module, ""};
+  return {module, "", handle};
 }
 #else
 Loaded load() { return {nullptr, "memtrain was built without CUDA"}; }
 #endif
 
+const Loaded& loaded_module() {
+  static const Loaded loaded = load();  // thread-safe once
+  return loaded;
+}
+
 }  // namespace
 
 const CudaModule* cuda_module(std::string& why) {
-  static const Loaded loaded = load();  // thread-safe once
+  const Loaded& loaded = loaded_module();
   if (loaded.module == nullptr) why = loaded.why;
   return loaded.module;
+}
+
+void* cuda_module_symbol(const char* name, std::string& why) {
+  const Loaded& loaded = loaded_module();
+  if (loaded.module == nullptr) {
+    why = loaded.why;
+    return nullptr;
+  }
+#ifdef MEMTRAIN_HAVE_CUDA
+  void* symbol = dlsym(loaded.handle, name);
+  if (symbol == nullptr) why = fmt::format("the CUDA backend library has no symbol {}", name);
+  return symbol;
+#else
+  why = fmt::format("memtrain was built without CUDA (no {})", name);
+  return nullptr;
+#endif
 }
 
 }  // namespace memtrain::detail

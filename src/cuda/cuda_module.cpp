@@ -2,17 +2,12 @@
 // (core/cuda_module.h). Everything else of the backend is reached through the table's Backend.
 #include "core/cuda_module.h"
 
+#include "cuda/cuda_common.h"
 #include "cuda/device_ops.h"
 
 namespace memtrain::detail {
 const Backend* cuda_backend(std::string& why);  // src/cuda/cuda_tensor_backend.cpp
 }  // namespace memtrain::detail
-
-namespace memtrain::cuda::detail {
-// src/cuda/cuda_nccl.cpp
-std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist::Communicator> bootstrap,
-                                                           std::string& why);
-}  // namespace memtrain::cuda::detail
 
 extern "C" __attribute__((visibility("default"))) const memtrain::detail::CudaModule* memtrain_cuda_module() {
   namespace cuda = memtrain::cuda;
@@ -22,7 +17,7 @@ extern "C" __attribute__((visibility("default"))) const memtrain::detail::CudaMo
       .device_count = &cuda::detail::usable_device_count,
       .unavailable_reason = &cuda::detail::unusable_reason,
       .synchronize = &cuda::detail::synchronize_device,
-      .nccl_communicator = &cuda::detail::make_nccl_communicator,
+      .current_stream = [](int device) -> void* { return cuda::detail::current_stream(device); },
   };
   return &module;
 }

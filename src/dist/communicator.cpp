@@ -4,6 +4,7 @@
 
 #include "core/cuda_module.h"
 #include "dist/mpi_backend.h"
+#include "dist/nccl_backend.h"
 
 #include <algorithm>
 #include <bit>
@@ -99,9 +100,10 @@ std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicato
   const char* where = "dist::make_nccl_communicator";
   MT_CHECK(bootstrap != nullptr, where, "the bootstrap group is null");
   std::string why;
-  const ::memtrain::detail::CudaModule* module = ::memtrain::detail::cuda_module(why);
-  MT_CHECK(module != nullptr, where, "no CUDA backend: {}", why);
-  std::shared_ptr<Communicator> made = module->nccl_communicator(std::move(bootstrap), why);
+  void* symbol = ::memtrain::detail::cuda_module_symbol(detail::kNcclGroupSymbol, why);
+  MT_CHECK(symbol != nullptr, where, "no CUDA backend: {}", why);
+  const auto* entry = reinterpret_cast<const detail::NcclGroupEntry* (*)()>(symbol)();
+  std::shared_ptr<Communicator> made = entry->make(std::move(bootstrap), why);
   MT_CHECK(made != nullptr, where, "{}", why);
   return made;
 }

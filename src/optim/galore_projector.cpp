@@ -6,15 +6,53 @@
 
 #include "core/backend.h"
 #include "memtrain/core/allocator.h"
+#include "memtrain/ops/elementwise.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 #include <utility>
 
 namespace memtrain::optim {
 namespace {
 
 constexpr const char* kWhere = "GaLoreProjector";
+
+// The canonical signs of a fresh basis (rows x r, row-major f32, any device), so that the result depends on
+// neither the SVD library nor the device (singular vectors are defined up to sign, and the base state of a
+// projected weight outlives a refresh in the basis's coordinates): against the previous basis of the same side
+// when there is one, each column whose dot product with the previous basis's same column is negative is
+// flipped (zero counts as positive); for a first basis, each column whose largest-magnitude entry (the lowest
+// row on a tie) is negative. Decided on the host (r numbers from a rare refresh); meta holds no data to decide.
+void canonical_signs(Tensor& basis, const Tensor& previous) {
+  if (basis.device().is_meta()) return;
+  const Tensor b = basis.device().is_cpu() ? basis : basis.to(Device::cpu());
+  const Tensor p = !previous.defined() ? Tensor() : previous.device().is_cpu() ? previous : previous.to(Device::cpu());
+  const std::int64_t rows = b.size(0), r = b.size(1);
+  const float* x = b.data<float>();
+  std::vector<float> sign(static_cast<std::size_t>(r), 1.0f);
+  bool any = false;
+  for (std::int64_t c = 0; c < r; ++c) {
+    bool flip = false;
+    if (p.defined()) {
+      const float* y = p.data<float>();
+      double dot = 0.0;
+      for (std::int64_t i = 0; i < rows; ++i) dot += static_cast<double>(x[i * r + c]) * y[i * r + c];
+      flip = dot < 0.0;
+    } else {
+      std::int64_t top = 0;
+      for (std::int64_t i = 1; i < rows; ++i)
+        if (std::fabs(x[i * r + c]) > std::fabs(x[top * r + c])) top = i;
+      flip = x[top * r + c] < 0.0f;
+    }
+    if (flip) sign[static_cast<std::size_t>(c)] = -1.0f;
+    any |= flip;
+  }
+  if (!any) return;
+  const Tensor signs = from_buffer(sign.data(), {1, r}, DType::f32, DType::f32, basis.device());
+  basis.copy_(ops::mul(basis, signs));
+}
 
 void check_gradient(const Tensor& G) {
   MT_CHECK(G.defined(), kWhere, "undefined gradient");
@@ -141,6 +179,8 @@ void GaLoreProjector::refresh(const Tensor& G) {
   // Scratch of the decomposition: the caller's category (GaLore::update runs under workspace).
   ::memtrain::detail::backend_for(device_).galore_refresh(u, v, G, right, randomized, options_.power_iterations,
                                                           options_.oversample, warm, rng_);
+  canonical_signs(u, right ? right_ : left_);
+  if (side_ == Side::both) canonical_signs(v, right_);
   if (right) {
     right_ = std::move(u);
   } else {

@@ -27,7 +27,7 @@
 // (GaLoreProjector::bytes()); state_bytes() is exactly their sum. Projection runs in f32 on the parameter's
 // device: on CUDA the projector uses cuBLAS / cuSOLVER (galore_projector.h), and the base state, the basis and
 // the accumulators live on the device, where the base rule runs its device kernels (AdamW, AdamW8bit, Lion,
-// Lion8bit, SGD, Adafactor). A device basis may differ from the CPU's by the signs of its columns.
+// Lion8bit, SGD, Adafactor). Bases take canonical signs (galore_projector.h), so a device run follows the CPU's.
 #pragma once
 
 #include "memtrain/optim/galore_projector.h"

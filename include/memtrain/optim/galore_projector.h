@@ -11,14 +11,20 @@
 // SVD: exact (Eigen::BDCSVD) or randomized range finder (Halko et al.): Y = A Omega, q power iterations
 // with QR re-orthonormalisation, B = Q^T A, small SVD of B, P = Q U_B[:, :r]. With warm_start, the range
 // search starts from [previous P | Gaussian columns] (pushed once through A A^T) instead of A Omega.
+// Canonical signs: right after each decomposition every basis column gets a sign fixed by a rule, not by the
+// SVD library: a first basis has each column's largest-magnitude entry positive (the lowest row on a tie);
+// a later one has each column's dot product with the previous basis's same column >= 0. The base state of a
+// projected weight outlives a refresh in the basis's coordinates, so without the rule a column whose sign the
+// library flipped would mix old and new state with the wrong sign, and the CPU (Eigen), the GPU (cuSOLVER) and
+// PyTorch (LAPACK) would drift apart after the first refresh. A restored projector aligns its next refresh to
+// the stored basis, so checkpoints written before the rule still load.
 // Random numbers come from the projector's own Philox stream (seed, offset), not the global one, so a run
 // is reproducible whatever else draws random numbers. f32, 2-D, contiguous or not.
 // Devices: the first project() fixes the device (CPU, CUDA or meta: any with a backend, whose galore_*
 // entries do the linear algebra); the basis lives there and every later tensor must be on it. On meta the
 // basis reads as zeros (no data to decompose) while the tensors and the random stream follow the CPU's. On CUDA the same algorithm runs with cuBLAS / cuSOLVER (Householder QR, Jacobi SVD) on the
 // same Gaussian draws (made on the host from the same Philox stream, so rng_state() advances identically):
-// the basis spans the same subspace as the CPU's up to f32 rounding, but each column's sign is the device
-// SVD's, which may differ from Eigen's (singular vectors are defined up to sign).
+// the basis equals the CPU's up to f32 rounding, the canonical signs above included.
 #pragma once
 
 #include "memtrain/core/rng.h"

@@ -1,9 +1,10 @@
-// dist::Communicator over NCCL, between the GPUs of one run (one per rank): the CUDA module's half of
-// dist::nccl_world(). Built with NCCL when cmake found it (MEMTRAIN_HAVE_NCCL); otherwise the entry point says so.
+// dist::Communicator over NCCL, between the GPUs of one run (one per rank). Compiled into the CUDA module, not
+// libmemtrain (dist/nccl_backend.h), with NCCL when cmake found it (MEMTRAIN_HAVE_NCCL); otherwise its entry
+// says so.
 //
 // Bootstrap (as llm.c does): rank 0 makes the NCCL unique id and broadcasts it over the launcher's MPI group,
 // then every rank joins with ncclCommInitRank on cuda:<local rank>.
-// Streams: collectives run on the communicator's own stream. Each one first waits (an event, no host sync) for
+// Streams: collectives run on the communicator's own (blocking) stream. Each one first waits (an event, no host sync) for
 // the work the calling thread's current stream has enqueued so far, and that stream then waits for the
 // collective before anything later runs on it, so callers order tensors exactly as with a kernel launch.
 // The canonical sums exchange parts with grouped send/receive and add them on the device in the canonical tree
@@ -12,26 +13,20 @@
 // Faults: NCCL does not time out by itself; host waits (barrier, and the wait at the end of a call that must
 // return host data) poll the stream and ncclCommGetAsyncError, and past timeout_seconds() abort the
 // communicator and raise dist::PeerTimeout.
-#include "cuda/cuda_common.h"
-#include "cuda/device_ops.h"
-#include "dist/collective_checks.h"
-#include "memtrain/dist/communicator.h"
+#include "dist/nccl_backend.h"
 
 #include <memory>
 #include <string>
 
-namespace memtrain::cuda::detail {
-
-std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist::Communicator> bootstrap,
-                                                           std::string& why);
-
-}  // namespace memtrain::cuda::detail
-
 #if MEMTRAIN_HAVE_NCCL
+
+#include "core/cuda_module.h"
+#include "dist/collective_checks.h"
 
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/ops/elementwise.h"
 
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
@@ -41,10 +36,39 @@ std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist:
 #include <thread>
 #include <vector>
 
-namespace memtrain::cuda::detail {
+namespace memtrain::dist::detail {
 namespace {
 
 constexpr const char* kWhere = "NcclCommunicator";
+
+void check_cuda(cudaError_t err, const char* fn) {
+  if (err == cudaSuccess) return;
+  (void)cudaGetLastError();  // clears the runtime's error slot, so a later launch check does not see it again
+  MT_CHECK(false, kWhere, "{} failed: {}: {}", fn, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+// The CUDA module's answers (core/cuda_module.h): this file is built into the module, so it is loaded.
+const ::memtrain::detail::CudaModule& module() {
+  std::string why;
+  const ::memtrain::detail::CudaModule* m = ::memtrain::detail::cuda_module(why);
+  MT_CHECK(m != nullptr, kWhere, "no CUDA backend: {}", why);
+  return *m;
+}
+
+// Makes `device` current for the scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
 
 void check_nccl(ncclResult_t result, std::string_view op, const char* fn) {
   MT_CHECK(result == ncclSuccess || result == ncclInProgress, kWhere, "{}: {} failed: {}", op, fn,
@@ -66,9 +90,9 @@ ncclDataType_t nccl_type(DType dtype, std::string_view op) {
 // bf16 and f16 are summed in f32, as the MPI backend does (NCCL would add in the narrow type at every hop).
 DType accumulation_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
-class NcclCommunicator final : public dist::Communicator {
+class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<dist::Communicator> bootstrap, int device)
+  NcclCommunicator(std::shared_ptr<Communicator> bootstrap, int device)
       : bootstrap_(std::move(bootstrap)), device_(device) {
     set_timeout_seconds(bootstrap_->timeout_seconds());
     ncclUniqueId id;
@@ -78,10 +102,11 @@ class NcclCommunicator final : public dist::Communicator {
     if (bootstrap_->rank() == 0) std::memcpy(bytes.data_ptr(), &id, sizeof(id));
     bootstrap_->broadcast(bytes, 0);
     std::memcpy(&id, bytes.data_ptr(), sizeof(id));
-    DeviceGuard guard(device_, kWhere);
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), kWhere, "cudaStreamCreateWithFlags");
-    check_cuda(cudaEventCreateWithFlags(&before_, cudaEventDisableTiming), kWhere, "cudaEventCreateWithFlags");
-    check_cuda(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming), kWhere, "cudaEventCreateWithFlags");
+    DeviceScope on_device(device_);
+    // Blocking, as memtrain's own streams (cuda/stream.h): the legacy default stream's copies wait for it.
+    check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&before_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check_nccl(ncclCommInitRank(&comm_, bootstrap_->size(), id, bootstrap_->rank()), "init", "ncclCommInitRank");
   }
 
@@ -108,7 +133,7 @@ class NcclCommunicator final : public dist::Communicator {
 
   void broadcast(Tensor& t, int root) override {
     constexpr std::string_view op = "broadcast";
-    dist::detail::check_root(op, root, size());
+    check_root(op, root, size());
     check_device_tensor(op, t, "t");
     // Every rank must pass the same shape and dtype: compared over the MPI group, naming both.
     const std::string mine = fmt::format("{} {}", shape_str(t.shape()), dtype_name(t.dtype()));
@@ -133,7 +158,7 @@ class NcclCommunicator final : public dist::Communicator {
   void all_reduce_sum(Tensor& t) override {
     constexpr std::string_view op = "all_reduce_sum";
     check_device_tensor(op, t, "t");
-    dist::detail::check_summable(op, t.dtype());
+    check_summable(op, t.dtype());
     autograd::NoGradGuard no_grad;
     std::lock_guard lock(mutex_);
     const DType acc = accumulation_type(t.dtype());
@@ -151,8 +176,8 @@ class NcclCommunicator final : public dist::Communicator {
     constexpr std::string_view op = "reduce_scatter_canonical";
     check_device_tensor(op, contribution, "contribution");
     check_device_tensor(op, mine, "mine");
-    dist::detail::check_shard_layout(op, *this, contribution, bounds, mine);
-    dist::detail::check_summable(op, contribution.dtype());
+    check_shard_layout(op, *this, contribution, bounds, mine);
+    check_summable(op, contribution.dtype());
     autograd::NoGradGuard no_grad;
     std::lock_guard lock(mutex_);
     const int me = rank();
@@ -188,7 +213,7 @@ class NcclCommunicator final : public dist::Communicator {
     constexpr std::string_view op = "all_gather";
     check_device_tensor(op, mine, "mine");
     check_device_tensor(op, full, "full");
-    dist::detail::check_shard_layout(op, *this, full, bounds, mine);
+    check_shard_layout(op, *this, full, bounds, mine);
     std::lock_guard lock(mutex_);
     const std::size_t esize = full.element_size();
     // Parts of any size: one broadcast per rank, rooted at it, all in one group.
@@ -217,13 +242,13 @@ class NcclCommunicator final : public dist::Communicator {
   template <typename Call>
   void enqueue(std::string_view op, Call&& call) {
     MT_CHECK(!aborted_, kWhere, "{}: the communicator was aborted after an earlier failure", op);
-    DeviceGuard guard(device_, kWhere);
-    const cudaStream_t compute = current_stream(device_);
-    check_cuda(cudaEventRecord(before_, compute), kWhere, "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, before_, 0), kWhere, "cudaStreamWaitEvent");
+    DeviceScope on_device(device_);
+    const auto compute = static_cast<cudaStream_t>(module().current_stream(device_));
+    check_cuda(cudaEventRecord(before_, compute), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, before_, 0), "cudaStreamWaitEvent");
     check_nccl(call(), op, "the NCCL call");
-    check_cuda(cudaEventRecord(after_, stream_), kWhere, "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(compute, after_, 0), kWhere, "cudaStreamWaitEvent");
+    check_cuda(cudaEventRecord(after_, stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(compute, after_, 0), "cudaStreamWaitEvent");
   }
 
   // The host waits for the communicator's stream, at most timeout_seconds().
@@ -232,7 +257,7 @@ class NcclCommunicator final : public dist::Communicator {
     for (;;) {
       const cudaError_t done = cudaStreamQuery(stream_);
       if (done == cudaSuccess) return;
-      if (done != cudaErrorNotReady) check_cuda(done, kWhere, "cudaStreamQuery");
+      if (done != cudaErrorNotReady) check_cuda(done, "cudaStreamQuery");
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm_, &async), op, "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
@@ -242,7 +267,7 @@ class NcclCommunicator final : public dist::Communicator {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_seconds()) {
         aborted_ = true;
-        throw dist::PeerTimeout(fmt::format("{}: {}: rank {} waited {:.0f} s for its peers (timeout_seconds {}); "
+        throw PeerTimeout(fmt::format("{}: {}: rank {} waited {:.0f} s for its peers (timeout_seconds {}); "
                                             "a rank died or is stuck", kWhere, op, rank(), waited, timeout_seconds()));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -255,11 +280,11 @@ class NcclCommunicator final : public dist::Communicator {
       const Tensor& leaf = leaves[static_cast<std::size_t>(lo)];
       return leaf.dtype() == acc ? leaf : leaf.to(acc);
     }
-    const int p = static_cast<int>(dist::canonical_split(n));
+    const int p = static_cast<int>(canonical_split(n));
     return ops::add(tree(leaves, lo, p, acc), tree(leaves, lo + p, n - p, acc));
   }
 
-  std::shared_ptr<dist::Communicator> bootstrap_;
+  std::shared_ptr<Communicator> bootstrap_;
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
@@ -268,18 +293,17 @@ class NcclCommunicator final : public dist::Communicator {
   std::mutex mutex_;
 };
 
-}  // namespace
-
-std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist::Communicator> bootstrap,
-                                                           std::string& why) {
-  const int devices = usable_device_count();
+// The group over `bootstrap`'s ranks on cuda:<local rank>, once every rank is known to have its GPU.
+std::shared_ptr<Communicator> make_group(std::shared_ptr<Communicator> bootstrap, std::string& why) {
+  const int devices = module().device_count();
   const int local = bootstrap->local_rank();
   // Every rank learns whether every rank has its GPU before any joins NCCL, so all refuse together.
   const std::vector<std::int64_t> gpus = bootstrap->all_gather_i64({devices, local});
   for (std::size_t q = 0; q + 1 < gpus.size(); q += 2) {
     if (gpus[q] == 0) {
       why = fmt::format("rank {} has no usable CUDA device{}", q / 2,
-                        static_cast<int>(q / 2) == bootstrap->rank() ? ": " + unusable_reason() : std::string());
+                        static_cast<int>(q / 2) == bootstrap->rank() ? ": " + module().unavailable_reason()
+                                                                     : std::string());
       return nullptr;
     }
     if (gpus[q + 1] >= gpus[q]) {
@@ -291,17 +315,25 @@ std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist:
   return std::make_shared<NcclCommunicator>(std::move(bootstrap), local);
 }
 
-}  // namespace memtrain::cuda::detail
+}  // namespace
+}  // namespace memtrain::dist::detail
 
 #else  // no NCCL in this build
 
-namespace memtrain::cuda::detail {
+namespace memtrain::dist::detail {
+namespace {
 
-std::shared_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist::Communicator>, std::string& why) {
+std::shared_ptr<Communicator> make_group(std::shared_ptr<Communicator>, std::string& why) {
   why = "memtrain was built without NCCL (cmake did not find nccl.h and libnccl; set MEMTRAIN_NCCL_ROOT)";
   return nullptr;
 }
 
-}  // namespace memtrain::cuda::detail
+}  // namespace
+}  // namespace memtrain::dist::detail
 
 #endif
+
+extern "C" __attribute__((visibility("default"))) const memtrain::dist::detail::NcclGroupEntry* memtrain_nccl_group() {
+  static const memtrain::dist::detail::NcclGroupEntry entry{.make = &memtrain::dist::detail::make_group};
+  return &entry;
+}
