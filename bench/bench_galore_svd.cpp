@@ -6,6 +6,7 @@
 // Warm start refreshes on G' = G + 0.05 * ||G||-scaled noise after a first refresh on G (a gradient that
 // moved between refreshes). Counters: subspace_err = ||P P^T - Pe Pe^T||_F / sqrt(2 r) against the exact
 // basis Pe of the same matrix (0 = same subspace, 1 = orthogonal), energy = ||P^T G||_F^2 / ||Pe^T G||_F^2.
+// BM_GaLoreSignRule times the canonical sign rule that every refresh above includes, on its own.
 // Run: bench_galore_svd --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 // MEMTRAIN_BENCH_GALORE_LARGE=1 adds 4096 x 4096 at ranks 128 and 256 (the exact SVD takes about 50 s each there on 2 cores).
 #include "memtrain/core/tensor.h"
@@ -107,6 +108,21 @@ void BM_GaLoreRefresh(benchmark::State& state, Kind kind) {
   state.counters["energy"] = energy(pr) / energy(pe);
 }
 
+// The canonical sign rule alone (galore_projector.h), on the exact basis of the same shapes, aligned to a
+// previous basis (the refresh case: r dot products of length rows): its share of a refresh's time.
+void BM_GaLoreSignRule(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), r = state.range(2);
+  const Case& c = get_case(m, n, r);
+  const Tensor previous = c.p_exact.clone();
+  for (auto _ : state) {
+    Tensor basis = c.p_exact.clone();
+    const auto t0 = std::chrono::steady_clock::now();
+    apply_canonical_signs(basis, previous);
+    const auto t1 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
   b->Args({768, 768, 128})->Args({768, 3072, 128})->Args({3072, 768, 128});
   if (const char* e = std::getenv("MEMTRAIN_BENCH_GALORE_LARGE"); e && std::string(e) == "1") {
@@ -120,6 +136,7 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_GaLoreRefresh, exact, kExact)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_GaLoreRefresh, randomized_q2, kRandomized)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_GaLoreRefresh, randomized_warm_q1, kWarm)->Apply(shapes);
+BENCHMARK(BM_GaLoreSignRule)->Apply(shapes);
 
 }  // namespace
 

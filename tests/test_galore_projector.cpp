@@ -323,3 +323,68 @@ TEST(GaLoreProjector, NonContiguousGradient) {
 }
 
 }  // namespace
+
+// ---- canonical signs -------------------------------------------------------------------------------------
+
+namespace {
+
+// Each column of `basis` (rows x r): the index of its largest-magnitude entry (the lowest on a tie).
+std::int64_t top_row(const MatD& basis, std::int64_t c) {
+  std::int64_t top = 0;
+  for (std::int64_t i = 1; i < basis.rows(); ++i)
+    if (std::abs(static_cast<float>(basis(i, c))) > std::abs(static_cast<float>(basis(top, c)))) top = i;
+  return top;
+}
+
+}  // namespace
+
+// A first basis has every column's largest entry positive, whatever the SVD, side or method; G and -G (whose
+// singular vectors an SVD may return with either sign) give the same basis.
+TEST(GaLoreProjector, AFirstBasisHasEachColumnsLargestEntryPositive) {
+  std::mt19937 gen(31);
+  for (const GaLoreSvd svd : kSvds)
+    for (const GaLoreProjType type : {GaLoreProjType::left, GaLoreProjType::right, GaLoreProjType::full}) {
+      const MatD g = gapped(30, 20, 4, gen);
+      GaLoreProjector a(opts(4, type, svd)), b(opts(4, type, svd));
+      (void)a.project(to_tensor(g), 0);
+      (void)b.project(to_tensor(-g), 0);
+      for (const Tensor* basis : {&a.left_matrix(), &a.right_matrix()}) {
+        if (!basis->defined()) continue;
+        const MatD p = to_mat(*basis);
+        for (std::int64_t c = 0; c < p.cols(); ++c)
+          EXPECT_GT(p(top_row(p, c), c), 0.0) << galore_svd_name(svd) << " " << galore_proj_type_name(type);
+      }
+      const Tensor& pa = type == GaLoreProjType::right ? a.right_matrix() : a.left_matrix();
+      const Tensor& pb = type == GaLoreProjType::right ? b.right_matrix() : b.left_matrix();
+      EXPECT_LT((to_mat(pa) - to_mat(pb)).cwiseAbs().maxCoeff(), 1e-5)
+          << galore_svd_name(svd) << " " << galore_proj_type_name(type) << ": G and -G";
+    }
+}
+
+// A refresh keeps every column on the side of the previous basis's same column: a projector restored with a
+// basis and one restored with its negation refresh to negated bases, and each new column's dot product with
+// the stored one is >= 0. So a checkpoint written before the rule aligns at its first refresh.
+TEST(GaLoreProjector, ARefreshKeepsEachColumnOnThePreviousBasisSide) {
+  std::mt19937 gen(32);
+  const MatD g0 = gapped(24, 40, 3, gen);
+  GaLoreProjector first(opts(3, GaLoreProjType::left, GaLoreSvd::exact));
+  (void)first.project(to_tensor(g0), 0);
+  const MatD p0 = to_mat(first.left_matrix());
+  MatD flipped = p0;
+  flipped.col(1) *= -1.0;  // as another SVD library might have returned it
+  const MatD g1 = g0 + 0.05 * random_mat(24, 40, gen);
+  const auto refreshed = [&](const MatD& stored) {
+    GaLoreProjector p(opts(3, GaLoreProjType::left, GaLoreSvd::exact));
+    p.restore(24, 40, to_tensor(stored), Tensor(), first.rng_state(), 1);
+    (void)p.project(to_tensor(g1), 10);  // a refresh step
+    EXPECT_TRUE(p.refreshed_last());
+    return to_mat(p.left_matrix());
+  };
+  const MatD a = refreshed(p0), b = refreshed(flipped);
+  for (std::int64_t c = 0; c < 3; ++c) {
+    EXPECT_GE(a.col(c).dot(p0.col(c)), 0.0) << c;
+    EXPECT_GE(b.col(c).dot(flipped.col(c)), 0.0) << c;
+    const double sign = c == 1 ? -1.0 : 1.0;
+    EXPECT_LT((a.col(c) - sign * b.col(c)).cwiseAbs().maxCoeff(), 1e-6) << c;
+  }
+}

@@ -190,6 +190,7 @@ TEST(TrainerConfig, OptimizerSpecsRoundTripPerFamily) {
       Spec::sgd({.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true}),
       Spec::adamw({.lr = 1e-3, .weight_decay = 0.1, .beta1 = 0.85, .beta2 = 0.98, .eps = 1e-7}),
       Spec::adamw8bit({.lr = 2e-3, .block_size = 64}),
+      Spec::adamw({.lr = 1e-3, .eps = 1e-6, .eps_mode = mt::optim::AdamEpsMode::hf}),
       Spec::lion({.lr = 1e-4, .weight_decay = 0.2, .beta1 = 0.95, .beta2 = 0.98}),
       Spec::lion8bit({.lr = 3e-5, .min_8bit_size = 10}),
       Spec::adafactor({.lr = 0.02, .beta1 = 0.9, .decay_rate = -0.7, .eps1 = 1e-29, .clip_threshold = 2.0}),
@@ -209,6 +210,7 @@ TEST(TrainerConfig, OptimizerSpecsRoundTripPerFamily) {
     EXPECT_EQ(r.decay_rate, s.decay_rate);
     EXPECT_EQ(r.eps1, s.eps1);
     EXPECT_EQ(r.clip_threshold, s.clip_threshold);
+    EXPECT_EQ(r.eps_mode, s.eps_mode);
   }
   EXPECT_EQ(mt::optim::spec_to_json(specs[0])["momentum"], 0.9);  // SGD's beta1 is written as momentum
   const Spec named = mt::optim::spec_from_name("lion", 1e-4, 0.3);
@@ -307,6 +309,8 @@ TEST(TrainerConfig, FromJsonRefusesBadNames) {
       {[](json& j) { j["activation_checkpointing"] = "every:0"; }, {"activation_checkpointing", "k >= 1"}},
       {[](json& j) { j["galore_rank"] = 8; j["galore_proj_type"] = "diagonal"; }, {"galore_proj_type", "diagonal"}},
       {[](json& j) { j["galore_rank"] = 8; j["galore_svd"] = "qr"; }, {"galore_svd", "qr"}},
+      {[](json& j) { j["galore_rank"] = 8; j["galore_decay_order"] = "during"; }, {"galore_decay_order", "during"}},
+      {[](json& j) { j["optimizer"]["eps_mode"] = "keras"; }, {"eps_mode 'keras'", "torch, hf"}},
       {[](json& j) { j["schedule"]["decay"] = "linear"; }, {"schedule.decay 'linear'"}},
       {[](json& j) { j["device"] = "gpu"; }, {"device 'gpu'"}},
       {[](json& j) { j["precision"] = 16; }, {"'precision' must be a string"}},
@@ -324,8 +328,10 @@ TEST(TrainerConfig, FromJsonRefusesBadNames) {
   c.precision = mt::amp::Precision::bf16;
   c.activation_checkpointing = mt::ckpt::Policy::every(2);
   c.galore_proj_type = mt::optim::GaLoreProjType::right;
+  c.galore_decay_order = mt::optim::GaLoreDecayOrder::after;
   c.schedule.decay = mt::train::LrDecay::constant;
   const TrainerConfig r = TrainerConfig::from_json(c.to_json());
+  EXPECT_EQ(r.galore_decay_order, mt::optim::GaLoreDecayOrder::after);
   EXPECT_EQ(r.device, mt::Device::meta());
   EXPECT_EQ(r.precision, mt::amp::Precision::bf16);
   EXPECT_EQ(r.activation_checkpointing, mt::ckpt::Policy::every(2));

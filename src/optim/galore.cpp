@@ -5,6 +5,7 @@
 #include "core/backend.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
+#include "memtrain/ops/elementwise.h"
 
 #include <fmt/ranges.h>
 
@@ -249,7 +250,12 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
   }
   ++entry.steps;
   const float decay = static_cast<float>(1.0 - group.lr * group.weight_decay);
-  entry.projector->project_back_add(delta, param, decay);  // param = param * decay + project_back(delta)
+  if (galore_.decay_order == GaLoreDecayOrder::before) {
+    entry.projector->project_back_add(delta, param, decay);  // param = param * decay + project_back(delta)
+  } else {
+    entry.projector->project_back_add(delta, param, 1.0f);  // param += project_back(delta), then decays
+    if (decay != 1.0f) ops::mul_(param, decay);
+  }
 }
 
 const ParamGroup& GaLore::group_of(std::size_t index) const {

@@ -19,13 +19,10 @@ namespace {
 
 constexpr const char* kWhere = "GaLoreProjector";
 
-// The canonical signs of a fresh basis (rows x r, row-major f32, any device), so that the result depends on
-// neither the SVD library nor the device (singular vectors are defined up to sign, and the base state of a
-// projected weight outlives a refresh in the basis's coordinates): against the previous basis of the same side
-// when there is one, each column whose dot product with the previous basis's same column is negative is
-// flipped (zero counts as positive); for a first basis, each column whose largest-magnitude entry (the lowest
-// row on a tie) is negative. Decided on the host (r numbers from a rare refresh); meta holds no data to decide.
-void canonical_signs(Tensor& basis, const Tensor& previous) {
+}  // namespace
+
+// Decided on the host (r signs from a rare refresh); meta holds no data to decide.
+void apply_canonical_signs(Tensor& basis, const Tensor& previous) {
   if (basis.device().is_meta()) return;
   const Tensor b = basis.device().is_cpu() ? basis : basis.to(Device::cpu());
   const Tensor p = !previous.defined() ? Tensor() : previous.device().is_cpu() ? previous : previous.to(Device::cpu());
@@ -54,6 +51,8 @@ void canonical_signs(Tensor& basis, const Tensor& previous) {
   basis.copy_(ops::mul(basis, signs));
 }
 
+namespace {
+
 void check_gradient(const Tensor& G) {
   MT_CHECK(G.defined(), kWhere, "undefined gradient");
   MT_CHECK(G.dim() == 2, kWhere, "expected a 2-D gradient, got shape {}", shape_str(G.shape()));
@@ -75,6 +74,14 @@ const char* galore_proj_type_name(GaLoreProjType t) {
 }
 
 const char* galore_svd_name(GaLoreSvd s) { return s == GaLoreSvd::exact ? "exact" : "randomized"; }
+
+const char* galore_decay_order_name(GaLoreDecayOrder o) { return o == GaLoreDecayOrder::after ? "after" : "before"; }
+
+GaLoreDecayOrder galore_decay_order_from_name(std::string_view name) {
+  if (name == "before") return GaLoreDecayOrder::before;
+  MT_CHECK(name == "after", "GaLore", "galore_decay_order '{}' is not one of before, after", name);
+  return GaLoreDecayOrder::after;
+}
 
 GaLoreProjType galore_proj_type_from_name(std::string_view name) {
   for (const GaLoreProjType t : {GaLoreProjType::std_side, GaLoreProjType::reverse_std_side, GaLoreProjType::left,
@@ -179,8 +186,8 @@ void GaLoreProjector::refresh(const Tensor& G) {
   // Scratch of the decomposition: the caller's category (GaLore::update runs under workspace).
   ::memtrain::detail::backend_for(device_).galore_refresh(u, v, G, right, randomized, options_.power_iterations,
                                                           options_.oversample, warm, rng_);
-  canonical_signs(u, right ? right_ : left_);
-  if (side_ == Side::both) canonical_signs(v, right_);
+  apply_canonical_signs(u, right ? right_ : left_);
+  if (side_ == Side::both) apply_canonical_signs(v, right_);
   if (right) {
     right_ = std::move(u);
   } else {

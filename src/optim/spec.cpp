@@ -53,12 +53,13 @@ Spec Spec::adamw(const AdamWOptions& o) {
   Spec s = rule(OptimizerKind::adamw, o.lr, o.weight_decay, o.beta1);
   s.beta2 = o.beta2;
   s.eps = o.eps;
+  s.eps_mode = o.eps_mode;
   return s;
 }
 
 Spec Spec::adamw8bit(const AdamW8bitOptions& o) {
-  return blockwise(adamw({o.lr, o.weight_decay, o.beta1, o.beta2, o.eps}), OptimizerKind::adamw8bit, o.block_size,
-                   o.min_8bit_size);
+  return blockwise(adamw({o.lr, o.weight_decay, o.beta1, o.beta2, o.eps, o.eps_mode}), OptimizerKind::adamw8bit,
+                   o.block_size, o.min_8bit_size);
 }
 
 Spec Spec::lion(const LionOptions& o) {
@@ -88,8 +89,8 @@ std::unique_ptr<Optimizer> Spec::make(std::vector<ParamGroup> groups) const {
   }
   switch (kind) {
     case OptimizerKind::sgd: return std::make_unique<SGD>(std::move(groups), nesterov);
-    case OptimizerKind::adamw: return std::make_unique<AdamW>(std::move(groups));
-    case OptimizerKind::adamw8bit: return make_adamw8bit(std::move(groups), block_size, min_8bit_size);
+    case OptimizerKind::adamw: return std::make_unique<AdamW>(std::move(groups), eps_mode);
+    case OptimizerKind::adamw8bit: return make_adamw8bit(std::move(groups), block_size, min_8bit_size, eps_mode);
     case OptimizerKind::lion: return std::make_unique<Lion>(std::move(groups));
     case OptimizerKind::lion8bit: return make_lion8bit(std::move(groups), block_size, min_8bit_size);
     case OptimizerKind::adafactor: {
@@ -119,8 +120,8 @@ std::string Spec::to_string() const {
       return fmt::format("sgd(lr={}, momentum={}, wd={}, nesterov={})", lr, beta1, weight_decay, nesterov);
     case OptimizerKind::adamw:
     case OptimizerKind::adamw8bit:
-      return fmt::format("{}(lr={}, wd={}, betas=({}, {}), eps={}{})", kind_name(kind), lr, weight_decay, beta1,
-                         beta2, eps,
+      return fmt::format("{}(lr={}, wd={}, betas=({}, {}), eps={}{}{})", kind_name(kind), lr, weight_decay, beta1,
+                         beta2, eps, eps_mode == AdamEpsMode::hf ? " (hf form)" : "",
                          kind == OptimizerKind::adamw8bit ? fmt::format(", block={}", block_size) : std::string());
     case OptimizerKind::lion:
     case OptimizerKind::lion8bit:

@@ -66,6 +66,7 @@ json spec_to_json(const Spec& spec) {
     case OptimizerKind::adamw:
     case OptimizerKind::adamw8bit:
       j["eps"] = spec.eps;
+      j["eps_mode"] = adam_eps_mode_name(spec.eps_mode);
       [[fallthrough]];  // and Lion's two betas
     case OptimizerKind::lion:
     case OptimizerKind::lion8bit:
@@ -105,8 +106,12 @@ Spec spec_from_json(const json& j) {
       r.get("nesterov", spec.nesterov);
       break;
     case OptimizerKind::adamw:
-    case OptimizerKind::adamw8bit:
+    case OptimizerKind::adamw8bit: {
       r.get("eps", spec.eps);
+      std::string mode = adam_eps_mode_name(spec.eps_mode);
+      r.get("eps_mode", mode);
+      spec.eps_mode = adam_eps_mode_from_name(mode);
+    }
       [[fallthrough]];  // and Lion's two betas
     case OptimizerKind::lion:
     case OptimizerKind::lion8bit:

@@ -53,6 +53,7 @@ std::unique_ptr<optim::GaLore> make_galore(const TrainerConfig& c, optim::GaLore
   g.scale = c.galore_scale;
   g.proj_type = c.galore_proj_type;
   g.svd = c.galore_svd;
+  g.decay_order = c.galore_decay_order;
   return std::make_unique<optim::GaLore>(c.optimizer, g, std::move(groups));
 }
 

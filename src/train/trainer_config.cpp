@@ -109,6 +109,8 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("galore_scale", c.galore_scale);
   v.named("galore_proj_type", c.galore_proj_type, optim::galore_proj_type_name, optim::galore_proj_type_from_name);
   v.named("galore_svd", c.galore_svd, optim::galore_svd_name, optim::galore_svd_from_name);
+  v.named("galore_decay_order", c.galore_decay_order, optim::galore_decay_order_name,
+          optim::galore_decay_order_from_name);
   v.field("galore_targets", c.galore_targets);
   v.field("layerwise_update", c.layerwise_update);
   v.field("max_steps", c.max_steps);

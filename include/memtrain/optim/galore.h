@@ -7,9 +7,11 @@
 //       galore_torch, is neither reset nor rotated when the basis changes
 //   W = W * (1 - lr * wd) + project_back(D)            (project_back multiplies by scale)
 // Weight decay on projected parameters is decoupled and applied to the old W before the update, the order of
-// our AdamW / Lion / Adafactor (galore_torch decays after; the two differ by lr^2 * wd terms). It is
-// decoupled for an SGD base too, whose own weight_decay is L2 on the gradient: added to G it would mostly be
-// projected away.
+// our AdamW / Lion / Adafactor; GaLoreSpec::decay_order = after applies it to the updated W instead, as
+// galore_torch does (the two differ by lr^2 * wd terms). With that and an AdamW base in the hf epsilon form
+// (adamw.h), a projected weight follows galore_torch's GaLore-AdamW to float rounding (tests/test_galore_torch.cpp).
+// It is decoupled for an SGD base too, whose own weight_decay is L2 on the gradient: added to G it would mostly
+// be projected away.
 // Parameters in the plain groups are stepped by the base rule itself, exactly as the base optimizer would.
 // Every base works on the zero workspace: SGD (momentum buffer), AdamW, Lion, AdamW8bit / Lion8bit (8-bit
 // state of R's shape when R has >= min_8bit_size elements), Adafactor (our Adafactor has no relative-step

@@ -38,12 +38,21 @@ namespace memtrain::optim {
 
 enum class GaLoreProjType { std_side, reverse_std_side, left, right, full };
 enum class GaLoreSvd { exact, randomized };
+// When a projected weight's decoupled weight decay applies (galore.h): before the update (memtrain's order, as
+// torch.optim.AdamW) or after it (Hugging Face's AdamW, and so galore_torch).
+enum class GaLoreDecayOrder { before, after };
 
 const char* galore_proj_type_name(GaLoreProjType t);  // "std", "reverse_std", "left", "right", "full"
 const char* galore_svd_name(GaLoreSvd s);             // "exact", "randomized"
+const char* galore_decay_order_name(GaLoreDecayOrder o);  // "before", "after"
+GaLoreDecayOrder galore_decay_order_from_name(std::string_view name);  // throws naming both
 // The inverses; throw memtrain::Error naming the known values.
 GaLoreProjType galore_proj_type_from_name(std::string_view name);
 GaLoreSvd galore_svd_from_name(std::string_view name);
+
+// The canonical signs (above) on a fresh basis (rows x r, row-major f32, any device), in place: against
+// `previous` (the same side's last basis, same shape) when it is defined, else the first-basis rule.
+void apply_canonical_signs(Tensor& basis, const Tensor& previous);
 
 struct GaLoreProjectorOptions {
   std::int64_t rank = 128;
@@ -55,6 +64,8 @@ struct GaLoreProjectorOptions {
   int oversample = 8;         // randomized only: the range search keeps rank + oversample columns
   bool warm_start = true;     // randomized only: start from the previous basis
   std::uint64_t seed = 0x6a10'5eed;
+  // GaLore's, not the projector's (GaLoreSpec is this struct): see GaLoreDecayOrder.
+  GaLoreDecayOrder decay_order = GaLoreDecayOrder::before;
 };
 
 class GaLoreProjector {

@@ -6,6 +6,7 @@
 // spec's lr and weight_decay.
 #pragma once
 
+#include "memtrain/optim/adamw.h"
 #include "memtrain/optim/optimizer.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -33,6 +34,7 @@ struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  AdamEpsMode eps_mode = AdamEpsMode::torch;  // adamw.h: torch.optim's form, or Hugging Face's (hf)
 };
 struct AdamW8bitOptions {
   double lr = 1e-3;
@@ -42,6 +44,7 @@ struct AdamW8bitOptions {
   double eps = 1e-8;
   std::int64_t block_size = 256;
   std::int64_t min_8bit_size = 4096;  // smaller tensors keep fp32 state
+  AdamEpsMode eps_mode = AdamEpsMode::torch;
 };
 struct LionOptions {
   double lr = 1e-4;
@@ -73,6 +76,7 @@ struct Spec {
   double beta1 = 0.9;  // SGD: momentum
   double beta2 = 0.999;
   double eps = 1e-8;
+  AdamEpsMode eps_mode = AdamEpsMode::torch;  // AdamW kinds
   bool nesterov = false;                 // SGD
   std::int64_t block_size = 256;         // 8-bit kinds
   std::int64_t min_8bit_size = 4096;     // 8-bit kinds

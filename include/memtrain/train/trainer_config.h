@@ -102,6 +102,7 @@ struct TrainerConfig {
   double galore_scale = 0.25;            // alpha: the projected update is scaled by it
   optim::GaLoreProjType galore_proj_type = optim::GaLoreProjType::std_side;  // JSON: std, reverse_std, left, ...
   optim::GaLoreSvd galore_svd = optim::GaLoreSvd::randomized;                // JSON: randomized, exact
+  optim::GaLoreDecayOrder galore_decay_order = optim::GaLoreDecayOrder::before;  // JSON: before, after
   // Which parameters GaLore projects: name globs, '*' matching any run of characters over the whole name
   // ("*.w_in.weight", "mixer.*.weight"); only 2-D parameters are ever chosen (a match of another rank is
   // skipped). Empty: the attention and MLP weights (optim::is_galore_target). Patterns that match nothing
