@@ -9,7 +9,8 @@ vector >= 0. Without it, the two implementations' SVD libraries (LAPACK here, Ei
 independently and the trajectories part after the first refresh.
 
 Inputs need no fixture: the weights and every step's gradient are closed formulas of (i, j, t) evaluated with
-math.sin / math.cos in float64 and rounded to float32, which the test evaluates the same way.
+math.sin in float64 and rounded to float32 (the gradients a hash-like noise), which the test evaluates the same
+way.
 
 Usage (Debian's python3-torch runs under /usr/bin/python3; galore_torch imports transformers only for a version
 check, stubbed here, so the wheel is enough):
@@ -34,9 +35,15 @@ def weight(m, n):
     return [[0.001 * math.sin(0.7 * i + 1.3 * j + 0.1) for j in range(n)] for i in range(m)]
 
 
+def noise(i, j, t):
+    """A hash of (i, j, t) in [-0.5, 0.5): the fractional part of a scaled sine, as random as Gaussian
+    gradients for this purpose and the same bits in C++ (glibc's sin, double arithmetic)."""
+    x = math.sin(12.9898 * (i + 1) + 78.233 * (j + 1) + 37.719 * (t + 1)) * 43758.5453
+    return x - math.floor(x) - 0.5
+
+
 def gradient(m, n, t):
-    return [[math.sin(0.37 * i * (t + 1) + 0.91 * j + 0.5 * t) + 0.3 * math.cos(1.7 * j * (t + 2) - 0.23 * i)
-             for j in range(n)] for i in range(m)]
+    return [[noise(i, j, t) for j in range(n)] for i in range(m)]
 
 
 def f32(rows):
