@@ -9,8 +9,8 @@ vector >= 0. Without it, the two implementations' SVD libraries (LAPACK here, Ei
 independently and the trajectories part after the first refresh.
 
 Inputs need no fixture: the weights and every step's gradient are closed formulas of (i, j, t) evaluated with
-math.sin in float64 and rounded to float32 (the gradients a hash-like noise), which the test evaluates the same
-way.
+math.sin in float64 and rounded to float32 (the gradients planted directions plus a hash-like noise), which the
+test evaluates the same way.
 
 Usage (Debian's python3-torch runs under /usr/bin/python3; galore_torch imports transformers only for a version
 check, stubbed here, so the wheel is enough):
@@ -43,7 +43,15 @@ def noise(i, j, t):
 
 
 def gradient(m, n, t):
-    return [[noise(i, j, t) for j in range(n)] for i in range(m)]
+    """Five planted directions with well-separated strengths (8, 4, 2.7, 2, 1.6, each within 5% of that over the
+    steps) on orthonormal sine vectors, plus noise: a top-3 subspace that any two correct SVDs agree on to
+    rounding, as real gradients' leading directions are (a pure noise matrix has near-equal singular values at
+    the cut, where two libraries' subspaces differ by more than rounding)."""
+    def sine(k, i, size):
+        return math.sqrt(2.0 / (size + 1)) * math.sin(math.pi * (k + 1) * (i + 1) / (size + 1))
+    strengths = [8.0 / (k + 1) * (1.0 + 0.05 * math.sin(0.7 * t + k)) for k in range(5)]
+    return [[sum(strengths[k] * sine(k, i, m) * sine(k, j, n) for k in range(5)) + 0.05 * noise(i, j, t)
+             for j in range(n)] for i in range(m)]
 
 
 def f32(rows):

@@ -1,10 +1,11 @@
 // memtrain's GaLore-AdamW against the authors' galore_torch (galore-torch 1.0), both with the canonical sign
 // rule on their bases (scripts/make_galore_torch_fixture.py wrote the reference trajectories, 7 steps with
-// refreshes at steps 1, 4 and 7, both projection sides, weight decay 0 and 0.1). With the options set as
-// galore_torch has them (AdamW's hf epsilon form, decay after the update), every step's update agrees to float
-// rounding (<= 1e-5 of the update); with memtrain's defaults (torch's form, decay before) to the size of those
-// differences. Without the sign rule the updates part by 110-146% from the first refresh at which Eigen and
-// LAPACK pick different signs (checked by hand with the rule switched off).
+// refreshes at steps 1, 4 and 7, both projection sides, weight decay 0 and 0.1, gradients with well-separated
+// leading directions). With the options set as galore_torch has them (AdamW's hf epsilon form, decay after the
+// update), every step's update agrees to float rounding (<= 1e-5 of the update); with memtrain's defaults
+// (torch's form, decay before) to <= 3e-3, the size of those differences. On noise gradients, where Eigen and
+// LAPACK pick different signs, the updates part by 110-146% without the sign rule (measured by hand:
+// docs/results/galore_torch_agreement.md).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -38,10 +39,23 @@ double noise(std::int64_t i, std::int64_t j, int t) {
   return x - std::floor(x) - 0.5;
 }
 
+// The script's orthonormal sine vector k at index i of a length-`size` side.
+double sine(int k, std::int64_t i, std::int64_t size) {
+  return std::sqrt(2.0 / static_cast<double>(size + 1)) *
+         std::sin(M_PI * (k + 1) * static_cast<double>(i + 1) / static_cast<double>(size + 1));
+}
+
+// Five planted directions of well-separated strengths plus noise (the script says why), summed in its order.
 Tensor gradient(std::int64_t m, std::int64_t n, int t) {
+  double strengths[5];
+  for (int k = 0; k < 5; ++k) strengths[k] = 8.0 / (k + 1) * (1.0 + 0.05 * std::sin(0.7 * t + k));
   std::vector<double> v;
   for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j) v.push_back(noise(i, j, t));
+    for (std::int64_t j = 0; j < n; ++j) {
+      double g = 0.0;
+      for (int k = 0; k < 5; ++k) g += strengths[k] * sine(k, i, m) * sine(k, j, n);
+      v.push_back(g + 0.05 * noise(i, j, t));
+    }
   return from_buffer(v.data(), {m, n}, DType::f64, DType::f32);
 }
 
@@ -115,10 +129,7 @@ TEST(GaLoreTorch, AgreesWithinTheFormsDifferenceWithMemtrainsDefaults) {
   const nlohmann::json fx = fixture();
   for (const auto& c : fx["cases"]) {
     const Agreement a = run(fx, c, AdamEpsMode::torch, GaLoreDecayOrder::before);
-    // Step 1 differs most: the forms' epsilons differ by 1/sqrt(1 - b2) (31x) there, which moves the
-    // coordinates of R near zero; from step 2 on the factor shrinks and the decay order's lr * wd remains.
-    EXPECT_LE(a.per_step[0], 1e-2) << describe(c) << ", step 1";
-    for (std::size_t t = 1; t < a.per_step.size(); ++t)
+    for (std::size_t t = 0; t < a.per_step.size(); ++t)
       EXPECT_LE(a.per_step[t], 3e-3) << describe(c) << ", step " << t + 1;
     // The forms do differ: a test of agreement between equal runs would show nothing.
     EXPECT_GT(*std::max_element(a.per_step.begin(), a.per_step.end()), 1e-6) << describe(c);
