@@ -4,15 +4,15 @@
 //
 // Bootstrap (as llm.c does): rank 0 makes the NCCL unique id and broadcasts it over the launcher's MPI group,
 // then every rank joins with ncclCommInitRank on cuda:<local rank>.
-// Streams: collectives run on the communicator's own (blocking) stream. Each one first waits (an event, no host sync) for
-// the work the calling thread's current stream has enqueued so far, and that stream then waits for the
-// collective before anything later runs on it, so callers order tensors exactly as with a kernel launch.
+// Streams: collectives run on the communicator's own (blocking) stream. Each one first waits (an event, no host
+// sync) for the work the calling thread's current stream has enqueued so far, and that stream then waits for
+// the collective before anything later runs on it, so callers order tensors exactly as with a kernel launch.
 // The canonical sums exchange parts with grouped send/receive and add them on the device in the canonical tree
 // order: each `+` is one exactly rounded f32 (or f64) add, as on the CPU, so the bits equal the MPI backend's.
 // Host values (all_gather_f64/i64, broadcast_string) go over the MPI group.
-// Faults: NCCL does not time out by itself; host waits (barrier, and the wait at the end of a call that must
-// return host data) poll the stream and ncclCommGetAsyncError, and past timeout_seconds() abort the
-// communicator and raise dist::PeerTimeout.
+// Faults: NCCL does not time out by itself; the host wait of barrier() polls the stream and
+// ncclCommGetAsyncError, and past timeout_seconds() aborts the communicator and raises dist::PeerTimeout.
+// Other collectives return at once; a dead peer then shows at the next barrier or host synchronisation.
 #include "dist/nccl_backend.h"
 
 #include <memory>
