@@ -127,7 +127,9 @@ class NcclCommunicator final : public Communicator {
     constexpr std::string_view op = "barrier";
     std::lock_guard lock(mutex_);
     Tensor token = Tensor::empty({1}, DType::f32, Device::cuda(device_));
-    enqueue(op, [&] { return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream_); });
+    enqueue(op, [&] {
+      return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream_);
+    });
     wait(op);
   }
 
@@ -222,8 +224,9 @@ class NcclCommunicator final : public Communicator {
       for (int q = 0; q < size() && r == ncclSuccess; ++q) {
         const std::int64_t lo = bounds[static_cast<std::size_t>(q)], hi = bounds[static_cast<std::size_t>(q) + 1];
         if (hi == lo) continue;
-        r = ncclBroadcast(mine.data_ptr(), static_cast<std::byte*>(full.data_ptr()) + static_cast<std::size_t>(lo) * esize,
-                          static_cast<std::size_t>(hi - lo) * esize, ncclUint8, q, comm_, stream_);
+        auto* part = static_cast<std::byte*>(full.data_ptr()) + static_cast<std::size_t>(lo) * esize;
+        r = ncclBroadcast(mine.data_ptr(), part, static_cast<std::size_t>(hi - lo) * esize, ncclUint8, q, comm_,
+                          stream_);
       }
       const ncclResult_t end = ncclGroupEnd();
       return r == ncclSuccess ? end : r;
