@@ -111,30 +111,33 @@ std::string describe(const nlohmann::json& c) {
          " wd " + std::to_string(c["weight_decay"].get<double>());
 }
 
+// Every step of case c within `bound`, and the figures printed (the note's table); returns the agreement.
+Agreement expect_every_step_within(const nlohmann::json& fx, const nlohmann::json& c, AdamEpsMode eps_mode,
+                                   GaLoreDecayOrder order, double bound, const char* label) {
+  const Agreement a = run(fx, c, eps_mode, order);
+  std::string line;
+  for (std::size_t t = 0; t < a.per_step.size(); ++t) {
+    EXPECT_LE(a.per_step[t], bound) << describe(c) << ", step " << t + 1;
+    line += " " + std::to_string(a.per_step[t]);
+  }
+  std::printf("galore_torch agreement (%s), %s, per step:%s\n", label, describe(c).c_str(), line.c_str());
+  return a;
+}
+
 }  // namespace
 
 TEST(GaLoreTorch, AgreesStepByStepWithGaloreTorchsOptions) {
   const nlohmann::json fx = fixture();
-  for (const auto& c : fx["cases"]) {
-    const Agreement a = run(fx, c, AdamEpsMode::hf, GaLoreDecayOrder::after);
-    for (std::size_t t = 0; t < a.per_step.size(); ++t)
-      EXPECT_LE(a.per_step[t], 1e-5) << describe(c) << ", step " << t + 1;
-    std::string line;
-    for (const double e : a.per_step) line += " " + std::to_string(e);
-    std::printf("galore_torch agreement (hf, after), %s, per step:%s\n", describe(c).c_str(), line.c_str());
-  }
+  for (const auto& c : fx["cases"])
+    expect_every_step_within(fx, c, AdamEpsMode::hf, GaLoreDecayOrder::after, 1e-5, "hf, after");
 }
 
 TEST(GaLoreTorch, AgreesWithinTheFormsDifferenceWithMemtrainsDefaults) {
   const nlohmann::json fx = fixture();
   for (const auto& c : fx["cases"]) {
-    const Agreement a = run(fx, c, AdamEpsMode::torch, GaLoreDecayOrder::before);
-    for (std::size_t t = 0; t < a.per_step.size(); ++t)
-      EXPECT_LE(a.per_step[t], 3e-3) << describe(c) << ", step " << t + 1;
+    const Agreement a =
+        expect_every_step_within(fx, c, AdamEpsMode::torch, GaLoreDecayOrder::before, 3e-3, "defaults");
     // The forms do differ: a test of agreement between equal runs would show nothing.
     EXPECT_GT(*std::max_element(a.per_step.begin(), a.per_step.end()), 1e-6) << describe(c);
-    std::string line;
-    for (const double e : a.per_step) line += " " + std::to_string(e);
-    std::printf("galore_torch agreement (defaults), %s, per step:%s\n", describe(c).c_str(), line.c_str());
   }
 }
