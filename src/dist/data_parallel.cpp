@@ -55,9 +55,9 @@ DataParallel::~DataParallel() {
   if (worker_.joinable()) worker_.join();
 }
 
-void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::vector<bool>& sharded) {
+void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) {
   params_ = params;
-  sharded_ = sharded;
+  shard_align_ = shard_align;
   buckets_.clear();
   bucket_of_.assign(params.size(), 0);
   slot_of_.assign(params.size(), 0);
@@ -70,11 +70,11 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
     // The open bucket's limit: the first one is small, so its sum starts early in the backward.
     const std::size_t limit = buckets_.size() == 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
     const bool start = buckets_.empty() || buckets_.back().dtype != p.dtype() ||
-                       buckets_.back().sharded != sharded_[k] || buckets_.back().bytes + bytes > limit;
+                       buckets_.back().sharded != (shard_align_[k] > 0) || buckets_.back().bytes + bytes > limit;
     if (start) {
       buckets_.emplace_back();
       buckets_.back().dtype = p.dtype();
-      buckets_.back().sharded = sharded_[k];
+      buckets_.back().sharded = shard_align_[k] > 0;
     }
     Bucket& b = buckets_.back();
     slot_of_[k] = b.params.size();
@@ -86,8 +86,9 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
   const auto ranks = static_cast<std::size_t>(comm_->size());
   for (Bucket& b : buckets_) {
     b.part_bounds.assign(ranks + 1, 0);
+    if (!b.sharded) continue;
     for (const std::size_t k : b.params) {
-      const std::vector<std::int64_t> bounds = shard_bounds(params_[k].numel());
+      const std::vector<std::int64_t> bounds = shard_bounds(params_[k].numel(), shard_align_[k]);
       b.shard_bounds.insert(b.shard_bounds.end(), bounds.begin(), bounds.end());
       for (std::size_t q = 0; q < ranks; ++q) b.part_bounds[q + 1] += bounds[q + 1] - bounds[q];
     }
@@ -95,11 +96,11 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
   }
 }
 
-void DataParallel::begin_gradients(const std::vector<Tensor>& params, const std::vector<bool>& sharded_in) {
-  MT_CHECK(sharded_in.empty() || sharded_in.size() == params.size(), "DataParallel::begin_gradients",
-           "{} sharded flags for {} parameters", sharded_in.size(), params.size());
-  const std::vector<bool> sharded = sharded_in.empty() ? std::vector<bool>(params.size(), false) : sharded_in;
-  bool same = params.size() == params_.size() && sharded == sharded_;
+void DataParallel::begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& align_in) {
+  MT_CHECK(align_in.empty() || align_in.size() == params.size(), "DataParallel::begin_gradients",
+           "{} shard alignments for {} parameters", align_in.size(), params.size());
+  const std::vector<std::int64_t> sharded = align_in.empty() ? std::vector<std::int64_t>(params.size(), 0) : align_in;
+  bool same = params.size() == params_.size() && sharded == shard_align_;
   for (std::size_t k = 0; same && k < params.size(); ++k) same = params[k].impl_ptr() == params_[k].impl_ptr();
   if (!same) plan_buckets(params, sharded);
   std::lock_guard lock(mutex_);

@@ -11,11 +11,15 @@
 
 namespace memtrain::dist {
 
-std::vector<std::int64_t> DataParallel::shard_bounds(std::int64_t numel) {
-  return dist::shard_bounds(numel, comm_->size(), 256);
+std::vector<std::int64_t> DataParallel::shard_bounds(std::int64_t numel, std::int64_t align) {
+  MT_CHECK(align > 0 && align % 256 == 0, "DataParallel::shard_bounds",
+           "align {} is not a positive multiple of the 8-bit block (256)", align);
+  return dist::shard_bounds(numel, comm_->size(), align);
 }
 
-void DataParallel::gather_shards(const std::vector<Tensor>& params) {
+void DataParallel::gather_shards(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns) {
+  MT_CHECK(aligns.size() == params.size(), "DataParallel::gather_shards", "{} alignments for {} parameters",
+           aligns.size(), params.size());
   // One all_gather per group of parameters (of one dtype, up to gather_bytes): rank q's part is its shards
   // of those parameters, one after another, so a step makes a few large messages instead of one per tensor.
   const auto t0 = std::chrono::steady_clock::now();
@@ -29,24 +33,25 @@ void DataParallel::gather_shards(const std::vector<Tensor>& params) {
       bytes += more;
       ++last;
     }
-    gather_shard_group({params.begin() + static_cast<std::ptrdiff_t>(first),
-                        params.begin() + static_cast<std::ptrdiff_t>(last)});
+    const auto from = static_cast<std::ptrdiff_t>(first), to = static_cast<std::ptrdiff_t>(last);
+    gather_shard_group({params.begin() + from, params.begin() + to}, {aligns.begin() + from, aligns.begin() + to});
     first = last;
   }
   std::lock_guard lock(mutex_);
   stats_.gather_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void DataParallel::gather_shard_group(const std::vector<Tensor>& params) {
+void DataParallel::gather_shard_group(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns) {
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::workspace);
   const auto ranks = static_cast<std::size_t>(comm_->size());
   std::vector<std::vector<std::int64_t>> shards;  // per parameter: its shard_bounds
   std::vector<std::int64_t> bounds(ranks + 1, 0);  // of the packed parts
-  for (const Tensor& p : params) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
     MT_CHECK(p.is_contiguous(), "DataParallel::gather_shards", "parameter of shape {} is not contiguous",
              shape_str(p.shape()));
-    shards.push_back(shard_bounds(p.numel()));
+    shards.push_back(shard_bounds(p.numel(), aligns[i]));
     for (std::size_t q = 0; q < ranks; ++q) bounds[q + 1] += shards.back()[q + 1] - shards.back()[q];
   }
   for (std::size_t q = 0; q < ranks; ++q) bounds[q + 1] += bounds[q];

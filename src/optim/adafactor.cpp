@@ -21,9 +21,10 @@ Adafactor::Adafactor(std::vector<ParamGroup> groups, AdafactorOptions options)
   }
 }
 
-void Adafactor::init_state(const Tensor& param, const ParamGroup&, ParamState& state) {
+void Adafactor::init_state(const Tensor& param, const ParamGroup& group, ParamState& state) {
   check_f32_contiguous(param, "Adafactor");
-  const Shape& s = param.shape();
+  // A row shard's factored statistics are the whole tensor's (replicated); the rest covers the shard.
+  const Shape s = whole_shape(param, group);
   const Device device = param.device();
   if (s.size() >= 2) {
     Shape row(s.begin(), s.end() - 1);  // [..., m]
@@ -31,11 +32,23 @@ void Adafactor::init_state(const Tensor& param, const ParamGroup&, ParamState& s
     col.push_back(s.back());
     state.tensors["exp_avg_sq_row"] = zeros(row, DType::f32, device);
     state.tensors["exp_avg_sq_col"] = zeros(col, DType::f32, device);
-  } else {
-    state.tensors["exp_avg_sq"] = zeros(s, DType::f32, device);
+  } else if (param.numel() > 0) {  // a rank's empty row shard keeps no elementwise state
+    state.tensors["exp_avg_sq"] = zeros(param.shape(), DType::f32, device);
   }
-  if (options_.use_first_moment) state.tensors["exp_avg"] = zeros(s, DType::f32, device);
+  if (options_.use_first_moment && param.numel() > 0) state.tensors["exp_avg"] = zeros(param.shape(), DType::f32, device);
 }
+
+void Adafactor::shard_rows(RowShards shards) {
+  MT_CHECK(shards.row_bounds && shards.gather, "Adafactor::shard_rows", "row_bounds and gather must both be set");
+  for (const ParamGroup& g : param_groups())
+    for (const Tensor& p : g.params)
+      MT_CHECK(p.device().is_cpu() || p.device().is_meta(), "Adafactor::shard_rows",
+               "a parameter is on {}: the row-shard step exchanges its statistics from host memory (CPU or meta "
+               "parameters only)", p.device().str());
+  shards_ = std::move(shards);
+}
+
+StepReport Adafactor::step() { return shards_.gather ? step_row_shards() : Optimizer::step(); }
 
 void Adafactor::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
   const auto get = [&state](const char* name) {

@@ -210,7 +210,7 @@ void GaLore::shard_projected_state(StateShards shards) {
 ParamGroup GaLore::range_group(const ParamGroup& group, const Tensor& part, std::int64_t r_numel) {
   ParamGroup hyper = hyper_of(group, 0.0);
   hyper.params = {part};
-  hyper.whole_numel = {r_numel};
+  hyper.whole_shape = {Shape{r_numel}};
   return hyper;
 }
 

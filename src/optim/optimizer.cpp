@@ -21,20 +21,24 @@ std::string key_of(const std::string& prefix, const std::string& name) { return 
 // it reads as zeros).
 bool Optimizer::is_finite(const Tensor& g) { return ::memtrain::detail::backend_for(g.device()).all_finite(g); }
 
-std::int64_t whole_numel(const Tensor& param, const ParamGroup& group) {
-  if (group.whole_numel.empty()) return param.numel();
+Shape whole_shape(const Tensor& param, const ParamGroup& group) {
+  if (group.whole_shape.empty()) return param.shape();
   for (std::size_t i = 0; i < group.params.size(); ++i)
-    if (group.params[i].impl_ptr() == param.impl_ptr()) return group.whole_numel[i];
+    if (group.params[i].impl_ptr() == param.impl_ptr()) return group.whole_shape[i];
   MT_CHECK(false, "Optimizer", "a tensor of shape {} is not in the group", shape_str(param.shape()));
-  return 0;
+  return {};
+}
+
+std::int64_t whole_numel(const Tensor& param, const ParamGroup& group) {
+  return shape_numel(whole_shape(param, group));
 }
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
   std::size_t index = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    MT_CHECK(groups_[g].whole_numel.empty() || groups_[g].whole_numel.size() == groups_[g].params.size(),
-             "Optimizer", "group {} has {} params but {} whole_numel entries", g, groups_[g].params.size(),
-             groups_[g].whole_numel.size());
+    MT_CHECK(groups_[g].whole_shape.empty() || groups_[g].whole_shape.size() == groups_[g].params.size(),
+             "Optimizer", "group {} has {} params but {} whole_shape entries", g, groups_[g].params.size(),
+             groups_[g].whole_shape.size());
     for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
       const Tensor& p = groups_[g].params[i];
       MT_CHECK(p.defined(), "Optimizer", "group {} param {} is an undefined tensor", g, i);
@@ -68,17 +72,27 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   return Outcome::updated;
 }
 
-void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  if (state.step == 0) {
-    CategoryGuard category(MemoryCategory::optimizer_state);
+void Optimizer::ensure_state(const Tensor& target, const ParamGroup& group, ParamState& state) {
+  if (state.step != 0) return;
+  CategoryGuard category(MemoryCategory::optimizer_state);
+  state.tensors.clear();
+  try {
+    init_state(target, group, state);
+  } catch (...) {
     state.tensors.clear();
-    try {
-      init_state(target, group, state);
-    } catch (...) {
-      state.tensors.clear();
-      throw;
-    }
+    throw;
   }
+}
+
+void Optimizer::for_each_slot(
+    const std::function<void(Tensor& param, const ParamGroup& group, ParamState& state)>& visit) {
+  std::vector<const Slot*> order(states_.size());
+  for (const auto& [impl, slot] : slots_) order[slot.index] = &slot;
+  for (const Slot* slot : order) visit(param_at(*slot), groups_[slot->group], states_[slot->index]);
+}
+
+void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state) {
+  ensure_state(target, group, state);
   ++state.step;
   CategoryGuard category(MemoryCategory::workspace);
   update(target, grad, group, state);

@@ -36,7 +36,9 @@ bool per_block(std::string_view name) { return name.ends_with(".absmax"); }
 
 }  // namespace
 
-bool replicated_state(std::string_view name) { return name == "step" || name.starts_with("galore."); }
+bool replicated_state(std::string_view name) {
+  return name == "step" || name.starts_with("galore.") || name == "exp_avg_sq_row" || name == "exp_avg_sq_col";
+}
 
 std::string state_shard_path(const std::string& checkpoint, std::int64_t rank, std::int64_t ranks) {
   return fmt::format("{}.rank{}of{}", checkpoint, rank, ranks);

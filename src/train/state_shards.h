@@ -6,7 +6,7 @@
 // that rank's shards, keyed "<global parameter index>.<state name>", and its shard map as metadata. Optimizer
 // state is elementwise (moments, 8-bit codes) or per 256-element block (8-bit absmax; shard boundaries are
 // block boundaries), plus what every rank keeps whole (the step counter; a GaLore-projected weight's basis,
-// random stream and refresh count), so the state of elements [b, e) of a parameter is cut from whatever pieces
+// random stream and refresh count; Adafactor's row and column statistics), so the state of elements [b, e) of a parameter is cut from whatever pieces
 // cover them: a run saved at N ranks resumes at M ranks, alone, or unsharded. A GaLore-projected weight's
 // elements are those of its projected gradient R, whose shape its state has.
 #pragma once

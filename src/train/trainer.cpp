@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "core/phase_marks.h"
 #include "memtrain/ops/elementwise.h"
+#include "memtrain/optim/adafactor.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
 #include "train/grad_norm.h"
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <unordered_set>
 
@@ -37,6 +39,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr std::int64_t kBlock8bit = 256;  // ZeRO shard boundaries are whole 8-bit blocks
+
+// Adafactor's ZeRO shards are whole rows of a matrix ([..., m, n]: rows of n) and whole 8-bit blocks (the
+// gradient norm's unit): boundaries on multiples of lcm(256, n). A vector's rows are its elements.
+std::int64_t row_shard_align(const Shape& s) {
+  return s.size() >= 2 && s.back() > 0 ? std::lcm(kBlock8bit, s.back()) : kBlock8bit;
+}
 
 // Puts the model back in training mode however evaluate() leaves.
 struct TrainModeRestorer {
@@ -277,55 +287,86 @@ void Trainer::shard_optimizer() {
   MT_CHECK(!user_optimizer_, where, "ZeRO-1 shards the optimizer the config describes; an optimizer built by the "
            "caller cannot be rebuilt over shards (pass it with zero 0, or describe it in config.optimizer)");
   const auto* galore = dynamic_cast<const optim::GaLore*>(optimizer_.get());
-  const auto range_of = [this](std::int64_t numel) {
-    const std::vector<std::int64_t> bounds = sync_->shard_bounds(numel);
+  const bool by_rows = config_.optimizer.kind == optim::OptimizerKind::adafactor;
+  const auto range_of = [this](std::int64_t numel, std::int64_t align) {
+    const std::vector<std::int64_t> bounds = sync_->shard_bounds(numel, align);
     return std::pair<std::int64_t, std::int64_t>(bounds[sync_->rank()], bounds[sync_->rank() + 1]);
   };
   // The groups were built over whole tensors, so weight decay (by rank) is each whole tensor's choice; so is
-  // 8-bit state, through whole_numel.
+  // 8-bit state, through whole_shape.
   std::vector<optim::ParamGroup> groups = optimizer_->param_groups();
   optim::GaLoreGroups split;  // the same groups, for GaLore
   for (optim::ParamGroup& g : groups) {
     const bool projected = galore != nullptr && !g.params.empty() && galore->is_projected(g.params.front());
     std::vector<Tensor> whole = std::move(g.params);
     g.params.clear();
-    g.whole_numel.clear();
+    g.whole_shape.clear();
     for (const Tensor& p : whole) {
       whole_params_.push_back(p);
       if (projected) {  // held whole; GaLore shards its state over R's elements
-        const auto [begin, end] = range_of(shape_numel(galore->projected_shape(p)));
+        const auto [begin, end] = range_of(shape_numel(galore->projected_shape(p)), kBlock8bit);
         g.params.push_back(p);
-        shards_.push_back({p, p, begin, end - begin, whole_params_.size() - 1, true});
+        shards_.push_back({p, p, begin, end - begin, whole_params_.size() - 1, true, kBlock8bit});
         continue;
       }
+      const std::int64_t align = by_rows ? row_shard_align(p.shape()) : kBlock8bit;
       exchanged_params_.push_back(p);
-      const auto [begin, end] = range_of(p.numel());
-      if (begin == end) continue;  // a small tensor: lower ranks hold it
+      exchanged_aligns_.push_back(align);
+      const auto [begin, end] = range_of(p.numel(), align);
+      if (begin == end && !by_rows) continue;  // a small tensor: lower ranks hold it
       Tensor view = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
       g.params.push_back(view);
-      g.whole_numel.push_back(p.numel());
-      shards_.push_back({p, view, begin, end - begin, whole_params_.size() - 1, false});
+      g.whole_shape.push_back(p.shape());
+      shards_.push_back({p, view, begin, end - begin, whole_params_.size() - 1, false, align});
     }
     if (galore != nullptr) (projected ? split.projected : split.plain).push_back(g);
   }
   // The whole tensors' optimizer goes before the shards' is made.
-  if (galore == nullptr) {
-    optimizer_.reset();
-    optimizer_ = config_.optimizer.make(std::move(groups));
+  optimizer_.reset();
+  if (galore != nullptr) {
+    std::unique_ptr<optim::GaLore> sharded = make_galore(config_, std::move(split));
+    sharded->shard_projected_state({[range_of](std::int64_t numel) { return range_of(numel, kBlock8bit); },
+                                    [this](Tensor& flat) { sync_->gather_shards({flat}, {kBlock8bit}); }});
+    optimizer_ = std::move(sharded);
     return;
   }
-  optimizer_.reset();
-  std::unique_ptr<optim::GaLore> sharded = make_galore(config_, std::move(split));
-  sharded->shard_projected_state({range_of, [this](Tensor& flat) { sync_->gather_shards({flat}); }});
-  optimizer_ = std::move(sharded);
+  optimizer_ = config_.optimizer.make(std::move(groups));
+  if (by_rows) shard_adafactor_rows();
 }
 
-std::vector<bool> Trainer::gradient_shards() const {
+void Trainer::shard_adafactor_rows() {
+  auto* adafactor = dynamic_cast<optim::Adafactor*>(optimizer_.get());
+  MT_CHECK(adafactor != nullptr, "Trainer (ZeRO)", "optimizer 'adafactor' made a {}", optimizer_->name());
+  optim::Adafactor::RowShards rows;
+  rows.rank = static_cast<int>(sync_->rank());
+  rows.row_bounds = [this](const Shape& whole) {
+    std::vector<std::int64_t> bounds = sync_->shard_bounds(shape_numel(whole), row_shard_align(whole));
+    const std::int64_t cols = whole.size() >= 2 ? whole.back() : 1;
+    for (std::int64_t& b : bounds) b = cols == 0 ? 0 : b / cols;
+    return bounds;
+  };
+  rows.gather = [this](const std::vector<double>& mine) {
+    // Counts first, then every rank's values padded to the longest.
+    const std::vector<std::int64_t> counts = sync_->gather_i64({static_cast<std::int64_t>(mine.size())});
+    const std::int64_t longest = *std::max_element(counts.begin(), counts.end());
+    std::vector<double> padded = mine;
+    padded.resize(static_cast<std::size_t>(longest), 0.0);
+    const std::vector<double> all = sync_->gather_f64(padded);
+    std::vector<std::vector<double>> out;
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      const auto from = all.begin() + static_cast<std::ptrdiff_t>(q * static_cast<std::size_t>(longest));
+      out.emplace_back(from, from + counts[q]);
+    }
+    return out;
+  };
+  adafactor->shard_rows(std::move(rows));
+}
+
+std::vector<std::int64_t> Trainer::gradient_shards() const {
   if (config_.zero < 2 || whole_params_.empty()) return {};
-  std::vector<bool> sharded(whole_params_.size(), true);
-  for (const Shard& s : shards_)
-    if (s.projected) sharded[s.index] = false;
-  return sharded;
+  std::vector<std::int64_t> align(whole_params_.size(), kBlock8bit);
+  for (const Shard& s : shards_) align[s.index] = s.projected ? 0 : s.align;
+  return align;
 }
 
 void Trainer::set_shard_gradients() {
@@ -480,7 +521,7 @@ StepMetrics Trainer::train_step() {
     if (!whole_params_.empty() && !grad_shards) set_shard_gradients();
     grad_norm = clip_gradients(params);
     optimizer_->step();
-    if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_);
+    if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
   }
   if (scaler_) scaler_->update(skipped);
   if (fp8_) {

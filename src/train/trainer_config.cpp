@@ -263,10 +263,15 @@ void TrainerConfig::validate() const {
            "zero {} with optimizer.block_size {}: shard boundaries fall every {} elements, so the 8-bit blocks of a "
            "shard are the whole tensor's only for block sizes that divide {}", zero, optimizer.block_size,
            kBlock8bit, kBlock8bit);
-  MT_CHECK(zero == 0 || optimizer.kind != optim::OptimizerKind::adafactor, kWhere,
-           "zero {} with optimizer 'adafactor': its factored statistics (row and column sums of a whole matrix) "
-           "are not sharded yet; use zero 0, or an elementwise optimizer (sgd, adamw, adamw8bit, lion, lion8bit)",
-           zero);
+  if (zero > 0 && optimizer.kind == optim::OptimizerKind::adafactor) {
+    MT_CHECK(galore_rank == 0, kWhere,
+             "zero {} with optimizer 'adafactor' under GaLore (galore_rank {}): GaLore shards its projected state "
+             "over 256-element blocks, but Adafactor's statistics need whole rows; use zero 0, or adafactor without "
+             "GaLore", zero, galore_rank);
+    MT_CHECK(!device.is_cuda(), kWhere,
+             "zero {} with optimizer 'adafactor' on {}: the row-shard step exchanges its statistics from host memory "
+             "(CPU only); use zero 0 on GPUs", zero, device.str());
+  }
   MT_CHECK(world_size == 1 || std::has_single_bit(static_cast<std::uint64_t>(grad_accum)), kWhere,
            "grad_accum {} with world_size {}: a data-parallel step sums its micro-batch gradients in one canonical "
            "tree over the global batch, and each rank's block must be one subtree of it, so grad_accum must be a "

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -264,15 +265,59 @@ TEST(DataParallel, ZeroShardsTheStateAndKeepsTheBits) {
   }
 }
 
+// The optimizer state one rank keeps with Adafactor under ZeRO: its shard of each tensor is whole rows (a
+// matrix's boundaries on multiples of lcm(256, n) elements, a vector's on 256), and every rank keeps a matrix's
+// whole row and column statistics ((m + n) floats); a vector's statistic and the first moment cover the shard.
+std::size_t adafactor_state_bytes(const mt::nn::Module& model, bool first_moment, int rank, int ranks) {
+  std::size_t bytes = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const bool matrix = p.dim() >= 2;
+    const std::int64_t n = matrix ? p.size(p.dim() - 1) : 1;
+    const std::vector<std::int64_t> b = mt::dist::shard_bounds(p.numel(), ranks, matrix ? std::lcm<std::int64_t>(256, n) : 256);
+    const auto mine = static_cast<std::size_t>(b[static_cast<std::size_t>(rank) + 1] - b[static_cast<std::size_t>(rank)]);
+    bytes += matrix ? 4 * static_cast<std::size_t>(p.numel() / n + n) : 4 * mine;
+    if (first_moment) bytes += 4 * mine;
+  }
+  return bytes;
+}
+
+// Adafactor at ZeRO-1 and 2: each rank steps whole rows, the ranks exchange the new row statistics, column sums
+// of whole subtrees of the row tree and the update's squares (optim::Adafactor::RowShards), so the statistics
+// and the clip factor are the run alone's: the same bits at any world size, with clipping active (grad_clip 1
+// and Adafactor's own), with and without the first moment. Each rank's state is the formula's.
+TEST(DataParallel, AdafactorShardsWholeRowsAndKeepsTheBits) {
+  auto world = mt::dist::world();
+  for (const bool first_moment : {false, true}) {
+    const mt::optim::Spec spec =
+        mt::optim::Spec::adafactor({.lr = 1e-2, .weight_decay = 0.1, .beta1 = first_moment ? 0.9 : 0.0});
+    Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+    const RunResult want = finish(alone);
+    for (const std::int64_t stage : {1, 2}) {
+      TrainerConfig c = config_for(spec, 0, world->size(), world->size());
+      c.zero = stage;
+      Fixture dp = make(c, world);
+      const std::string what = spec.to_string() + " zero " + std::to_string(stage) + " at " + std::to_string(world->size());
+      expect_same_bits(finish(dp), want, what);
+      EXPECT_EQ(dp.trainer->optimizer().state_bytes(),
+                adafactor_state_bytes(*dp.model, first_moment, world->rank(), world->size())) << what;
+      if (world->size() > 1 && first_moment)
+        EXPECT_LT(dp.trainer->optimizer().state_bytes(), alone.trainer->optimizer().state_bytes()) << what;
+    }
+  }
+}
+
 // A ZeRO-1 checkpoint is the main file plus one file of optimizer state per rank. Written at N ranks after 10
 // of 20 steps, it resumes on the run alone's bits both alone (unsharded) and at N ranks (sharded again), and
 // an unsharded checkpoint resumes into shards; a missing shard file is refused naming it. With GaLore (a basis
-// refresh falls on step 10, right after the resume) the shards hold ranges of R and every rank the basis.
+// refresh falls on step 10, right after the resume) the shards hold ranges of R and every rank the basis; with
+// Adafactor (first moment on) they hold whole rows, and every rank the row and column statistics.
 TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
   auto world = mt::dist::world();
-  const mt::optim::Spec spec = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
-  for (const std::int64_t galore_rank : {0, 4}) {
-    const std::string what = galore_rank > 0 ? "galore: " : "";
+  const mt::optim::Spec eight_bit = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
+  const mt::optim::Spec adafactor = mt::optim::Spec::adafactor({.lr = 1e-2, .weight_decay = 0.1, .beta1 = 0.9});
+  const std::vector<std::pair<mt::optim::Spec, std::int64_t>> runs = {{eight_bit, 0}, {eight_bit, 4}, {adafactor, 0}};
+  for (const auto& [spec, galore_rank] : runs) {
+    const std::string what = spec.to_string() + (galore_rank > 0 ? ", galore: " : ": ");
     Fixture alone = make(config_for(spec, galore_rank, 1, world->size()), mt::dist::single_process());
     const RunResult want = finish(alone);
     const std::vector<double> first_half(want.losses.begin(), want.losses.begin() + 10);
@@ -333,10 +378,13 @@ TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
 // are the prediction's to the byte, at every ZeRO stage, on every rank, with and without 8-bit GaLore.
 TEST(DataParallel, EachRankPredictsItsOwnPeakToTheByte) {
   auto world = mt::dist::world();
-  for (const std::int64_t galore_rank : {0, 4})
+  const mt::optim::Spec eight_bit = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
+  const mt::optim::Spec adafactor = mt::optim::Spec::adafactor({.lr = 1e-2, .weight_decay = 0.1, .beta1 = 0.9});
+  const std::vector<std::pair<mt::optim::Spec, std::int64_t>> runs = {{eight_bit, 0}, {eight_bit, 4}, {adafactor, 0}};
+  for (const auto& [spec, galore_rank] : runs)
   for (const std::int64_t stage : {0, 1, 2}) {
     TrainerConfig c = mt::test_support::short_run_config();
-    c.optimizer = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
+    c.optimizer = spec;
     c.galore_rank = galore_rank;
     c.world_size = world->size();
     c.grad_accum = world->size() <= 2 ? 2 : 1;
@@ -348,7 +396,7 @@ TEST(DataParallel, EachRankPredictsItsOwnPeakToTheByte) {
         mt::test_support::measure_on_cpu(c, false, [&](Trainer& t) {
           mt::dist::attach_data_parallel(t, world, {.first_bucket_bytes = 4096, .bucket_bytes = 16384});
         });
-    const std::string what = (galore_rank > 0 ? "galore, zero " : "zero ") + std::to_string(stage) + ", rank " +
+    const std::string what = spec.to_string() + (galore_rank > 0 ? ", galore, zero " : ", zero ") + std::to_string(stage) + ", rank " +
                              std::to_string(world->rank()) + " of " + std::to_string(world->size());
     EXPECT_EQ(predicted.peak_bytes_total, measured.peak_total) << what;
     for (int i = 0; i < mt::kNumMemoryCategories; ++i) {

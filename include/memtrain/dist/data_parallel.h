@@ -63,12 +63,12 @@ class DataParallel : public train::GradientSync {
   void check_same_config(const nlohmann::json& config) override;
   std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override;
   std::vector<double> gather_f64(const std::vector<double>& mine) override;
-  void begin_gradients(const std::vector<Tensor>& params, const std::vector<bool>& sharded) override;
+  void begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) override;
   void gradient_ready(std::size_t index) override;
   void finish_gradients() override;
   void barrier() override { comm_->barrier(); }
-  std::vector<std::int64_t> shard_bounds(std::int64_t numel) override;
-  void gather_shards(const std::vector<Tensor>& params) override;
+  std::vector<std::int64_t> shard_bounds(std::int64_t numel, std::int64_t align) override;
+  void gather_shards(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns) override;
   Tensor take_shard_gradient(std::size_t index) override;
   void combine_disjoint(std::vector<double>& values) override;
 
@@ -97,7 +97,7 @@ class DataParallel : public train::GradientSync {
   std::vector<std::size_t> bucket_of_;  // by parameter index
   std::vector<std::size_t> slot_of_;    // by parameter index: its position in its bucket's params
   std::vector<bool> reported_;          // by parameter index, this step
-  std::vector<bool> sharded_;           // by parameter index: ZeRO-2's reduce-scatter (the plan's)
+  std::vector<std::int64_t> shard_align_;  // by parameter index: ZeRO-2's reduce-scatter alignment, 0: whole
   std::vector<Tensor> shard_grads_;     // by parameter index, ZeRO-2: this rank's summed shard
 
   // The communication thread sums buckets[next_sum_] once it is packed, in index order.
@@ -112,10 +112,11 @@ class DataParallel : public train::GradientSync {
   DataParallelStats stats_;
 
   // Buckets of one dtype and one kind of sum (whole or sharded), in reverse parameter order.
-  void plan_buckets(const std::vector<Tensor>& params, const std::vector<bool>& sharded);
+  void plan_buckets(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align);
   void copy_in(std::size_t param);  // the trainer's thread: into its bucket, freeing the gradient at once
   void pack(std::size_t bucket);    // the trainer's thread: hand a complete bucket to the worker
-  void gather_shard_group(const std::vector<Tensor>& params);  // one dtype, one all_gather
+  // One dtype, one all_gather.
+  void gather_shard_group(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns);
   void run_worker();
 };
 

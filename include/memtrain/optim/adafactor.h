@@ -10,10 +10,24 @@
 //   decoupled weight decay: p -= wd*lr*p;  then p -= u.
 // State bytes: (m + n)*4 per m x n matrix (times the batch), 4n per vector, plus 4 per element with the
 // first moment. Contiguous f32 parameters on the CPU or a CUDA device (state on the parameter's device; the
-// device rule is cuda::adafactor_*_step, equal to this one up to f32 rounding).
+// device rule is cuda::adafactor_*_step, equal to this one up to f32 rounding). On the CPU the column means
+// and the update's RMS sum over the rows in the fixed tree of src/cpu/row_tree.h.
+//
+// ZeRO (shard_rows): a parameter is rows x cols (a matrix [..., m, n]: batch * m rows of n; a vector: rows of
+// 1 element), and each rank steps a range of whole rows, held as a flat view (ParamGroup::whole_shape names
+// the whole tensor). Its row and column statistics are whole on every rank (m + n floats, replicated); the
+// vector statistic and the first moment cover the rank's rows. A step exchanges, over all parameters at once:
+//   1. each rank's new row statistics and its column sums of whole subtrees of the row tree;
+//   2. its subtree sums of the update's squares.
+// So every rank computes the statistics and clip factor of the run alone, to the bit, from O(rows + cols *
+// log rows) values per matrix, and a parameter is skipped on every rank when any rank's rows hold NaN or Inf.
 #pragma once
 
 #include "memtrain/optim/optimizer.h"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
 
 namespace memtrain::optim {
 
@@ -26,9 +40,22 @@ struct AdafactorOptions {
 
 class Adafactor : public Optimizer {
  public:
+  struct RowShards {
+    int rank = 0;
+    // The first row of every rank's range, and the row count last (world_size + 1 entries), for a whole
+    // tensor of this shape.
+    std::function<std::vector<std::int64_t>(const Shape& whole)> row_bounds;
+    // Every rank's values, rank by rank (each rank passes any number); every rank calls it together.
+    std::function<std::vector<std::vector<double>>(const std::vector<double>& mine)> gather;
+  };
+
   explicit Adafactor(std::vector<ParamGroup> groups, AdafactorOptions options = {});
   std::string_view name() const override { return "Adafactor"; }
   const AdafactorOptions& options() const { return options_; }
+  // Before the first step: the groups hold every rank's row views (see above), empty ones included, and the
+  // step exchanges through `shards`. CPU (and meta) parameters only.
+  void shard_rows(RowShards shards);
+  StepReport step() override;
 
  protected:
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
@@ -36,6 +63,8 @@ class Adafactor : public Optimizer {
 
  private:
   AdafactorOptions options_;
+  RowShards shards_;  // empty unless sharded
+  StepReport step_row_shards();  // src/optim/adafactor_shards.cpp
 };
 
 }  // namespace memtrain::optim

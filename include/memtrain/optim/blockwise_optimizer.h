@@ -1,6 +1,6 @@
 // The common part of the optimizers whose moments are block-wise 8-bit state (quantized_state.h):
 // AdamW8bit and Lion8bit. A parameter of n >= min_8bit_size elements (a ZeRO shard: its whole tensor's, see
-// ParamGroup::whole_numel) keeps each moment "<name>" as
+// ParamGroup::whole_shape) keeps each moment "<name>" as
 // "<name>.codes" (u8 [n]) and "<name>.absmax" (f32 [ceil(n / block_size)]); a smaller one keeps "<name>" in
 // f32 (the scales would cost more than they save). The base makes that state; a subclass names its moments
 // and implements the step, which is the backend's (core/backend.h).

@@ -17,6 +17,7 @@
 #include "memtrain/core/tensor.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,14 +35,15 @@ struct ParamGroup {
   double beta1 = 0.9;         // AdamW/Lion: first-moment coefficient; SGD: momentum
   double beta2 = 0.999;       // AdamW/Lion: second coefficient
   double eps = 1e-8;
-  // ZeRO shards (dist::DataParallel): for each of params, the elements of the whole tensor it is a shard of.
+  // ZeRO shards (dist::DataParallel): for each of params, the shape of the whole tensor it is a flat shard of.
   // What an optimizer decides per tensor (8-bit state or 32-bit) it decides on the whole tensor, so every
   // shard of one tensor, at any world size, keeps the same kind of state. Empty: each param is whole.
-  std::vector<std::int64_t> whole_numel;
+  std::vector<Shape> whole_shape;
 };
 
-// The elements of the whole tensor `param` (a member of group.params) is a shard of: group.whole_numel's entry
-// for it, or its own numel when the group has none.
+// The shape of the whole tensor `param` (a member of group.params) is a shard of: group.whole_shape's entry
+// for it, or its own shape when the group has none.
+Shape whole_shape(const Tensor& param, const ParamGroup& group);
 std::int64_t whole_numel(const Tensor& param, const ParamGroup& group);
 
 // Name -> tensor; keys are "<param index>.<state name>" with params numbered across groups in order,
@@ -63,7 +65,9 @@ class Optimizer {
 
   virtual std::string_view name() const = 0;
 
-  StepReport step();
+  // Steps every parameter with a gradient (virtual: an optimizer whose step couples its parameters, as
+  // Adafactor over ZeRO row shards does, runs its own).
+  virtual StepReport step();
   // Updates one parameter (must belong to a group) from its current grad(); false when skipped
   // (no gradient, or a non-finite one).
   bool step_param(const Tensor& param);
@@ -103,6 +107,10 @@ class Optimizer {
   static Tensor grad_f32(const Tensor& grad, Device device = Device::cpu());
   // True when every element is finite (any dtype, CPU or CUDA): the gate in front of every update.
   static bool is_finite(const Tensor& g);
+  // For a step of its own: every parameter in state_dict order, with its group and state.
+  void for_each_slot(const std::function<void(Tensor& param, const ParamGroup& group, ParamState& state)>& visit);
+  // init_state under MemoryCategory::optimizer_state when the state is fresh (step 0), as a step does first.
+  void ensure_state(const Tensor& target, const ParamGroup& group, ParamState& state);
 
  public:
   // The state of one tensor stepped by this optimizer's rule outside its groups (see step_external).

@@ -35,9 +35,10 @@ class GradientSync {
   // taken as zero); the Trainer calls it from the gradient-ready hooks of the step's last backward, so the
   // sums of complete buckets can run while the backward goes on. finish_gradients takes every parameter not
   // reported yet as ready, waits for all sums, and leaves each .grad holding the canonical sum over every
-  // rank's block, the same bits on every rank. A parameter with sharded[k] (ZeRO-2; `sharded` empty: none)
-  // has only the sum of this rank's shard kept instead (take_shard_gradient), and its .grad left undefined.
-  virtual void begin_gradients(const std::vector<Tensor>& params, const std::vector<bool>& sharded) = 0;
+  // rank's block, the same bits on every rank. A parameter with shard_align[k] > 0 (ZeRO-2; `shard_align`
+  // empty: none) has only the sum of this rank's shard (shard_bounds(numel, shard_align[k])) kept instead
+  // (take_shard_gradient), and its .grad left undefined.
+  virtual void begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) = 0;
   virtual void gradient_ready(std::size_t index) = 0;
   virtual void finish_gradients() = 0;
   // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).
@@ -45,10 +46,12 @@ class GradientSync {
 
   // ZeRO-1: each rank steps only its shard of every parameter (and keeps optimizer state for it alone).
   // Where the ranks' shards of a tensor of `numel` elements begin: world_size() + 1 offsets, 0 .. numel, every
-  // boundary on the 8-bit block size, so a shard is whole blocks of its tensor's state.
-  virtual std::vector<std::int64_t> shard_bounds(std::int64_t numel) = 0;
-  // After the shards' step: every rank's shard of each parameter (contiguous) copied to every rank.
-  virtual void gather_shards(const std::vector<Tensor>& params) = 0;
+  // boundary a multiple of `align`, itself a multiple of the 8-bit block size (256), so a shard is whole blocks
+  // of its tensor's state (and, for align a multiple of a matrix's row length, whole rows).
+  virtual std::vector<std::int64_t> shard_bounds(std::int64_t numel, std::int64_t align) = 0;
+  // After the shards' step: every rank's shard (shard_bounds(numel, aligns[k])) of each parameter (contiguous)
+  // copied to every rank.
+  virtual void gather_shards(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns) = 0;
   // ZeRO-2, after finish_gradients: the summed gradient of this rank's shard of params[index], flat (undefined
   // when the shard is empty), handed over: the sync keeps no reference, so it is freed with the caller's.
   virtual Tensor take_shard_gradient(std::size_t index) = 0;

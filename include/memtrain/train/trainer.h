@@ -219,22 +219,28 @@ class Trainer {
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
   // whole_params_ are the parameters themselves, in the groups' order. A GaLore-projected weight is held whole
   // (every rank steps it alike) and only its state is sharded, over the elements of its projected gradient R.
+  // Adafactor's shards are whole rows (align a multiple of the row length), and every rank holds a view of
+  // every parameter, empty ones included, since its step exchanges statistics for each.
   struct Shard {
     Tensor whole;
     Tensor view;  // what the optimizer steps: elements [begin, begin + count) of whole, flattened (or whole)
     std::int64_t begin = 0, count = 0;  // the range of the state: of whole's elements, or of R's when projected
     std::size_t index = 0;              // of whole in whole_params_ (the key of its state in checkpoints)
     bool projected = false;
+    std::int64_t align = 256;  // GradientSync::shard_bounds's
   };
   std::vector<Tensor> whole_params_;
   std::vector<Tensor> exchanged_params_;  // those of whole_params_ whose stepped shards the ranks exchange
+  std::vector<std::int64_t> exchanged_aligns_;  // their shards' alignment
   std::vector<Shard> shards_;
   void shard_optimizer();
+  void shard_adafactor_rows();  // the exchanges of Adafactor's row-shard step (optim::Adafactor::shard_rows)
   // Gives this rank's shards their gradients: the summed shards (ZeRO-2) or views of the whole gradients.
   void set_shard_gradients();
-  // ZeRO-2: which of whole_params_ have their gradients reduce-scattered: all but GaLore-projected weights,
-  // whose projection needs the whole gradient (summed whole, as at ZeRO-1). Empty below ZeRO-2.
-  std::vector<bool> gradient_shards() const;
+  // ZeRO-2: for each of whole_params_, the alignment of its reduce-scattered gradient's shards, or 0 for a
+  // GaLore-projected weight, whose projection needs the whole gradient (summed whole, as at ZeRO-1). Empty
+  // below ZeRO-2.
+  std::vector<std::int64_t> gradient_shards() const;
   // The shape of parameter i's (of trained_params()) optimizer state: R's for a GaLore-projected weight.
   Shape state_shape(std::size_t i) const;
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's

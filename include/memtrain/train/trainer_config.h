@@ -68,7 +68,8 @@ struct TrainerConfig {
   // ZeRO stage. 0: plain data parallel (every rank keeps every gradient and all optimizer state). 1: each rank
   // steps, and keeps optimizer state for, only its shard of each parameter (dist::shard_bounds: rows of the
   // flattened tensor, boundaries on the 8-bit block of 256), then the ranks exchange the stepped shards; for
-  // the elementwise optimizers (not Adafactor) with 8-bit blocks of at most 256. With GaLore a projected
+  // the elementwise optimizers with 8-bit blocks of at most 256. Adafactor (on the CPU, without GaLore) shards
+  // whole rows and exchanges its row and column statistics (optim::Adafactor::RowShards). With GaLore a projected
   // weight is stepped whole by every rank and only its projected state is sharded (optim::GaLore::StateShards).
   // Checkpoints then hold a file per rank beside the main one, and resume at any world size. At world_size 1
   // there is nothing to shard. 2: each rank also keeps only its shard of the summed gradients (a reduce-scatter
