@@ -269,7 +269,16 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.zero = 1; c.optimizer = mt::optim::Spec::adafactor(); c.device = mt::Device::cuda(0); },
        {"'adafactor' on cuda:0", "CPU only"}},
       {[](TrainerConfig& c) { c.world_size = 2; c.grad_accum = 3; }, {"grad_accum 3", "power of two"}},
-      {[](TrainerConfig& c) { c.world_size = 2; c.layerwise_update = true; }, {"layerwise_update", "world_size 2"}},
+      {[](TrainerConfig& c) { c.world_size = 2; c.layerwise_update = true; c.galore_rank = 4; },
+       {"layerwise_update with GaLore", "canonical tree"}},
+      {[](TrainerConfig& c) { c.canonical_reduction = true; c.layerwise_update = true; c.galore_rank = 4; },
+       {"layerwise_update with GaLore", "canonical tree"}},
+      {[](TrainerConfig& c) { c.world_size = 2; c.layerwise_update = true; c.device = mt::Device::cuda(0); },
+       {"layerwise_update with world_size 2 on cuda:0"}},
+      {[](TrainerConfig& c) {
+         c.world_size = 2; c.layerwise_update = true; c.zero = 1; c.optimizer = mt::optim::Spec::adafactor();
+       },
+       {"layerwise_update with optimizer 'adafactor' at zero 1"}},
       {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; c.fp8_amax_history = 0; }, {"fp8_amax_history"}},
       {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; c.fp8_margin = -1; }, {"fp8_margin"}},
       {[](TrainerConfig& c) { c.precision = mt::amp::Precision::fp16; c.loss_scaler.backoff_factor = 1.5; },

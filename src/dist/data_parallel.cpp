@@ -4,11 +4,13 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
+#include "train/grad_norm.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 namespace memtrain::dist {
@@ -115,6 +117,7 @@ void DataParallel::begin_gradients(const std::vector<Tensor>& params, const std:
   shard_grads_.assign(params_.size(), Tensor());
   packed_.assign(buckets_.size(), false);
   next_sum_ = 0;
+  delivered_ = 0;
   error_ = nullptr;
   if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
 }
@@ -167,6 +170,59 @@ void DataParallel::pack(std::size_t bucket) {
     if (!finishing_) ++stats_.early_buckets;
   }
   changed_.notify_all();
+  if (landed_) deliver_landed(false);
+}
+
+void DataParallel::set_landed(std::function<void(std::size_t param, double norm)> landed) {
+  landed_ = std::move(landed);
+}
+
+void DataParallel::deliver_landed(bool all) {
+  std::unique_lock lock(mutex_);
+  std::size_t packed = 0;  // buckets [0, packed) are with the worker
+  while (packed < packed_.size() && packed_[packed]) ++packed;
+  const std::size_t until = all ? buckets_.size() : (packed == 0 ? 0 : packed - 1);
+  while (delivered_ < until) {
+    const auto t0 = std::chrono::steady_clock::now();
+    changed_.wait(lock, [&] { return next_sum_ > delivered_ || error_; });
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (error_) std::rethrow_exception(error_);
+    const std::size_t b = delivered_++;
+    lock.unlock();
+    deliver(b);
+    lock.lock();
+  }
+}
+
+void DataParallel::shard_norms(Bucket& b, const Tensor& mine) {
+  // Each parameter's blocks, this rank's filled in: every block lies on one rank, so summing the ranks'
+  // copies adds only zeros to it, and the norm is the one tensor's canonical norm.
+  const auto ranks = static_cast<std::size_t>(comm_->size()), r = static_cast<std::size_t>(comm_->rank());
+  std::vector<std::size_t> first(b.params.size() + 1, 0);
+  for (std::size_t i = 0; i < b.params.size(); ++i)
+    first[i + 1] = first[i] + static_cast<std::size_t>((params_[b.params[i]].numel() + 255) / 256);
+  std::vector<double> blocks(first.back(), 0.0);
+  MT_CHECK(b.dtype == DType::f32, "DataParallel", "layer-wise updates at ZeRO-2 need f32 gradients, got {}",
+           dtype_name(b.dtype));
+  if (mine.device().is_cpu()) {
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      const std::int64_t begin = b.shard_bounds[i * (ranks + 1) + r], n = b.shard_bounds[i * (ranks + 1) + r + 1] - begin;
+      train::detail::block_squares(mine.data<float>() + offset, n, blocks.data() + first[i] + begin / 256);
+      offset += n;
+    }
+  }
+  const std::vector<double> all = comm_->all_gather_f64(blocks);
+  b.norms.assign(b.params.size(), 0.0);
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    double total = 0.0;
+    for (std::size_t k = first[i]; k < first[i + 1]; ++k) {
+      double block = 0.0;
+      for (std::size_t q = 0; q < ranks; ++q) block += all[q * blocks.size() + k];
+      total += block;
+    }
+    b.norms[i] = std::sqrt(total);
+  }
 }
 
 void DataParallel::run_worker() {
@@ -186,6 +242,7 @@ void DataParallel::run_worker() {
         const auto r = static_cast<std::size_t>(comm_->rank());
         Tensor mine = Tensor::empty({b.part_bounds[r + 1] - b.part_bounds[r]}, b.dtype, comm_->device());
         comm_->reduce_scatter_canonical(flat, b.part_bounds, mine);
+        if (landed_) shard_norms(b, mine);
         flat = mine;  // the whole bucket goes: only this rank's part of the sum is kept
       } else {
         comm_->all_reduce_canonical(flat);
@@ -220,23 +277,28 @@ void DataParallel::finish_gradients() {
     ++stats_.steps;
     if (error_) std::rethrow_exception(error_);
   }
+  for (; delivered_ < buckets_.size(); ++delivered_) deliver(delivered_);
+}
+
+void DataParallel::deliver(std::size_t bucket) {
+  Bucket& b = buckets_[bucket];
   const auto ranks = static_cast<std::size_t>(comm_->size()), r = static_cast<std::size_t>(comm_->rank());
-  for (Bucket& b : buckets_) {
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      Tensor p = params_[b.params[i]];
-      // Views into the bucket: its one buffer is the gradients now (freed when the last of them is).
-      if (b.sharded) {
-        const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - b.shard_bounds[i * (ranks + 1) + r];
-        if (n > 0) shard_grads_[b.params[i]] = b.flat.narrow(0, offset, n);
-        offset += n;
-      } else {
-        p.set_grad(b.flat.narrow(0, offset, p.numel()).view(p.shape()));
-        offset += p.numel();
-      }
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    const std::size_t k = b.params[i];
+    Tensor p = params_[k];
+    // Views into the bucket: its one buffer is the gradients now (freed when the last of them is).
+    if (b.sharded) {
+      const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - b.shard_bounds[i * (ranks + 1) + r];
+      if (n > 0) shard_grads_[k] = b.flat.narrow(0, offset, n);
+      offset += n;
+    } else {
+      p.set_grad(b.flat.narrow(0, offset, p.numel()).view(p.shape()));
+      offset += p.numel();
     }
-    b.flat = Tensor();
+    if (landed_) landed_(k, b.sharded ? b.norms[i] : train::detail::canonical_norm(p.grad()));
   }
+  b.flat = Tensor();
 }
 
 Tensor DataParallel::take_shard_gradient(std::size_t index) {

@@ -15,6 +15,14 @@ namespace memtrain::train::detail {
 // (see grad_clip.cpp).
 double sum_of_squares(const std::vector<Tensor>& tensors);
 
+// out[b] := the sum of squares of elements [256 b, 256 b + 256) of g (n elements), in double, element by
+// element: the unit every canonical norm is summed from (blocks in parallel; each block's bits do not depend
+// on the threads).
+void block_squares(const float* g, std::int64_t n, double* out);
+// sqrt of block_squares' blocks summed in order: one tensor's canonical norm, whatever its split into shards
+// (undefined: 0; a CUDA tensor: its device's sum of squares; meta: 0).
+double canonical_norm(const Tensor& grad);
+
 // A piece of one parameter's flattened gradient: the whole of it, or a ZeRO shard (first element a multiple of
 // 256).
 struct GradPiece {

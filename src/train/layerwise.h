@@ -16,16 +16,24 @@
 // clipping it may clip a parameter whose gradient is outsized for its share even when the global norm is
 // below grad_clip (that is what not waiting for the global norm costs).
 //
+// A parameter's norm is train/grad_norm.h's canonical_norm (256-element blocks in double, summed in order), so a
+// data-parallel rank that holds only a shard gets it from the ranks' blocks with the same bits.
+//
 // grad_norm (StepMetrics): the global L2 norm, before clipping, of the gradients the parameters are stepped
-// from, summed from the hooks: .grad for plain parameters, R for projected ones (so with GaLore it reads
-// lower than the ordinary step's, since |P^T G| <= |G|).
+// from: .grad for plain parameters, R for projected ones (so with GaLore it reads lower than the ordinary
+// step's, since |P^T G| <= |G|); the squares summed in parameter order.
+//
+// With the canonical tree (TrainerConfig::canonical_reduction), a hook of the last backward first folds its
+// parameter's micro-batch sums (GradientTree::complete), then steps it. Data parallel (for_ranks): no hooks;
+// the trainer steps each parameter, or its shard, with step_summed once its sum over the ranks has landed
+// (GradientSync::set_landed).
 #pragma once
 
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/optimizer.h"
+#include "train/gradient_tree.h"
 
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 namespace memtrain::train::detail {
@@ -35,12 +43,17 @@ class LayerwiseUpdater {
   // Registers one hook on every parameter of optimizer's groups. The hooks hold a weak pointer and act only
   // inside a Backward scope, so a backward outside train_step, or after the updater is gone, does nothing.
   static std::shared_ptr<LayerwiseUpdater> install(optim::Optimizer& optimizer, double grad_clip);
+  // For a data-parallel rank: no hooks; `whole` are the parameters (in the order GradientSync numbers them),
+  // whose sizes set each one's share of grad_clip, while `optimizer` may hold shards of them.
+  static std::shared_ptr<LayerwiseUpdater> for_ranks(optim::Optimizer& optimizer, double grad_clip,
+                                                     std::vector<Tensor> whole);
 
   // Marks the backward of one micro-batch while it lives; `last`: the step's last micro-batch (the one that
   // steps). Hooks outside such a scope do nothing.
   class Backward {
    public:
-    Backward(LayerwiseUpdater& updater, bool last);
+    // `tree`: the step's canonical tree, whose sums a hook completes before stepping (null: none).
+    Backward(LayerwiseUpdater& updater, bool last, GradientTree* tree);
     ~Backward();
     Backward(const Backward&) = delete;
     Backward& operator=(const Backward&) = delete;
@@ -50,23 +63,30 @@ class LayerwiseUpdater {
   };
 
   void begin_step();  // before the step's first backward: resets the norm
+  // Data parallel: steps `target` (whole parameter `index`, or this rank's shard of it, holding its summed
+  // gradient) clipped to the parameter's share by `norm`, the whole summed gradient's canonical norm; frees
+  // the gradient.
+  void step_summed(std::size_t index, Tensor target, double norm);
   // After the last backward: steps what no hook stepped (a parameter whose gradient or accumulator came only
   // from earlier micro-batches) and returns the step's global gradient norm (see the top).
   double finish_step();
 
  private:
-  LayerwiseUpdater(optim::Optimizer& optimizer, double grad_clip);
-  void on_ready(const Tensor& param);
-  void step_now(const Tensor& param);  // clip, step, free the gradient; adds to the norm
+  LayerwiseUpdater(optim::Optimizer& optimizer, double grad_clip, std::vector<Tensor> params);
+  void on_ready(std::size_t index);
+  void step_now(std::size_t index);  // clip, step, free the gradient; records the norm
+  // Scales `grad` in place to parameter index's share of grad_clip when `norm` exceeds it; records the norm.
+  void clip(std::size_t index, Tensor grad, double norm);
 
   optim::Optimizer& optimizer_;
   optim::GaLore* galore_;  // the optimizer as GaLore, or null
   double grad_clip_;
   std::vector<Tensor> params_;
-  std::unordered_map<const TensorImpl*, double> clip_to_;  // c_p
+  std::vector<double> clip_to_;  // c_p, by index
+  std::vector<double> squares_;  // this step's norm_p^2 by index (NaN: skipped as non-finite)
   bool active_ = false;
   bool last_ = false;
-  double sum_squares_ = 0.0;
+  GradientTree* tree_ = nullptr;
 };
 
 }  // namespace memtrain::train::detail

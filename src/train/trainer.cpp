@@ -227,6 +227,24 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   make_train_loader(sync_->rank(), sync_->world_size());
   sync_hooks_ = detail::SyncHooks::install(trained_params());
   if (config_.zero >= 1) shard_optimizer();
+  if (config_.layerwise_update) {
+    // Each parameter (or its shard) is stepped as its sum over the ranks lands; the hooks of the updater made
+    // for training alone go quiet with it.
+    layerwise_ = detail::LayerwiseUpdater::for_ranks(*optimizer_, config_.grad_clip, trained_params());
+    sync_->set_landed([this](std::size_t k, double norm) { step_landed(k, norm); });
+  }
+}
+
+void Trainer::step_landed(std::size_t index, double norm) {
+  Tensor whole = trained_params().at(index);
+  Tensor target = whole;  // what this rank steps: the parameter, its shard, or nothing (an empty shard)
+  if (!whole_params_.empty()) {
+    const auto s = std::find_if(shards_.begin(), shards_.end(), [&](const Shard& x) { return x.index == index; });
+    target = s == shards_.end() ? Tensor() : s->view;
+    if (target.defined()) set_shard_gradient(*s);
+  }
+  layerwise_->step_summed(index, target, norm);
+  whole.set_grad(Tensor());
 }
 
 bool Trainer::canonical_reduction_on() const {
@@ -371,12 +389,15 @@ std::vector<std::int64_t> Trainer::gradient_shards() const {
 
 void Trainer::set_shard_gradients() {
   for (Shard& s : shards_) {
-    if (s.projected) continue;  // stepped whole, from its whole gradient
-    const Tensor g = config_.zero >= 2 ? sync_->take_shard_gradient(s.index) : s.whole.grad();
-    s.view.set_grad(!g.defined() || config_.zero >= 2
-                        ? g
-                        : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.count));
+    if (!s.projected) set_shard_gradient(s);  // a projected one is stepped whole, from its whole gradient
   }
+}
+
+void Trainer::set_shard_gradient(const Shard& s) {
+  const Tensor g = config_.zero >= 2 ? sync_->take_shard_gradient(s.index) : s.whole.grad();
+  Tensor(s.view).set_grad(!g.defined() || config_.zero >= 2
+                              ? g
+                              : g.contiguous().view({s.whole.numel()}).narrow(0, s.begin, s.count));
 }
 
 Shape Trainer::state_shape(std::size_t i) const {
@@ -470,8 +491,12 @@ StepMetrics Trainer::train_step() {
       CategoryGuard category(MemoryCategory::gradients);
       seed_grad = full(loss.shape(), scaler_ ? weight * scaler_->scale() : weight, loss.dtype(), loss.device());
     }
+    // Alone, the hooks of the last backward step each parameter (completing its canonical sum first when the
+    // last backward is the tree's last leaf; otherwise the step waits for the tree).
     std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
-    if (layerwise_) hooks_on.emplace(*layerwise_, i == last_backward);
+    const bool tree_done_here = tree && i + 1 == batches.size();
+    if (layerwise_ && !sync_)
+      hooks_on.emplace(*layerwise_, i == last_backward && (!tree || tree_done_here), tree_done_here ? &*tree : nullptr);
     // The last backward hands each gradient to the data-parallel sums as soon as it is final.
     std::optional<detail::SyncHooks::Active> overlap;
     if (sync_ && i + 1 == batches.size()) overlap.emplace(*sync_hooks_, *tree, *sync_);
@@ -494,7 +519,7 @@ StepMetrics Trainer::train_step() {
   // before anything reads them) or views of the summed whole gradients (ZeRO-1, taken once the loss scaler
   // has unscaled those); then the ranks exchange the stepped shards.
   const bool grad_shards = config_.zero >= 2 && !whole_params_.empty();
-  if (grad_shards) set_shard_gradients();
+  if (grad_shards && !layerwise_) set_shard_gradients();  // layer-wise: each was set as its sum landed
   // fp16: gradients back in true units before anything reads them; an overflow skips the whole step.
   const std::optional<double> loss_scale = scaler_ ? std::optional<double>(scaler_->scale()) : std::nullopt;
   bool skipped = false;
@@ -515,6 +540,7 @@ StepMetrics Trainer::train_step() {
   double grad_norm = 0.0;
   if (layerwise_) {
     grad_norm = layerwise_->finish_step();
+    if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
   } else if (skipped) {
     grad_norm = grad_shards ? clip_gradients(params) : global_grad_norm(params);  // not finite: nothing clipped
   } else {

@@ -276,12 +276,18 @@ void TrainerConfig::validate() const {
            "grad_accum {} with world_size {}: a data-parallel step sums its micro-batch gradients in one canonical "
            "tree over the global batch, and each rank's block must be one subtree of it, so grad_accum must be a "
            "power of two (1, 2, 4, ...)", grad_accum, world_size);
-  MT_CHECK(!(canonical_reduction && layerwise_update), kWhere,
-           "canonical_reduction with layerwise_update: layer-wise updates step each parameter from its gradient "
-           "as the last backward makes it, before the canonical tree over the micro-batches is complete");
-  MT_CHECK(world_size == 1 || !layerwise_update, kWhere,
-           "layerwise_update with world_size {}: a parameter's update needs the gradient summed over every rank, "
-           "which the data-parallel step has only after the backward (use layerwise_update false)", world_size);
+  if (layerwise_update && (canonical_reduction || world_size > 1)) {
+    MT_CHECK(galore_rank == 0, kWhere,
+             "layerwise_update with GaLore (galore_rank {}) and the canonical reduction (canonical_reduction, or "
+             "world_size {}): layer-wise GaLore adds each micro-batch's projected gradient as it comes, outside the "
+             "canonical tree", galore_rank, world_size);
+    MT_CHECK(world_size == 1 || !device.is_cuda(), kWhere,
+             "layerwise_update with world_size {} on {}: the per-parameter norms of the summed gradients are the "
+             "CPU's canonical ones; train layer-wise on one GPU, or data parallel without it", world_size, device.str());
+    MT_CHECK(world_size == 1 || zero == 0 || optimizer.kind != optim::OptimizerKind::adafactor, kWhere,
+             "layerwise_update with optimizer 'adafactor' at zero {}: its row-shard step exchanges statistics for "
+             "every parameter at once, so it cannot step one parameter as its sum lands", zero);
+  }
   MT_CHECK(!(layerwise_update && precision == amp::Precision::fp16), kWhere,
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
            "gradient overflows, which is known only after the last one, and layer-wise updates have applied the "

@@ -306,6 +306,39 @@ TEST(DataParallel, AdafactorShardsWholeRowsAndKeepsTheBits) {
   }
 }
 
+// Layer-wise updates across ranks: each parameter (ZeRO-0), or this rank's shard of it (ZeRO-1/2), is stepped
+// on the trainer's thread as soon as its bucket's sum has landed, during the backward (buckets of 4 and 16 KiB,
+// so most land before it ends), clipped to its share of grad_clip by the canonical norm of its whole summed
+// gradient (at ZeRO-2 combined from every rank's blocks). The bits are those of the same global batch trained
+// alone, layer-wise, with the canonical reduction, whose hooks complete each parameter's canonical sum before
+// stepping it. grad_clip 0.5: most parameters are clipped to their share.
+TEST(DataParallel, LayerwiseStepsEachShardAsItsSumLandsAndKeepsTheBits) {
+  auto world = mt::dist::world();
+  for (const mt::optim::Spec& spec : {mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}),
+                                      mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1})}) {
+    TrainerConfig one = config_for(spec, 0, 1, world->size());
+    one.layerwise_update = true;
+    one.grad_clip = 0.5;
+    Fixture alone = make(one, mt::dist::single_process());
+    const RunResult want = finish(alone);
+    for (const std::int64_t stage : {0, 1, 2}) {
+      TrainerConfig c = config_for(spec, 0, world->size(), world->size());
+      c.layerwise_update = true;
+      c.grad_clip = 0.5;
+      c.zero = stage;
+      Fixture dp = make(c, world, {.first_bucket_bytes = 4096, .bucket_bytes = 16384});
+      const std::string what = spec.to_string() + " layer-wise, zero " + std::to_string(stage) + " at " +
+                               std::to_string(world->size());
+      expect_same_bits(finish(dp), want, what);
+      const auto& got = dp.trainer->history();
+      const auto& ref = alone.trainer->history();
+      for (std::size_t s = 0; s < got.size(); ++s)
+        EXPECT_EQ(got[s].grad_norm, ref[s].grad_norm) << what << ": the norm of step " << s + 1;
+      if (world->size() > 1) EXPECT_GT(dp.dp->stats().early_buckets, 0) << what;
+    }
+  }
+}
+
 // A ZeRO-1 checkpoint is the main file plus one file of optimizer state per rank. Written at N ranks after 10
 // of 20 steps, it resumes on the run alone's bits both alone (unsharded) and at N ranks (sharded again), and
 // an unsharded checkpoint resumes into shards; a missing shard file is refused naming it. With GaLore (a basis
@@ -375,17 +408,25 @@ TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
 // A data-parallel run is predicted one rank at a time: each rank predicts itself on the meta device as a
 // simulated rank (dist::simulate_rank: its buckets, shards and gathers, no data moved), then trains the run
 // for real. The CPU allocator's peak over the same two steps and evaluation, and each category at that peak,
-// are the prediction's to the byte, at every ZeRO stage, on every rank, with and without 8-bit GaLore.
+// are the prediction's to the byte, at every ZeRO stage, on every rank, with and without 8-bit GaLore, and
+// layer-wise.
 TEST(DataParallel, EachRankPredictsItsOwnPeakToTheByte) {
   auto world = mt::dist::world();
   const mt::optim::Spec eight_bit = mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1});
   const mt::optim::Spec adafactor = mt::optim::Spec::adafactor({.lr = 1e-2, .weight_decay = 0.1, .beta1 = 0.9});
-  const std::vector<std::pair<mt::optim::Spec, std::int64_t>> runs = {{eight_bit, 0}, {eight_bit, 4}, {adafactor, 0}};
-  for (const auto& [spec, galore_rank] : runs)
+  struct Run {
+    mt::optim::Spec spec;
+    std::int64_t galore_rank = 0;
+    bool layerwise = false;
+  };
+  const std::vector<Run> runs = {{eight_bit}, {eight_bit, 4}, {adafactor}, {eight_bit, 0, true}};
+  for (const auto& [spec, galore_rank, layerwise] : runs)
   for (const std::int64_t stage : {0, 1, 2}) {
     TrainerConfig c = mt::test_support::short_run_config();
     c.optimizer = spec;
     c.galore_rank = galore_rank;
+    c.layerwise_update = layerwise;
+    c.grad_clip = layerwise ? 0.5 : c.grad_clip;
     c.world_size = world->size();
     c.grad_accum = world->size() <= 2 ? 2 : 1;
     c.zero = stage;
@@ -396,8 +437,9 @@ TEST(DataParallel, EachRankPredictsItsOwnPeakToTheByte) {
         mt::test_support::measure_on_cpu(c, false, [&](Trainer& t) {
           mt::dist::attach_data_parallel(t, world, {.first_bucket_bytes = 4096, .bucket_bytes = 16384});
         });
-    const std::string what = spec.to_string() + (galore_rank > 0 ? ", galore, zero " : ", zero ") + std::to_string(stage) + ", rank " +
-                             std::to_string(world->rank()) + " of " + std::to_string(world->size());
+    const std::string what = spec.to_string() + (galore_rank > 0 ? ", galore" : "") + (layerwise ? ", layer-wise" : "") +
+                             ", zero " + std::to_string(stage) + ", rank " + std::to_string(world->rank()) + " of " +
+                             std::to_string(world->size());
     EXPECT_EQ(predicted.peak_bytes_total, measured.peak_total) << what;
     for (int i = 0; i < mt::kNumMemoryCategories; ++i) {
       const std::string name(mt::category_name(static_cast<mt::MemoryCategory>(i)));

@@ -66,6 +66,7 @@ class DataParallel : public train::GradientSync {
   void begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) override;
   void gradient_ready(std::size_t index) override;
   void finish_gradients() override;
+  void set_landed(std::function<void(std::size_t param, double norm)> landed) override;
   void barrier() override { comm_->barrier(); }
   std::vector<std::int64_t> shard_bounds(std::int64_t numel, std::int64_t align) override;
   void gather_shards(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns) override;
@@ -89,6 +90,7 @@ class DataParallel : public train::GradientSync {
     std::size_t unreported = 0;  // this step: parameters not yet reported ready
     Tensor filling;              // this step: gradients copied in as they are reported (the trainer's thread)
     Tensor flat;                 // this step: the packed gradients, then their sum (ZeRO-2: this rank's part)
+    std::vector<double> norms;   // this step, ZeRO-2 with set_landed: each parameter's canonical norm
   };
   std::shared_ptr<Communicator> comm_;
   DataParallelOptions options_;
@@ -110,11 +112,19 @@ class DataParallel : public train::GradientSync {
   bool stop_ = false;
   bool finishing_ = false;  // the trainer's thread is in finish_gradients
   DataParallelStats stats_;
+  std::function<void(std::size_t, double)> landed_;  // set_landed's
+  std::size_t delivered_ = 0;  // this step: the buckets before it are handed over (their gradients set)
 
   // Buckets of one dtype and one kind of sum (whole or sharded), in reverse parameter order.
   void plan_buckets(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align);
   void copy_in(std::size_t param);  // the trainer's thread: into its bucket, freeing the gradient at once
   void pack(std::size_t bucket);    // the trainer's thread: hand a complete bucket to the worker
+  // The trainer's thread: sets the gradients of summed bucket `bucket` (calling landed_ for each).
+  void deliver(std::size_t bucket);
+  // With landed_: delivers every bucket whose successor is packed too (all: every bucket), waiting for its sum.
+  void deliver_landed(bool all);
+  // The worker, ZeRO-2 with landed_: each parameter's canonical norm from every rank's blocks of bucket b.
+  void shard_norms(Bucket& b, const Tensor& mine);
   // One dtype, one all_gather.
   void gather_shard_group(const std::vector<Tensor>& params, const std::vector<std::int64_t>& aligns);
   void run_worker();

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace memtrain::train {
@@ -41,6 +42,12 @@ class GradientSync {
   virtual void begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) = 0;
   virtual void gradient_ready(std::size_t index) = 0;
   virtual void finish_gradients() = 0;
+  // Layer-wise updates: from then on, each parameter's summed gradient is handed to `landed(k, norm)` on the
+  // trainer's thread as soon as it is known to have landed: bucket j's parameters during the backward, once the
+  // buckets up to j + 1 are handed to the sums (waiting for bucket j's sum), the rest in finish_gradients.
+  // params[k].grad() then holds the sum (at ZeRO-2: take_shard_gradient(k)); `norm` is the canonical norm
+  // (train/grad_norm.h) of the whole summed gradient, at ZeRO-2 from every rank's blocks.
+  virtual void set_landed(std::function<void(std::size_t param, double norm)> landed) = 0;
   // Waits until every rank arrives (e.g. rank 0 has written a checkpoint the others will read).
   virtual void barrier() = 0;
 

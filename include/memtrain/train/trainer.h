@@ -20,7 +20,9 @@
 // with grad_accum > 1: to fp32 rounding, as its weights accumulate earlier micro-batches in the projected
 // space). grad_clip clips each parameter to its share grad_clip * sqrt(n_p / N) of the threshold, which keeps
 // the global norm of the applied gradients <= grad_clip (the global norm is known only once all are applied).
-// The hooks stay on the parameters after the Trainer is gone and do nothing then.
+// The hooks stay on the parameters after the Trainer is gone and do nothing then. Data parallel, the hooks go
+// quiet and each parameter, or this rank's ZeRO shard of it, is stepped as its sum over the ranks lands
+// (GradientSync::set_landed, docs/distributed.md).
 //
 // Progress: on a terminal one live line (step/total, loss, lr, tokens/s or samples/s, peak memory, ETA);
 // otherwise a plain line every log_interval steps. Per-step metrics go to config.metrics_path (JSONL). At
@@ -235,8 +237,11 @@ class Trainer {
   std::vector<Shard> shards_;
   void shard_optimizer();
   void shard_adafactor_rows();  // the exchanges of Adafactor's row-shard step (optim::Adafactor::shard_rows)
+  // Layer-wise data parallel: steps parameter `index` (or this rank's shard) once its sum has landed.
+  void step_landed(std::size_t index, double norm);
   // Gives this rank's shards their gradients: the summed shards (ZeRO-2) or views of the whole gradients.
   void set_shard_gradients();
+  void set_shard_gradient(const Shard& s);  // one shard's
   // ZeRO-2: for each of whole_params_, the alignment of its reduce-scattered gradient's shards, or 0 for a
   // GaLore-projected weight, whose projection needs the whole gradient (summed whole, as at ZeRO-1). Empty
   // below ZeRO-2.

@@ -111,7 +111,9 @@ struct TrainerConfig {
   std::vector<std::string> galore_targets;
   // Layer-wise updates (Trainer): each parameter is stepped inside its gradient-ready hook during the
   // backward of the step's last micro-batch and its gradient freed at once. Works with grad_accum > 1 (GaLore
-  // weights accumulate in the projected space) and with grad_clip (a per-parameter rule, see trainer.h).
+  // weights accumulate in the projected space) and with grad_clip (a per-parameter rule, see trainer.h); with
+  // the canonical reduction and data parallel (each parameter stepped as its sum over the ranks lands; not
+  // with GaLore there).
   bool layerwise_update = false;
   std::int64_t max_steps = 100;
   std::int64_t eval_interval = 50;  // 0 = only at the end
