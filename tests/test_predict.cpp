@@ -129,7 +129,7 @@ TEST(PredictMemory, LeavesTheRngStreamAndTheCpuAllocatorAsTheyWere) {
 }
 
 // A data-parallel config is predicted for one rank: without the hook that attaches a simulated one (dist, above
-// train in the layers), the prediction says how to ask for it, and fitting such a run is refused.
+// train in the layers), the prediction says how to ask for it, and fitting needs the hook for every rank.
 TEST(PredictMemory, AskForARankOfADataParallelRun) {
   TrainerConfig c = short_run_config(0);
   c.world_size = 2;
@@ -140,6 +140,7 @@ TEST(PredictMemory, AskForARankOfADataParallelRun) {
   const std::string f =
       mt::test_support::error_of([&] { (void)mt::train::fit_to_budget(c, std::size_t{1} << 30, inputs_for(false)); });
   EXPECT_NE(f.find("fit_to_budget: world_size 2"), std::string::npos) << f;
+  EXPECT_NE(f.find("RunInputs::prepare_rank"), std::string::npos) << f;
 }
 
 TEST(PredictMemory, PredictsACudaRunWithoutAGpuAndLeavesTheHostQueuesOut) {

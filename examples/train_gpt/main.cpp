@@ -226,8 +226,13 @@ PlanInputs plan_inputs(const Flags& f, const train::TrainerConfig& config, std::
   const Shape window{plan.window};
   plan.inputs.train = std::make_shared<data::BlankDataset>(windows, window, DType::i64, window);
   plan.inputs.val = config.eval_batches > 0 ? plan.inputs.train : nullptr;
-  // Under mpirun each process predicts its own rank: its shards and buckets.
-  if (config.world_size > 1) plan.inputs.prepare = dist::simulate_rank(dist::world()->rank(), dp_options(f));
+  // Under mpirun each process predicts its own rank: its shards and buckets (--fit predicts every rank).
+  if (config.world_size > 1) {
+    plan.inputs.prepare = dist::simulate_rank(dist::world()->rank(), dp_options(f));
+    plan.inputs.prepare_rank = [options = dp_options(f)](std::int64_t r) {
+      return dist::simulate_rank(static_cast<int>(r), options);
+    };
+  }
   return plan;
 }
 
@@ -269,8 +274,11 @@ std::size_t check_fit_flags(const Flags& f, const train::TrainerConfig& config) 
 
 // --fit BUDGET: the fastest configuration whose predicted peak fits (train::fit_to_budget). A knob given on
 // the command line stays as given; the global batch (micro-batch x accumulation) stays. Refuses, before any
-// step, when nothing fits. Returns the chosen configuration, whose memory_budget_bytes is the budget.
-train::TrainerConfig fit_config(const Flags& f, const train::TrainerConfig& config, std::optional<std::int64_t> vocab) {
+// step, when nothing fits. Returns the chosen configuration, whose memory_budget_bytes is the budget. Under
+// mpirun the budget is each rank's, every rank of each candidate is predicted, and rank 0's cost model is
+// everyone's, so all ranks choose the same configuration.
+train::TrainerConfig fit_config(const Flags& f, const train::TrainerConfig& config, std::optional<std::int64_t> vocab,
+                                dist::Communicator& world) {
   const std::size_t budget = check_fit_flags(f, config);
   train::FitKnobs knobs;
   knobs.precision = !f.precision;
@@ -279,8 +287,16 @@ train::TrainerConfig fit_config(const Flags& f, const train::TrainerConfig& conf
   knobs.checkpointing = !f.checkpoint;
   knobs.accumulation = !(f.micro_batch && f.grad_accum);
   knobs.layerwise = !f.layerwise;
-  const train::FitResult r = train::fit_to_budget(config, budget, plan_inputs(f, config, vocab).inputs, knobs);
-  fmt::print("{}", r.report());
+  knobs.zero = !f.zero;
+  train::CostModel cost = train::CostModel::calibrate();
+  const std::vector<double> rates = world.all_gather_f64({cost.f32_flops_per_second, cost.narrow_flops_per_second,
+                                                          cost.bytes_per_second, cost.communicated_bytes_per_second});
+  cost.f32_flops_per_second = rates[0];  // rank 0's
+  cost.narrow_flops_per_second = rates[1];
+  cost.bytes_per_second = rates[2];
+  cost.communicated_bytes_per_second = rates[3];
+  const train::FitResult r = train::fit_to_budget(config, budget, plan_inputs(f, config, vocab).inputs, knobs, cost);
+  if (world.rank() == 0) fmt::print("{}", r.report());
   MT_CHECK(r.chosen.has_value(), "--fit", "no configuration fits in {} (see above)", *f.fit);
   return *r.chosen;
 }
@@ -374,7 +390,8 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training; the summary gets the val loss and what it covered");
   app.add_option("--fit", f.fit,
                  "memory budget (e.g. 1.5GiB): choose the fastest precision, optimizer state, GaLore, checkpointing, "
-                 "micro-batch split and layer-wise setting whose predicted peak fits; flags given stay as given");
+                 "micro-batch split, layer-wise setting and (under mpirun, a budget per rank) ZeRO stage whose predicted "
+                 "peak fits on every rank; flags given stay as given");
   app.add_option("--memory-timeline", f.memory_timeline,
                  "write an SVG of the live bytes by category over the second training step (its eval and checkpoint "
                  "included), phases marked, with the meta prediction of the same step overlaid");
@@ -402,7 +419,7 @@ int main(int argc, char** argv) {
     config.validate();
     if (f.fit) (void)check_fit_flags(f, config);  // before any data is prepared
     if (f.plan_only) {
-      if (f.fit) config = fit_config(f, config, std::nullopt);
+      if (f.fit) config = fit_config(f, config, std::nullopt, *world);
       plan_only(f, config, *world);
       return 0;
     }
@@ -417,7 +434,10 @@ int main(int argc, char** argv) {
     if (lead) world->barrier();
     config.data.train = corpus.train;
     config.data.val = corpus.val;
-    if (f.fit) config = fit_config(f, config, corpus.tokenizer ? std::optional(corpus.tokenizer->vocab_size()) : std::nullopt);
+    if (f.fit) {
+      config = fit_config(f, config, corpus.tokenizer ? std::optional(corpus.tokenizer->vocab_size()) : std::nullopt,
+                          *world);
+    }
     auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab);
     const std::int64_t T = window_length(config, *model);
     fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",

@@ -4,6 +4,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
+#include "core/work_counter.h"
 #include "train/grad_norm.h"
 
 #include <fmt/format.h>
@@ -228,6 +229,10 @@ void DataParallel::shard_norms(Bucket& b, const Tensor& mine) {
 void DataParallel::run_worker() {
   // The sums allocate their receive buffers here: gradient memory, as the buckets are.
   CategoryGuard category(MemoryCategory::gradients);
+  // A simulated group counts the bytes its sums would send here; finish_gradients hands them on to the
+  // trainer's thread (a prediction's work counter).
+  ::memtrain::detail::WorkCounts sent;
+  ::memtrain::detail::WorkCounterGuard counting(&sent);
   std::unique_lock lock(mutex_);
   for (;;) {
     changed_.wait(lock, [&] { return stop_ || (next_sum_ < packed_.size() && packed_[next_sum_] && !error_); });
@@ -255,6 +260,7 @@ void DataParallel::run_worker() {
     stats_.sum_seconds += seconds;
     ++stats_.buckets;
     stats_.bytes += b.bytes;
+    worker_sent_bytes_ += std::exchange(sent.communicated_bytes, 0.0);
     if (error) {
       error_ = error;
     } else {
@@ -276,6 +282,9 @@ void DataParallel::finish_gradients() {
     stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++stats_.steps;
     if (error_) std::rethrow_exception(error_);
+    if (::memtrain::detail::WorkCounts* c = ::memtrain::detail::current_work_counter())
+      c->communicated_bytes += worker_sent_bytes_;
+    worker_sent_bytes_ = 0.0;
   }
   for (; delivered_ < buckets_.size(); ++delivered_) deliver(delivered_);
 }

@@ -1,10 +1,16 @@
 // One rank of a group that does not exist, on the meta device: what a memory prediction of a data-parallel run
-// trains over (communicator.h). Collectives keep the layout checks every backend makes and move nothing.
+// trains over (communicator.h). Collectives keep the layout checks every backend makes and move nothing; with a
+// work counter installed on the calling thread they count the bytes this rank would send (core/work_counter.h).
+#include "core/work_counter.h"
 #include "dist/collective_checks.h"
 #include "memtrain/dist/communicator.h"
 
 namespace memtrain::dist {
 namespace {
+
+void count_sent(double bytes) {
+  if (::memtrain::detail::WorkCounts* c = ::memtrain::detail::current_work_counter()) c->communicated_bytes += bytes;
+}
 
 class SimulatedGroup final : public Communicator {
  public:
@@ -37,9 +43,11 @@ class SimulatedGroup final : public Communicator {
                                 Tensor& mine) override {
     detail::check_shard_layout("reduce_scatter_canonical", *this, contribution, bounds, mine);
     detail::check_summable("reduce_scatter_canonical", contribution.dtype());
+    count_sent(static_cast<double>(contribution.nbytes() - mine.nbytes()));  // every other rank's part
   }
   void all_gather(const Tensor& mine, const std::vector<std::int64_t>& bounds, Tensor& full) override {
     detail::check_shard_layout("all_gather", *this, full, bounds, mine);
+    count_sent(static_cast<double>(mine.nbytes()) * (size_ - 1));  // this rank's part, to every other rank
   }
 
  private:

@@ -66,10 +66,12 @@ struct Knobs {
   Recompute recompute;
   std::int64_t micro_batch;
   std::int64_t accumulation;  // micro-batches per step
+  std::int64_t zero;          // the ZeRO stage (data parallel)
 
   // The state knobs: candidates that share them differ only in activation memory and recompute time.
   bool same_state(const Knobs& o) const {
-    return precision == o.precision && state == o.state && galore_rank == o.galore_rank && layerwise == o.layerwise;
+    return precision == o.precision && state == o.state && galore_rank == o.galore_rank &&
+           layerwise == o.layerwise && zero == o.zero;
   }
 };
 
@@ -77,12 +79,14 @@ bool is_8bit(optim::OptimizerKind k) {
   return k == optim::OptimizerKind::adamw8bit || k == optim::OptimizerKind::lion8bit;
 }
 
-// a needs no more memory than b in every monotone knob (precision and GaLore must match: not monotone). A smaller
-// micro-batch needs less, except against a layer-wise step without accumulation, which frees each gradient
-// during the backward: accumulating keeps every gradient until the last micro-batch.
+// a needs no more memory than b in every monotone knob (precision, GaLore and the ZeRO stage must match: not
+// monotone; a higher stage shards state and gradients but adds gather and bucket buffers, which on a small model
+// can outweigh what it shards). A smaller micro-batch needs less, except against a layer-wise step without
+// accumulation, which frees each gradient during the backward: accumulating keeps every gradient until the last
+// micro-batch.
 bool needs_no_more(const Knobs& a, const Knobs& b) {
   const bool batch_ok = a.micro_batch <= b.micro_batch && !(b.layerwise && b.accumulation == 1 && a.accumulation > 1);
-  return a.precision == b.precision && a.galore_rank == b.galore_rank &&
+  return a.precision == b.precision && a.galore_rank == b.galore_rank && a.zero == b.zero &&
          (a.state == b.state || (is_8bit(a.state) && !is_8bit(b.state))) && (a.layerwise || !b.layerwise) &&
          keeps_no_more(a.recompute, b.recompute) && batch_ok;
 }
@@ -101,6 +105,7 @@ std::string describe(const Knobs& k, const TrainerConfig& c) {
   s += fmt::format(", ckpt {}, micro-batch {} x {}", c.activation_checkpointing.to_string(), k.micro_batch,
                    c.grad_accum);
   if (k.layerwise) s += ", layer-wise";
+  if (c.world_size > 1) s += fmt::format(", zero {}", k.zero);
   return s;
 }
 
@@ -140,6 +145,7 @@ struct Candidate {
   Knobs knobs;
   TrainerConfig config;
   FitCandidate report;
+  bool refused = false;  // config.validate() refused the combination (the reason in report.note)
 };
 
 std::vector<Candidate> candidates(const TrainerConfig& base, const FitKnobs& free, std::int64_t galore_rank) {
@@ -154,6 +160,8 @@ std::vector<Candidate> candidates(const TrainerConfig& base, const FitKnobs& fre
   if (free.galore && galore_rank > 0) ranks = {0, base.galore_rank > 0 ? base.galore_rank : galore_rank};
   std::vector<bool> layerwise{base.layerwise_update};
   if (free.layerwise) layerwise = {false, true};
+  std::vector<std::int64_t> zeros{base.zero};
+  if (free.zero && base.world_size > 1) zeros = {0, 1, 2};
   // A base policy the search does not enumerate (every:K, budget, selective with ops) stays one of the options.
   std::vector<std::pair<Recompute, ckpt::Policy>> recomputes{
       {recompute_of(base.activation_checkpointing), base.activation_checkpointing}};
@@ -175,25 +183,35 @@ std::vector<Candidate> candidates(const TrainerConfig& base, const FitKnobs& fre
     for (const optim::OptimizerKind s : states)
       for (const std::int64_t r : ranks)
         for (const bool lw : layerwise)
-          for (const auto& [rc, policy] : recomputes)
-            for (const std::int64_t mb : micro_batches) {
-              Candidate c{{p, s, r, lw, rc, mb, global / mb}, base, {}};
-              c.config.precision = p;
-              c.config.optimizer.kind = s;
-              c.config.galore_rank = r;
-              c.config.layerwise_update = lw;
-              c.config.activation_checkpointing = policy;
-              c.config.micro_batch = mb;
-              c.config.grad_accum = global / mb;
-              c.config.memory_budget_bytes.reset();
-              c.report.knobs = describe(c.knobs, c.config);
-              out.push_back(std::move(c));
-            }
+          for (const std::int64_t zero : zeros)
+            for (const auto& [rc, policy] : recomputes)
+              for (const std::int64_t mb : micro_batches) {
+                Candidate c{{p, s, r, lw, rc, mb, global / mb, zero}, base, {}};
+                c.config.precision = p;
+                c.config.optimizer.kind = s;
+                c.config.galore_rank = r;
+                c.config.layerwise_update = lw;
+                c.config.zero = zero;
+                c.config.activation_checkpointing = policy;
+                c.config.micro_batch = mb;
+                c.config.grad_accum = global / mb;
+                c.config.memory_budget_bytes.reset();
+                c.report.knobs = describe(c.knobs, c.config);
+                // Some combinations are refused (layer-wise GaLore across ranks, an accumulation that is not a
+                // power of two across ranks, ...): kept in the report with the reason, never predicted.
+                try {
+                  c.config.validate();
+                } catch (const Error& e) {
+                  c.refused = true;
+                  c.report.note = fmt::format("refused: {}", e.what());
+                }
+                out.push_back(std::move(c));
+              }
   // Fastest-looking first: little recompute, large micro-batches; bf16 and 32-bit state before the others.
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     const auto key = [](const Knobs& k) {
       return std::make_tuple(recompute_rank(k.recompute), -k.micro_batch, k.galore_rank > 0, is_8bit(k.state),
-                             k.layerwise);
+                             k.layerwise, k.zero);
     };
     return key(a.knobs) < key(b.knobs);
   });
@@ -208,8 +226,9 @@ bool preferred(const Candidate& a, const Candidate& b) {
 }
 
 // The prediction of `config`, or nullopt when the meta run passed `budget` (it stops at the first allocation past
-// it, so a candidate that does not fit costs little).
-std::optional<MemoryPrediction> predict_within(const TrainerConfig& config, std::size_t budget, const RunInputs& inputs) {
+// it, so a candidate that does not fit costs little; nullopt budget: none).
+std::optional<MemoryPrediction> predict_within(const TrainerConfig& config, std::optional<std::size_t> budget,
+                                               const RunInputs& inputs) {
   Allocator& meta = Allocator::get(Device::meta());
   const std::optional<std::size_t> previous = meta.budget();
   meta.set_budget(budget);
@@ -226,20 +245,50 @@ std::optional<MemoryPrediction> predict_within(const TrainerConfig& config, std:
   }
 }
 
+// What a candidate needs: the prediction of its largest rank (world_size 1: the run's), with the step work of
+// its slowest rank by `cost` (the ranks wait for each other); nullopt when some rank's meta run passed `budget`.
+// A data-parallel run fits only if every rank does, and ranks differ (uneven shards): the first rank whose
+// peak is over the budget (host data added after the meta run may tip it over) ends the search as the largest.
+struct Needs {
+  MemoryPrediction largest;
+  std::int64_t largest_rank = 0;
+  StepWork slowest;
+};
+
+std::optional<Needs> predict_every_rank(const TrainerConfig& config, std::optional<std::size_t> budget,
+                                        const RunInputs& inputs, const CostModel& cost) {
+  std::optional<Needs> needs;
+  for (std::int64_t r = 0; r < config.world_size; ++r) {
+    RunInputs rank_inputs = inputs;
+    if (config.world_size > 1) rank_inputs.prepare = inputs.prepare_rank(r);
+    std::optional<MemoryPrediction> p = predict_within(config, budget, rank_inputs);
+    if (!p) return std::nullopt;
+    if (!needs) {
+      needs = Needs{*p, r, p->step_work};
+    } else {
+      if (p->peak_bytes_total > needs->largest.peak_bytes_total) needs->largest = *p, needs->largest_rank = r;
+      if (cost.step_seconds(p->step_work) > cost.step_seconds(needs->slowest)) needs->slowest = p->step_work;
+    }
+    if (budget && p->peak_bytes_total > *budget) break;
+  }
+  return needs;
+}
+
 }  // namespace
 
 // ---- the cost model ----
 
 double CostModel::step_seconds(const StepWork& w) const {
+  const double communication = w.communicated_bytes > 0.0 ? w.communicated_bytes / communicated_bytes_per_second : 0.0;
   return w.flops_f32 / f32_flops_per_second + w.flops_narrow / narrow_flops_per_second +
-         (w.allocated_bytes + w.optimizer_bytes) / bytes_per_second;
+         (w.allocated_bytes + w.optimizer_bytes) / bytes_per_second + communication;
 }
 
 std::string CostModel::describe() const {
   return fmt::format("cost model (calibrated in {:.2f} s): f32 GEMM {:.1f} GFLOP/s, bf16 GEMM {:.1f} GFLOP/s, "
-                     "memory {:.1f} GB/s",
+                     "memory {:.1f} GB/s, collectives {:.1f} GB/s",
                      calibration_seconds, f32_flops_per_second / 1e9, narrow_flops_per_second / 1e9,
-                     bytes_per_second / 1e9);
+                     bytes_per_second / 1e9, communicated_bytes_per_second / 1e9);
 }
 
 CostModel CostModel::calibrate() {
@@ -258,6 +307,8 @@ CostModel CostModel::calibrate() {
     constexpr std::int64_t kElems = std::int64_t{1} << 24;
     const Tensor x = randn({kElems}, DType::f32), y = randn({kElems}, DType::f32);
     m.bytes_per_second = static_cast<double>(kElems * 4) / median_seconds(3, [&] { (void)ops::add(x, y); });
+    // MPI between the processes of one host moves data through shared memory: a copy, at memory speed.
+    m.communicated_bytes_per_second = m.bytes_per_second;
   }
   m.calibration_seconds = seconds_since(t0);
   // The timing tensors' blocks would sit in the CPU cache for the whole run (and in its RSS).
@@ -272,9 +323,9 @@ FitResult fit_to_budget(const TrainerConfig& base, std::size_t budget_bytes, con
   const char* where = "fit_to_budget";
   MT_CHECK(budget_bytes > 0, where, "the budget must be positive");
   base.validate();
-  MT_CHECK(base.world_size == 1, where, "world_size {}: fitting a data-parallel run into a budget is not built yet "
-           "(its candidates would need ZeRO stages and per-rank limits); predict one rank's memory with "
-           "predict_memory and dist::simulate_rank", base.world_size);
+  MT_CHECK(base.world_size == 1 || inputs.prepare_rank, where,
+           "world_size {}: a data-parallel run fits only if every rank does; set RunInputs::prepare_rank to "
+           "dist::simulate_rank so that each rank can be predicted", base.world_size);
   const auto t0 = Clock::now();
   FitResult result;
   result.budget_bytes = budget_bytes;
@@ -285,29 +336,32 @@ FitResult fit_to_budget(const TrainerConfig& base, std::size_t budget_bytes, con
   // nothing does, and the refusal needs only these predictions.
   std::vector<const Candidate*> minimal;
   for (const Candidate& c : all) {
-    bool is_minimal = true;
+    bool is_minimal = !c.refused;
     for (const Candidate& o : all)
-      if (&o != &c && needs_no_more(o.knobs, c.knobs) && !needs_no_more(c.knobs, o.knobs)) is_minimal = false;
+      if (&o != &c && !o.refused && needs_no_more(o.knobs, c.knobs) && !needs_no_more(c.knobs, o.knobs))
+        is_minimal = false;
     if (is_minimal) minimal.push_back(&c);
   }
+  MT_CHECK(!minimal.empty(), where, "every candidate configuration was refused; the first: {}",
+           all.front().report.note);
   bool reachable = false;
   for (const Candidate* c : minimal) {
-    const std::optional<MemoryPrediction> p = predict_within(c->config, budget_bytes, inputs);
-    if (p && p->peak_bytes_total <= budget_bytes) {
+    const std::optional<Needs> n = predict_every_rank(c->config, budget_bytes, inputs, result.cost_model);
+    if (n && n->largest.peak_bytes_total <= budget_bytes) {
       reachable = true;
       break;
     }
   }
   if (!reachable) {
     for (const Candidate* c : minimal) {
-      const MemoryPrediction p = predict_memory(c->config, inputs);
+      const MemoryPrediction p = predict_every_rank(c->config, std::nullopt, inputs, result.cost_model)->largest;
       if (!result.smallest || p.peak_bytes_total < result.smallest->peak_bytes_total) {
         result.smallest = p;
         result.smallest_knobs = c->report.knobs;
       }
     }
     for (Candidate& c : all) {
-      c.report.note = "skipped: not even the smallest candidates fit";
+      if (!c.refused) c.report.note = "skipped: not even the smallest candidates fit";
       result.candidates.push_back(c.report);
       result.candidates.back().config = c.config;
     }
@@ -328,20 +382,21 @@ FitResult fit_to_budget(const TrainerConfig& base, std::size_t budget_bytes, con
     if (!c.report.note.empty()) continue;
 
     c.report.predicted = true;
-    std::optional<MemoryPrediction> p = predict_within(c.config, budget_bytes, inputs);
-    if (!p || p->peak_bytes_total > budget_bytes) {  // host data added after the meta run may tip it over
-      c.report.peak_bytes = p ? p->peak_bytes_total : budget_bytes;
-      c.report.note = p ? "" : "over the budget";
+    const std::optional<Needs> n = predict_every_rank(c.config, budget_bytes, inputs, result.cost_model);
+    if (!n || n->largest.peak_bytes_total > budget_bytes) {  // host data added after the meta run may tip it over
+      c.report.peak_bytes = n ? n->largest.peak_bytes_total : budget_bytes;
+      c.report.note = n ? "" : "over the budget";
       over.push_back(&c);
       continue;
     }
     c.report.fits = true;
-    c.report.peak_bytes = p->peak_bytes_total;
-    c.report.step_seconds = result.cost_model.step_seconds(p->step_work);
+    c.report.peak_bytes = n->largest.peak_bytes_total;
+    c.report.largest_rank = n->largest_rank;
+    c.report.step_seconds = result.cost_model.step_seconds(n->slowest);
     fitting.push_back(&c);
     if (!best || preferred(c, all[*best])) {
       best = i;
-      result.chosen_prediction = *p;
+      result.chosen_prediction = n->largest;
     }
   }
   for (const Candidate& c : all) {
@@ -376,8 +431,10 @@ std::string FitResult::report() const {
   }
   if (chosen_index) {
     const FitCandidate& c = candidates[*chosen_index];
-    out += fmt::format("chosen: {} (predicted peak {}, step {:.3f} s)\n", c.knobs, detail::format_bytes(c.peak_bytes),
-                       c.step_seconds);
+    const std::string rank =
+        c.config.world_size > 1 ? fmt::format(" on rank {} of {}", c.largest_rank, c.config.world_size) : "";
+    out += fmt::format("chosen: {} (predicted peak {}{}, step {:.3f} s)\n", c.knobs, detail::format_bytes(c.peak_bytes),
+                       rank, c.step_seconds);
     return out;
   }
   out += fmt::format("nothing fits in {}.", detail::format_bytes(budget_bytes));

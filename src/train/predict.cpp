@@ -77,7 +77,8 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
       const std::size_t allocated = meta.stats().allocated_bytes;
       trainer.train_step();
       p.step_work = {work.flops_f32, work.flops_narrow,
-                     static_cast<double>(meta.stats().allocated_bytes - allocated), work.optimizer_bytes};
+                     static_cast<double>(meta.stats().allocated_bytes - allocated), work.optimizer_bytes,
+                     work.communicated_bytes};
     }
     p.steps = 2;
     if (inputs.val) {

@@ -112,6 +112,7 @@ class DataParallel : public train::GradientSync {
   bool stop_ = false;
   bool finishing_ = false;  // the trainer's thread is in finish_gradients
   DataParallelStats stats_;
+  double worker_sent_bytes_ = 0.0;  // this step: what the worker's sums sent, as a simulated group counts it
   std::function<void(std::size_t, double)> landed_;  // set_landed's
   std::size_t delivered_ = 0;  // this step: the buckets before it are handed over (their gradients set)
 

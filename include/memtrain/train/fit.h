@@ -1,6 +1,7 @@
 // Fitting a run into a memory budget: fit_to_budget() searches the memory techniques jointly — precision,
 // optimizer-state precision (32-bit or 8-bit), GaLore, activation checkpointing, the split of the global batch
-// into micro-batch x accumulation, layer-wise updates — predicts each candidate on the meta device
+// into micro-batch x accumulation, layer-wise updates, and for a data-parallel run the ZeRO stage — predicts each
+// candidate on the meta device
 // (predict.h: memory exact to the byte on the CPU) and picks the one a cost model says is fastest among those
 // whose predicted peak fits — among those without GaLore when any of them fits, since GaLore changes what is
 // learned (a low-rank update) where the other knobs change only precision, memory and time. Nothing is trained
@@ -17,7 +18,15 @@
 //
 // Cost model: a step's seconds = f32 FLOPs / f32 GEMM rate + bf16 FLOPs / bf16 GEMM rate + (bytes the step
 // allocates + bytes the optimizer streams) / memory bandwidth, with the work counted on meta (StepWork) and
-// the three rates measured on this machine by CostModel::calibrate() (a fraction of a second).
+// the three rates measured on this machine by CostModel::calibrate() (a fraction of a second). A data-parallel
+// candidate adds the bytes its collectives send (counted by the simulated group) / communicated_bytes_per_second.
+//
+// Data parallel (world_size > 1): every rank of a candidate is predicted (RunInputs::prepare_rank), since shards
+// are uneven; it fits when every rank does, its peak is the largest rank's and its step time the slowest rank's.
+// The ZeRO stage is not taken as monotone: a higher stage shards more but adds gather and bucket buffers. The
+// search is deterministic given the cost model, so ranks that share one (calibrated on rank 0 and broadcast)
+// choose the same configuration. Candidates the configuration check refuses (e.g. layer-wise GaLore across
+// ranks, an accumulation that is not a power of two) are reported with the reason and never predicted.
 #pragma once
 
 #include "memtrain/train/predict.h"
@@ -34,6 +43,9 @@ struct CostModel {
   double f32_flops_per_second = 0.0;
   double narrow_flops_per_second = 0.0;  // bf16
   double bytes_per_second = 0.0;         // of an elementwise add, counted as its result's bytes
+  // Of the collectives, by the bytes a rank sends. calibrate() sets it to bytes_per_second: MPI between the
+  // processes of one host copies through shared memory. Between hosts, set the network's rate.
+  double communicated_bytes_per_second = 0.0;
   double calibration_seconds = 0.0;
   double step_seconds(const StepWork& work) const;
   std::string describe() const;  // the rates, and how long calibrating took
@@ -49,6 +61,7 @@ struct FitKnobs {
   bool checkpointing = true;    // none, selective, every:2, full
   bool accumulation = true;     // micro-batch halved down to 1, accumulation doubled: the same global batch
   bool layerwise = true;        // off, on
+  bool zero = true;             // ZeRO 0, 1, 2 (only when world_size > 1)
 };
 
 struct FitCandidate {
@@ -56,7 +69,8 @@ struct FitCandidate {
   std::string knobs;  // "bf16, adamw8bit, selective, micro-batch 2 x 4, layer-wise"
   bool predicted = false;  // false: skipped (see note)
   bool fits = false;
-  std::size_t peak_bytes = 0;  // the predicted peak; for one stopped at the budget, what was live then
+  std::size_t peak_bytes = 0;  // the predicted peak (of its largest rank); for one stopped at the budget, the budget
+  std::int64_t largest_rank = 0;  // data parallel: the rank whose peak that is
   double step_seconds = 0.0;   // the cost model's, for one that fits
   std::string note;            // why it was skipped
 };

@@ -37,6 +37,7 @@ struct StepWork {
   double flops_narrow = 0.0;     // ... in bf16 or f16
   double allocated_bytes = 0.0;  // bytes the step's tensors asked for: what it writes, roughly
   double optimizer_bytes = 0.0;  // bytes the optimizer step reads and writes
+  double communicated_bytes = 0.0;  // data parallel: bytes this rank's collectives send to the others
 };
 
 struct MemoryPrediction {
@@ -76,6 +77,9 @@ struct RunInputs {
   // Called on the meta Trainer before it runs. A data-parallel config (world_size > 1) needs one that attaches
   // a rank, dist::simulate_rank(r): the prediction is then rank r's memory (its buckets and shards included).
   std::function<void(Trainer&)> prepare;
+  // For fit_to_budget at world_size > 1: rank r's `prepare` (dist::simulate_rank(r, options)), so that every
+  // rank of every candidate is predicted.
+  std::function<std::function<void(Trainer&)>(std::int64_t rank)> prepare_rank;
 };
 
 // Runs `config` on the meta device and returns what it allocates (see above). config.device says which
