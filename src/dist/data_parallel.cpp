@@ -64,7 +64,12 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
   buckets_.clear();
   bucket_of_.assign(params.size(), 0);
   slot_of_.assign(params.size(), 0);
-  for (std::size_t k = params.size(); k-- > 0;) {
+  std::vector<std::size_t> order = order_;
+  if (order.size() != params.size()) {  // until the first step has shown the backward's order: reversed
+    order.resize(params.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  }
+  for (const std::size_t k : order) {
     const Tensor& p = params[k];
     MT_CHECK(p.device() == comm_->device(), "DataParallel", "parameter {} ({}) is on {}, but the {} communicator "
              "sums tensors on {} (a CUDA model needs dist::make_nccl_communicator, on the rank's own GPU)", k,
@@ -88,8 +93,11 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
   }
   const auto ranks = static_cast<std::size_t>(comm_->size());
   for (Bucket& b : buckets_) {
+    if (!b.sharded) {  // summed as all_reduce_canonical sums: reduce-scattered in parts, then all-gathered
+      b.part_bounds = dist::shard_bounds(b.numel, comm_->size(), 1);
+      continue;
+    }
     b.part_bounds.assign(ranks + 1, 0);
-    if (!b.sharded) continue;
     for (const std::size_t k : b.params) {
       const std::vector<std::int64_t> bounds = shard_bounds(params_[k].numel(), shard_align_[k]);
       b.shard_bounds.insert(b.shard_bounds.end(), bounds.begin(), bounds.end());
@@ -102,22 +110,34 @@ void DataParallel::plan_buckets(const std::vector<Tensor>& params, const std::ve
 void DataParallel::begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& align_in) {
   MT_CHECK(align_in.empty() || align_in.size() == params.size(), "DataParallel::begin_gradients",
            "{} shard alignments for {} parameters", align_in.size(), params.size());
+  {
+    std::lock_guard lock(mutex_);
+    MT_CHECK(next_sum_ == 0 || next_sum_ == buckets_.size(), "DataParallel::begin_gradients",
+             "the previous step's sums did not finish ({} of {} buckets)", next_sum_, buckets_.size());
+  }
+  // The worker is idle now: the buckets may be planned again.
   const std::vector<std::int64_t> sharded = align_in.empty() ? std::vector<std::int64_t>(params.size(), 0) : align_in;
   bool same = params.size() == params_.size() && sharded == shard_align_;
   for (std::size_t k = 0; same && k < params.size(); ++k) same = params[k].impl_ptr() == params_[k].impl_ptr();
-  if (!same) plan_buckets(params, sharded);
+  if (!same && !params_.empty()) {
+    order_.clear();  // other parameters than last step's: their order is learned again
+    order_learned_ = false;
+  }
   std::lock_guard lock(mutex_);
-  MT_CHECK(next_sum_ == 0 || next_sum_ == buckets_.size(), "DataParallel::begin_gradients",
-           "the previous step's sums did not finish ({} of {} buckets)", next_sum_, buckets_.size());
+  if (!same || replan_) plan_buckets(params, sharded);
+  replan_ = false;
+  ready_order_.clear();
   for (Bucket& b : buckets_) {
     b.unreported = b.params.size();
     b.filling = Tensor();
     b.flat = Tensor();
+    b.mine = Tensor();
   }
   reported_.assign(params_.size(), false);
   shard_grads_.assign(params_.size(), Tensor());
   packed_.assign(buckets_.size(), false);
   next_sum_ = 0;
+  released_ = 0;
   delivered_ = 0;
   error_ = nullptr;
   if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
@@ -127,6 +147,7 @@ void DataParallel::gradient_ready(std::size_t index) {
   MT_CHECK(index < params_.size(), "DataParallel::gradient_ready", "parameter {} of {}", index, params_.size());
   if (reported_[index]) return;
   reported_[index] = true;
+  ready_order_.push_back(index);
   copy_in(index);
   const std::size_t b = bucket_of_[index];
   if (--buckets_[b].unreported == 0) pack(b);
@@ -163,8 +184,23 @@ void DataParallel::copy_in(std::size_t param) {
 
 void DataParallel::pack(std::size_t bucket) {
   Bucket& b = buckets_[bucket];
+  // One bucket in flight: every bucket the worker can take (those before the first one not yet packed: sums go
+  // in order) must have been summed, and is released here, before this one is handed over. Waiting for an
+  // earlier bucket that is still filling would wait forever: this thread fills it.
+  wait_and_release(packed_prefix());
+  // This rank's part of the sum: a buffer of its own for a sharded bucket (the whole one is freed once the sum
+  // has landed), else the bucket's own part, summed in place (the canonical sums allow it).
+  Tensor mine;
+  {
+    autograd::NoGradGuard no_grad;
+    CategoryGuard category(MemoryCategory::gradients);
+    const auto r = static_cast<std::size_t>(comm_->rank());
+    const std::int64_t begin = b.part_bounds[r], n = b.part_bounds[r + 1] - begin;
+    mine = b.sharded ? Tensor::empty({n}, b.dtype, comm_->device()) : b.filling.narrow(0, begin, n);
+  }
   {
     std::lock_guard lock(mutex_);
+    b.mine = std::move(mine);
     b.flat = std::move(b.filling);
     b.filling = Tensor();
     packed_[bucket] = true;
@@ -174,14 +210,41 @@ void DataParallel::pack(std::size_t bucket) {
   if (landed_) deliver_landed(false);
 }
 
+std::size_t DataParallel::packed_prefix() const {
+  std::size_t packed = 0;
+  while (packed < packed_.size() && packed_[packed]) ++packed;
+  return packed;
+}
+
+void DataParallel::wait_and_release(std::size_t until) {
+  {
+    std::unique_lock lock(mutex_);
+    const auto t0 = std::chrono::steady_clock::now();
+    changed_.wait(lock, [&] { return next_sum_ >= until || error_; });
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (error_) std::rethrow_exception(error_);
+  }
+  release(until);
+}
+
+void DataParallel::release(std::size_t until) {
+  for (; released_ < until; ++released_) {
+    Bucket& b = buckets_[released_];
+    if (b.sharded) {
+      b.flat = std::move(b.mine);  // only this rank's part of the sum is kept
+    } else {
+      b.mine = Tensor();  // a view of flat, which holds the sum
+    }
+  }
+}
+
 void DataParallel::set_landed(std::function<void(std::size_t param, double norm)> landed) {
   landed_ = std::move(landed);
 }
 
 void DataParallel::deliver_landed(bool all) {
   std::unique_lock lock(mutex_);
-  std::size_t packed = 0;  // buckets [0, packed) are with the worker
-  while (packed < packed_.size() && packed_[packed]) ++packed;
+  const std::size_t packed = packed_prefix();  // buckets [0, packed) are with the worker
   const std::size_t until = all ? buckets_.size() : (packed == 0 ? 0 : packed - 1);
   while (delivered_ < until) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -238,23 +301,24 @@ void DataParallel::run_worker() {
     changed_.wait(lock, [&] { return stop_ || (next_sum_ < packed_.size() && packed_[next_sum_] && !error_); });
     if (stop_) return;
     Bucket& b = buckets_[next_sum_];
-    Tensor flat = b.flat;
+    // The trainer's thread allocated both and frees them (wait_and_release): nothing here allocates or frees
+    // accounted memory, so a rank's live bytes never depend on how far the sums have got, and a prediction
+    // on the meta device, whose sums take no time, sees the same peak.
+    Tensor flat = b.flat, mine = b.mine;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
-      if (b.sharded) {
-        const auto r = static_cast<std::size_t>(comm_->rank());
-        Tensor mine = Tensor::empty({b.part_bounds[r + 1] - b.part_bounds[r]}, b.dtype, comm_->device());
-        comm_->reduce_scatter_canonical(flat, b.part_bounds, mine);
-        if (landed_) shard_norms(b, mine);
-        flat = mine;  // the whole bucket goes: only this rank's part of the sum is kept
-      } else {
-        comm_->all_reduce_canonical(flat);
-      }
+      if (options_.sum_delay_seconds > 0.0)
+        std::this_thread::sleep_for(std::chrono::duration<double>(options_.sum_delay_seconds));
+      comm_->reduce_scatter_canonical(flat, b.part_bounds, mine);
+      if (b.sharded && landed_) shard_norms(b, mine);
+      if (!b.sharded) comm_->all_gather(mine, b.part_bounds, flat);  // all_reduce_canonical's two halves
     } catch (...) {
       error = std::current_exception();
     }
+    flat = Tensor();
+    mine = Tensor();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     stats_.sum_seconds += seconds;
@@ -264,7 +328,6 @@ void DataParallel::run_worker() {
     if (error) {
       error_ = error;
     } else {
-      b.flat = std::move(flat);
       ++next_sum_;
     }
     changed_.notify_all();
@@ -275,21 +338,46 @@ void DataParallel::finish_gradients() {
   finishing_ = true;  // only this thread reads or writes it
   for (std::size_t k = 0; k < params_.size(); ++k) gradient_ready(k);
   finishing_ = false;
-  const auto t0 = std::chrono::steady_clock::now();
+  wait_and_release(buckets_.size());
   {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return next_sum_ == buckets_.size() || error_; });
-    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lock(mutex_);
     ++stats_.steps;
-    if (error_) std::rethrow_exception(error_);
     if (::memtrain::detail::WorkCounts* c = ::memtrain::detail::current_work_counter())
       c->communicated_bytes += worker_sent_bytes_;
     worker_sent_bytes_ = 0.0;
   }
   for (; delivered_ < buckets_.size(); ++delivered_) deliver(delivered_);
+  if (!order_learned_) learn_order();
+}
+
+void DataParallel::expect_order(std::vector<std::size_t> order) {
+  std::vector<std::size_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i)
+    MT_CHECK(sorted[i] == i, "DataParallel::expect_order", "not a permutation of the parameters: index {} is {}", i,
+             sorted[i]);
+  std::lock_guard lock(mutex_);
+  order_ = std::move(order);
+  order_learned_ = false;
+  replan_ = true;
+}
+
+void DataParallel::learn_order() {
+  order_learned_ = true;
+  // Rank 0's order for every rank: the buckets, and so the sums, must be the same everywhere.
+  const std::vector<std::int64_t> seen(ready_order_.begin(), ready_order_.end());
+  const std::vector<std::int64_t> all = comm_->all_gather_i64(seen);
+  std::vector<std::size_t> order(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(seen.size()));
+  std::vector<std::size_t> planned;  // the order the buckets follow now
+  for (const Bucket& b : buckets_) planned.insert(planned.end(), b.params.begin(), b.params.end());
+  if (order == planned) return;
+  order_ = std::move(order);
+  replan_ = true;
+  ++stats_.replans;
 }
 
 void DataParallel::deliver(std::size_t bucket) {
+  release(bucket + 1);  // a bucket packed out of order may land before the next pack releases it
   Bucket& b = buckets_[bucket];
   const auto ranks = static_cast<std::size_t>(comm_->size()), r = static_cast<std::size_t>(comm_->rank());
   std::int64_t offset = 0;
@@ -317,6 +405,12 @@ Tensor DataParallel::take_shard_gradient(std::size_t index) {
 }
 
 void DataParallel::combine_disjoint(std::vector<double>& values) {
+  // A simulated rank (a prediction, on meta) allocates the same bytes and leaves its values as they are.
+  if (comm_->device().is_meta()) {
+    Tensor t = Tensor::empty({static_cast<std::int64_t>(values.size())}, DType::f64, Device::meta());
+    comm_->all_reduce_sum(t);
+    return;
+  }
   Tensor t = tensor(values, {static_cast<std::int64_t>(values.size())});
   comm_->all_reduce_sum(t);
   values.assign(t.data<double>(), t.data<double>() + values.size());
@@ -329,9 +423,10 @@ DataParallelStats DataParallel::stats() const {
 
 std::string DataParallelStats::describe() const {
   std::string line = fmt::format("data parallel: {} steps, {} bucket sums ({} started during the backward) of "
-                                 "{:.1f} MiB in all; {:.3f} s summing, {:.3f} s of it waited for after the backward",
+                                 "{:.1f} MiB in all; {:.3f} s summing, {:.3f} s of it waited for",
                                  steps, buckets, early_buckets, static_cast<double>(bytes) / (1 << 20), sum_seconds,
                                  wait_seconds);
+  if (replans > 0) line += fmt::format(" (buckets planned again in the backward's order after the first step)");
   if (gather_seconds > 0.0) line += fmt::format("; {:.3f} s gathering the stepped shards (ZeRO)", gather_seconds);
   return line;
 }

@@ -69,7 +69,7 @@ double canonical_grad_norm(const std::vector<std::int64_t>& numels, const std::v
     first_block[i + 1] = first_block[i] + static_cast<std::size_t>((numels[i] + kBlock - 1) / kBlock);
   std::vector<double> blocks(first_block.back(), 0.0);
   for (const GradPiece& piece : pieces) {
-    if (!piece.grad.defined()) continue;
+    if (!piece.grad.defined() || piece.grad.device().is_meta()) continue;  // meta: no values to square
     MT_CHECK(piece.grad.device().is_cpu() && piece.grad.dtype() == DType::f32 && piece.grad.is_contiguous() &&
                  piece.begin % kBlock == 0,
              "canonical_grad_norm", "parameter {}: a piece must be a contiguous CPU f32 gradient starting on a "

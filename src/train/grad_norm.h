@@ -35,6 +35,7 @@ struct GradPiece {
 // squares of each 256-element block of each parameter in double, element by element, then the blocks summed in
 // (parameter, block) order. `numels` are the whole parameters' sizes; `pieces` cover them (whole gradients),
 // or only this rank's shards, and then combine_disjoint (GradientSync) fills in the other ranks' blocks.
+// Meta pieces (a prediction) add nothing.
 double canonical_grad_norm(const std::vector<std::int64_t>& numels, const std::vector<GradPiece>& pieces,
                            const std::function<void(std::vector<double>&)>& combine_disjoint = nullptr);
 

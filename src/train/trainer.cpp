@@ -30,6 +30,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace memtrain::train {
@@ -227,6 +228,7 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   make_train_loader(sync_->rank(), sync_->world_size());
   sync_hooks_ = detail::SyncHooks::install(trained_params());
   if (config_.zero >= 1) shard_optimizer();
+  sync_->expect_order(backward_order());
   if (config_.layerwise_update) {
     // Each parameter (or its shard) is stepped as its sum over the ranks lands; the hooks of the updater made
     // for training alone go quiet with it.
@@ -253,8 +255,9 @@ bool Trainer::canonical_reduction_on() const {
 
 double Trainer::clip_gradients(const std::vector<Tensor>& params) {
   const double clip = config_.grad_clip;
-  // The canonical order needs the gradients on the host; a CUDA run keeps its device's reduction.
-  if (!canonical_reduction_on() || !device_.is_cpu())
+  // The canonical order needs the gradients on the host; a CUDA run keeps its device's reduction. A prediction
+  // (meta) takes the CPU's path, allocating what it allocates.
+  if (!canonical_reduction_on() || !(device_.is_cpu() || device_.is_meta()))
     return clip > 0.0 ? clip_grad_norm(params, clip) : global_grad_norm(params);
   // A norm in one order whatever the split over ranks, so a sharded run clips with the run alone's bits.
   const bool sharded = config_.zero >= 2 && !whole_params_.empty();
@@ -291,6 +294,26 @@ double Trainer::clip_gradients(const std::vector<Tensor>& params) {
       if (g.defined()) ops::mul_(g, clip / (norm + 1e-6));  // the factor clip_grad_norm applies
   }
   return norm;
+}
+
+std::vector<std::size_t> Trainer::backward_order() const {
+  // The backward meets the parameters roughly in reverse of the model's registration order; the trained list
+  // is in optimizer-group order (matrices, then biases and norms), which is not.
+  const std::vector<Tensor> trained = trained_params();
+  std::unordered_map<const TensorImpl*, std::size_t> index;
+  for (std::size_t k = 0; k < trained.size(); ++k) index.emplace(trained[k].impl_ptr().get(), k);
+  std::vector<std::size_t> order;
+  std::vector<bool> placed(trained.size(), false);
+  const std::vector<Tensor> in_model = model_->parameters();
+  for (auto it = in_model.rbegin(); it != in_model.rend(); ++it) {
+    const auto found = index.find(it->impl_ptr().get());
+    if (found == index.end() || placed[found->second]) continue;
+    placed[found->second] = true;
+    order.push_back(found->second);
+  }
+  for (std::size_t k = trained.size(); k-- > 0;)
+    if (!placed[k]) order.push_back(k);  // not the model's own (e.g. a caller's extra tensor): last
+  return order;
 }
 
 std::vector<Tensor> Trainer::trained_params() const {

@@ -72,10 +72,11 @@ class Communicator {
   virtual void all_reduce_sum(Tensor& t) = 0;
   // `contribution` is flat with parts bounds[q]..bounds[q+1] (bounds: size()+1 entries, 0 .. numel, the same
   // on every rank); `mine` (numel bounds[rank+1] - bounds[rank]) := the canonical sum of every rank's part
-  // `rank()`.
+  // `rank()`. `mine` may be contribution's own part (a view of it): the sum is then made in place.
   virtual void reduce_scatter_canonical(const Tensor& contribution, const std::vector<std::int64_t>& bounds,
                                         Tensor& mine) = 0;
-  // full's part q := rank q's `mine`, on every rank (the inverse layout of reduce_scatter_canonical).
+  // full's part q := rank q's `mine`, on every rank (the inverse layout of reduce_scatter_canonical). `mine`
+  // may be full's own part.
   virtual void all_gather(const Tensor& mine, const std::vector<std::int64_t>& bounds, Tensor& full) = 0;
   // t := the canonical sum over ranks of t: reduce_scatter_canonical over shard_bounds(numel, size(), 1), then
   // all_gather.

@@ -2,9 +2,13 @@
 // optimizer state).
 //
 // Every rank runs the same Trainer on its own block of each step's micro-batches; DataParallel sums their
-// gradients, target counts and losses over the ranks. Gradients go in buckets: reverse parameter order (the
-// order the backward makes them), the first bucket first_bucket_bytes so its sum can start early, then
-// bucket_bytes each. A bucket is summed with Communicator::all_reduce_canonical on a thread of its own as soon
+// gradients, target counts and losses over the ranks. Gradients go in buckets in the order the backward makes
+// them, the first bucket first_bucket_bytes so its sum can start early, then bucket_bytes each. That order is
+// learned: the first step's buckets follow expect_order (the Trainer's: the model's parameters in reverse
+// registration order; without it, reverse index order, which is not the backward's when the parameters are
+// listed by optimizer group: a first bucket holding every layer's biases would fill only at the end and hold
+// back every sum); after it, the buckets are planned again in the order rank 0's hooks reported the gradients
+// (as PyTorch DDP rebuilds its buckets). A bucket is summed with Communicator::all_reduce_canonical on a thread of its own as soon
 // as the last of its gradients is final (the Trainer reports them from the gradient-ready hooks of the step's
 // last backward), so communication overlaps the rest of the backward. Buckets are summed strictly in order, so
 // every rank issues the same sequence of operations whatever order its hooks fire in. With the Trainer's
@@ -12,7 +16,12 @@
 // global batch (micro_batch x grad_accum x ranks).
 //
 // Memory: a bucket's flat buffer becomes its parameters' gradients (they are views into it), so the sums need
-// no copy beyond the packing.
+// no copy beyond the packing. One bucket is in flight: a bucket is handed to the sums only once every earlier
+// bucket that is packed has been summed, so a ZeRO-2 rank holds its shards plus the bucket being summed, the
+// one filling and any packed out of order (a parameter's hook fired later than its bucket's place), however
+// slow the sums. Every accounted allocation and free is made on the trainer's thread (the
+// sums only fill buffers it made), so a rank's live bytes never depend on the sums' timing and its prediction
+// on the meta device is exact.
 #pragma once
 
 #include "memtrain/dist/communicator.h"
@@ -37,6 +46,8 @@ struct DataParallelOptions {
   // ZeRO-1: parameters gathered per all_gather after the step; its receive buffer is transient memory on top
   // of the parameters, so it is kept small.
   std::size_t gather_bytes = std::size_t{4} << 20;
+  // Each bucket's sum first sleeps this long, as over a slow network (tests: memory must not depend on it).
+  double sum_delay_seconds = 0.0;
 };
 
 // Where a data-parallel run's time went, summed over its steps.
@@ -46,8 +57,9 @@ struct DataParallelStats {
   std::int64_t early_buckets = 0;  // of them, handed to the sums during the backward (from the hooks)
   std::size_t bytes = 0;          // gradient bytes summed
   double sum_seconds = 0.0;       // the sums themselves, on the communication thread
-  double wait_seconds = 0.0;      // the trainer blocked after its backward, waiting for sums not yet done
+  double wait_seconds = 0.0;      // the trainer blocked waiting for sums (one bucket in flight; after the backward)
   double gather_seconds = 0.0;    // ZeRO-1/2: exchanging the stepped shards
+  std::int64_t replans = 0;       // buckets planned again in the order the backward made the gradients
   std::string describe() const;  // one line for the run's report
 };
 
@@ -64,6 +76,7 @@ class DataParallel : public train::GradientSync {
   std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override;
   std::vector<double> gather_f64(const std::vector<double>& mine) override;
   void begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) override;
+  void expect_order(std::vector<std::size_t> order) override;
   void gradient_ready(std::size_t index) override;
   void finish_gradients() override;
   void set_landed(std::function<void(std::size_t param, double norm)> landed) override;
@@ -81,15 +94,17 @@ class DataParallel : public train::GradientSync {
   struct Bucket {
     DType dtype = DType::f32;
     bool sharded = false;             // ZeRO-2: reduce-scattered, each rank keeping its shards' sums
-    std::vector<std::size_t> params;  // indices into params_, in reverse parameter order
+    std::vector<std::size_t> params;  // indices into params_, in the order of order_
     std::int64_t numel = 0;
     std::size_t bytes = 0;
-    // ZeRO-2's layout: the packed bucket holds rank 0's shards of its parameters, then rank 1's, ...
+    // ZeRO-2's layout: the packed bucket holds rank 0's shards of its parameters, then rank 1's, ... (a whole
+    // bucket's parts are the reduce-scatter half of its all-reduce: shard_bounds(numel, size(), 1))
     std::vector<std::int64_t> part_bounds;   // where each rank's part begins (size() + 1 entries)
     std::vector<std::int64_t> shard_bounds;  // per parameter, flattened: that parameter's shard_bounds
     std::size_t unreported = 0;  // this step: parameters not yet reported ready
     Tensor filling;              // this step: gradients copied in as they are reported (the trainer's thread)
     Tensor flat;                 // this step: the packed gradients, then their sum (ZeRO-2: this rank's part)
+    Tensor mine;                 // this step, from packing until released: this rank's part of the sum
     std::vector<double> norms;   // this step, ZeRO-2 with set_landed: each parameter's canonical norm
   };
   std::shared_ptr<Communicator> comm_;
@@ -99,6 +114,10 @@ class DataParallel : public train::GradientSync {
   std::vector<std::size_t> bucket_of_;  // by parameter index
   std::vector<std::size_t> slot_of_;    // by parameter index: its position in its bucket's params
   std::vector<bool> reported_;          // by parameter index, this step
+  std::vector<std::size_t> ready_order_;  // this step: the parameters in the order they were reported
+  std::vector<std::size_t> order_;        // the order buckets follow (empty: reverse index order)
+  bool order_learned_ = false;            // the first step's backward has set order_
+  bool replan_ = false;                   // order_ changed: plan the buckets again at the next step
   std::vector<std::int64_t> shard_align_;  // by parameter index: ZeRO-2's reduce-scatter alignment, 0: whole
   std::vector<Tensor> shard_grads_;     // by parameter index, ZeRO-2: this rank's summed shard
 
@@ -114,12 +133,21 @@ class DataParallel : public train::GradientSync {
   DataParallelStats stats_;
   double worker_sent_bytes_ = 0.0;  // this step: what the worker's sums sent, as a simulated group counts it
   std::function<void(std::size_t, double)> landed_;  // set_landed's
+  std::size_t released_ = 0;   // this step: the buckets before it are released (wait_and_release)
   std::size_t delivered_ = 0;  // this step: the buckets before it are handed over (their gradients set)
 
-  // Buckets of one dtype and one kind of sum (whole or sharded), in reverse parameter order.
+  // Buckets of one dtype and one kind of sum (whole or sharded), in the order of order_.
   void plan_buckets(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align);
   void copy_in(std::size_t param);  // the trainer's thread: into its bucket, freeing the gradient at once
   void pack(std::size_t bucket);    // the trainer's thread: hand a complete bucket to the worker
+  // After the first step: the buckets follow the order the backward reported the gradients (rank 0's).
+  void learn_order();
+  // The trainer's thread: waits until buckets [0, until) are summed and frees what their sums no longer need
+  // (a sharded bucket's whole buffer, a whole bucket's part), so live bytes follow the trainer alone.
+  void wait_and_release(std::size_t until);
+  void release(std::size_t until);  // the same, for buckets [0, until) known to be summed
+  // The count of buckets packed in order from the first (the trainer's thread, which alone packs them).
+  std::size_t packed_prefix() const;
   // The trainer's thread: sets the gradients of summed bucket `bucket` (calling landed_ for each).
   void deliver(std::size_t bucket);
   // With landed_: delivers every bucket whose successor is packed too (all: every bucket), waiting for its sum.

@@ -40,6 +40,10 @@ class GradientSync {
   // empty: none) has only the sum of this rank's shard (shard_bounds(numel, shard_align[k])) kept instead
   // (take_shard_gradient), and its .grad left undefined.
   virtual void begin_gradients(const std::vector<Tensor>& params, const std::vector<std::int64_t>& shard_align) = 0;
+  // The order the backward is expected to report the parameters in (indices into begin_gradients' params: the
+  // model's parameters in reverse registration order), so that the first step's buckets fill one after
+  // another; after it, the order the hooks actually reported is used.
+  virtual void expect_order(std::vector<std::size_t> order) = 0;
   virtual void gradient_ready(std::size_t index) = 0;
   virtual void finish_gradients() = 0;
   // Layer-wise updates: from then on, each parameter's summed gradient is handed to `landed(k, norm)` on the

@@ -242,6 +242,9 @@ class Trainer {
   // Gives this rank's shards their gradients: the summed shards (ZeRO-2) or views of the whole gradients.
   void set_shard_gradients();
   void set_shard_gradient(const Shard& s);  // one shard's
+  // Indices into trained_params() in the order the backward is expected to finish them (GradientSync::
+  // expect_order): the model's parameters in reverse registration order.
+  std::vector<std::size_t> backward_order() const;
   // ZeRO-2: for each of whole_params_, the alignment of its reduce-scattered gradient's shards, or 0 for a
   // GaLore-projected weight, whose projection needs the whole gradient (summed whole, as at ZeRO-1). Empty
   // below ZeRO-2.
