@@ -271,7 +271,8 @@ void DataParallel::shard_norms(Bucket& b, const Tensor& mine) {
   if (mine.device().is_cpu()) {
     std::int64_t offset = 0;
     for (std::size_t i = 0; i < b.params.size(); ++i) {
-      const std::int64_t begin = b.shard_bounds[i * (ranks + 1) + r], n = b.shard_bounds[i * (ranks + 1) + r + 1] - begin;
+      const std::int64_t begin = b.shard_bounds[i * (ranks + 1) + r];
+      const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - begin;
       train::detail::block_squares(mine.data<float>() + offset, n, blocks.data() + first[i] + begin / 256);
       offset += n;
     }

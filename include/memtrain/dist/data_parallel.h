@@ -8,20 +8,21 @@
 // registration order; without it, reverse index order, which is not the backward's when the parameters are
 // listed by optimizer group: a first bucket holding every layer's biases would fill only at the end and hold
 // back every sum); after it, the buckets are planned again in the order rank 0's hooks reported the gradients
-// (as PyTorch DDP rebuilds its buckets). A bucket is summed with Communicator::all_reduce_canonical on a thread of its own as soon
-// as the last of its gradients is final (the Trainer reports them from the gradient-ready hooks of the step's
-// last backward), so communication overlaps the rest of the backward. Buckets are summed strictly in order, so
-// every rank issues the same sequence of operations whatever order its hooks fire in. With the Trainer's
-// canonical local tree, a run gives the same losses and weights, bit for bit, at 1, 2 or 4 ranks for the same
-// global batch (micro_batch x grad_accum x ranks).
+// (as PyTorch DDP rebuilds its buckets). A bucket is summed canonically (Communicator::all_reduce_canonical's
+// reduce-scatter and all-gather) on a thread of its own as soon as the last of its gradients is final (the
+// Trainer reports them from the gradient-ready hooks of the step's last backward), so communication overlaps
+// the rest of the backward. Buckets are summed strictly in order, so every rank issues the same sequence of
+// operations whatever order its hooks fire in. With the Trainer's canonical local tree, a run gives the same
+// losses and weights, bit for bit, at 1, 2 or 4 ranks for the same global batch (micro_batch x grad_accum x
+// ranks).
 //
 // Memory: a bucket's flat buffer becomes its parameters' gradients (they are views into it), so the sums need
 // no copy beyond the packing. One bucket is in flight: a bucket is handed to the sums only once every earlier
 // bucket that is packed has been summed, so a ZeRO-2 rank holds its shards plus the bucket being summed, the
 // one filling and any packed out of order (a parameter's hook fired later than its bucket's place), however
-// slow the sums. Every accounted allocation and free is made on the trainer's thread (the
-// sums only fill buffers it made), so a rank's live bytes never depend on the sums' timing and its prediction
-// on the meta device is exact.
+// slow the sums. Every accounted allocation and free is made on the trainer's thread (the sums only fill
+// buffers it made), so a rank's live bytes never depend on the sums' timing and its prediction on the meta
+// device is exact.
 #pragma once
 
 #include "memtrain/dist/communicator.h"
