@@ -67,8 +67,9 @@ const mt::train::FitCandidate& candidate_at_stage(const mt::train::FitResult& r,
 
 // With only the ZeRO stage free and the budget the smallest of the stages' largest-rank peaks, the search
 // chooses that stage (every other stage has a rank over the budget), reports the largest rank's peak having
-// predicted every rank of each stage that fits, and every rank chooses the same; trained for real, no rank's CPU peak is over the budget. A budget one byte under a
-// stage's largest rank refuses that stage though its other ranks fit.
+// predicted every rank of each stage that fits, and every rank chooses the same; trained for real, no rank's
+// CPU peak is over the budget. A budget one byte under a stage's largest rank refuses that stage though its
+// other ranks fit.
 TEST(DataParallelFit, ChoosesTheStageWhoseEveryRankFits) {
   auto world = mt::dist::world();
   const std::int64_t ranks = world->size();
@@ -99,7 +100,8 @@ TEST(DataParallelFit, ChoosesTheStageWhoseEveryRankFits) {
   if (unique) EXPECT_EQ(r.chosen->zero, best) << r.report();
   EXPECT_EQ(r.candidates[*r.chosen_index].peak_bytes, largest[r.chosen->zero]) << r.report();
   for (std::int64_t stage = 0; stage < 3; ++stage)
-    EXPECT_EQ(candidate_at_stage(r, stage).fits, largest[stage] <= largest[best]) << "zero " << stage << "\n" << r.report();
+    EXPECT_EQ(candidate_at_stage(r, stage).fits, largest[stage] <= largest[best])
+        << "zero " << stage << "\n" << r.report();
   const std::vector<std::int64_t> chosen = world->all_gather_i64({r.chosen->zero});
   for (const std::int64_t z : chosen) EXPECT_EQ(z, chosen[0]) << "the ranks chose different stages";
 

@@ -20,5 +20,6 @@ budget=$(( $(peak "$dir/plan.json") * 3 / 4 ))
 [[ $(grep -c "^chosen: .*on rank [0-9] of 2" "$dir/fit.log") == 1 ]] ||
   { echo "--fit under mpirun: not one choice printed for the 2 ranks"; cat "$dir/fit.log"; exit 1; }
 fit_peak=$(peak "$dir/fit/summary.json")
-((fit_peak > 0 && fit_peak <= budget)) || { echo "--fit $budget at 2 ranks: rank 0 peaked at $fit_peak"; cat "$dir/fit.log"; exit 1; }
+((fit_peak > 0 && fit_peak <= budget)) ||
+  { echo "--fit $budget at 2 ranks: rank 0 peaked at $fit_peak"; cat "$dir/fit.log"; exit 1; }
 echo "fit at 2 ranks: budget $budget, rank 0 peak $fit_peak; $(grep '^chosen: ' "$dir/fit.log")"
