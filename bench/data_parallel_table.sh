@@ -4,7 +4,7 @@
 # bits. Runs alternate (ROUNDS of each, interleaved, so drifting load hits both) and each run's step times
 # are medians over its steps after the first WARMUP. Prints one row per run and the ratio of the medians of
 # the runs' medians (2 ranks / 1 rank, in tokens per second), then the data-parallel line of the last 2-rank
-# run (time summing gradients and time the trainer waited for those sums after its backward).
+# run (time summing gradients and time the trainer waited for those sums).
 #
 # Usage: bench/data_parallel_table.sh
 # Environment: MEMTRAIN_BUILD_DIR (build), SKIP_BUILD=1, STEPS (14), WARMUP (4), ROUNDS (3), SEQ (128),
