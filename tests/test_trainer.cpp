@@ -120,6 +120,7 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   c.checkpoint_interval = 9;
   c.checkpoint_dir = "ckpts";
   c.keep_checkpoints = 4;
+  c.max_bad_steps = 6;
   c.seed = 18446744073709551557ull;  // needs all 64 bits
   c.memory_budget_bytes = std::size_t{123456789};
   c.metrics_path = "m.jsonl";
@@ -172,6 +173,7 @@ TEST(TrainerConfig, JsonRoundTripsEveryField) {
   EXPECT_EQ(r.checkpoint_interval, 9);
   EXPECT_EQ(r.checkpoint_dir, "ckpts");
   EXPECT_EQ(r.keep_checkpoints, 4);
+  EXPECT_EQ(r.max_bad_steps, 6);
   EXPECT_EQ(r.seed, 18446744073709551557ull);
   EXPECT_EQ(r.memory_budget_bytes, std::optional<std::size_t>(123456789));
   EXPECT_EQ(r.metrics_path, "m.jsonl");
@@ -288,6 +290,7 @@ TEST(TrainerConfig, ValidateRefusesWithTheReason) {
       {[](TrainerConfig& c) { c.galore_rank = 8; c.galore_scale = 0; }, {"galore_scale"}},
       {[](TrainerConfig& c) { c.checkpoint_interval = 10; }, {"checkpoint_interval", "checkpoint_dir"}},
       {[](TrainerConfig& c) { c.keep_checkpoints = 0; }, {"keep_checkpoints"}},
+      {[](TrainerConfig& c) { c.max_bad_steps = -1; }, {"max_bad_steps"}},
       {[](TrainerConfig& c) { c.eval_batches = 0; }, {"eval_batches"}},
       {[](TrainerConfig& c) { c.eval_interval = -1; }, {"eval_interval"}},
       {[](TrainerConfig& c) { c.log_interval = 0; }, {"log_interval"}},

@@ -31,7 +31,7 @@ struct Flags {
   std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
       galore_targets;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
-      checkpoint_interval;
+      checkpoint_interval, max_bad_steps;
   std::optional<double> galore_scale;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
@@ -92,6 +92,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.layerwise) c.layerwise_update = true;
   if (f.seed) c.seed = *f.seed;
   if (f.checkpoint_interval) c.checkpoint_interval = *f.checkpoint_interval;
+  if (f.max_bad_steps) c.max_bad_steps = *f.max_bad_steps;
   if (f.device) c.device = train::device_from_name(*f.device, "--device");
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = (fs::path(f.out_dir) / "checkpoints").string();
   if (c.metrics_path.empty()) c.metrics_path = (fs::path(f.out_dir) / "metrics.jsonl").string();
@@ -369,6 +370,9 @@ int main(int argc, char** argv) {
   app.add_option("--bucket", f.bucket, "data parallel: gradient bucket size after the first (default 25MiB; "
                  "smaller buckets start their sums sooner and, with --zero 2, hold fewer whole gradients)");
   app.add_option("--checkpoint-interval", f.checkpoint_interval, "steps between checkpoints (0: none; default 200)");
+  app.add_option("--max-bad-steps", f.max_bad_steps,
+                 "stop after this many skipped (non-finite) steps in a row, keeping the last good checkpoint "
+                 "(0: never; default 100)");
   app.add_option("--lr", f.lr, "peak learning rate");
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
   app.add_option("--precision", f.precision,

@@ -5,10 +5,14 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 
 namespace memtrain::detail {
 
@@ -23,6 +27,15 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// ", with N bytes free on <dir>" when the file system says; empty when it does not.
+std::string free_bytes_note(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return {};
+  return fmt::format(", with {} bytes free on '{}'", static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize, dir);
+}
+
+bool is_out_of_space(int err) { return err == ENOSPC || err == EFBIG || err == EDQUOT; }
+
 }  // namespace
 
 AtomicFileWriter::AtomicFileWriter(std::string path, std::string where)
@@ -36,11 +49,30 @@ AtomicFileWriter::~AtomicFileWriter() {
   if (!committed_) ::unlink(tmp_path_.c_str());
 }
 
+void AtomicFileWriter::reserve(std::size_t total) {
+  reserved_ = total;
+  if (total == 0) return;
+  int rc = 0;
+  do {
+    rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(total));
+  } while (rc == EINTR);
+  // Only running out of room is an error; a file system without fallocate (EOPNOTSUPP) is written to as it is.
+  MT_CHECK(!is_out_of_space(rc), where_, "'{}': needs {} bytes on disk for temp file '{}' ({}){}", path_, total,
+           tmp_path_, errno_str(rc), free_bytes_note(parent_dir(path_)));
+}
+
 void AtomicFileWriter::write(const void* data, std::size_t nbytes) {
   const auto* p = static_cast<const char*>(data);
   while (nbytes > 0) {
     ssize_t n = ::write(fd_, p, nbytes);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && is_out_of_space(errno)) {
+      const int err = errno;
+      const std::size_t needed = std::max(reserved_, written_ + nbytes);
+      MT_CHECK(false, where_, "'{}': write failed at offset {} of temp file '{}': {}; the file needs {}{} bytes{}",
+               path_, written_, tmp_path_, errno_str(err), reserved_ > 0 ? "" : "at least ", needed,
+               free_bytes_note(parent_dir(path_)));
+    }
     MT_CHECK(n > 0, where_, "'{}': write failed at offset {} of temp file '{}': {}", path_, written_, tmp_path_,
              n < 0 ? errno_str(errno) : std::string("no progress"));
     p += n;
@@ -50,6 +82,9 @@ void AtomicFileWriter::write(const void* data, std::size_t nbytes) {
 }
 
 void AtomicFileWriter::commit() {
+  // Preallocated bytes never written would stay in the file as zeros.
+  MT_CHECK(reserved_ == 0 || written_ == reserved_, where_, "'{}': reserved {} bytes but wrote {}", path_, reserved_,
+           written_);
   MT_CHECK(::fsync(fd_) == 0, where_, "'{}': fsync of temp file failed: {}", path_, errno_str(errno));
   int rc = ::close(fd_);
   fd_ = -1;
@@ -65,6 +100,17 @@ void AtomicFileWriter::commit() {
   int err = errno;
   ::close(dfd);
   MT_CHECK(rc == 0, where_, "'{}': fsync of directory '{}' failed: {}", path_, dir, errno_str(err));
+}
+
+void require_writable_dir(const std::string& dir, const std::string& where, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MT_CHECK(!ec, where, "{} '{}' cannot be created: {}", what, dir, ec.message());
+  const std::string probe = dir + "/.memtrain_write_probe." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MT_CHECK(fd >= 0, where, "{} '{}' is not writable: {}", what, dir, errno_str(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 bool read_exact_at(int fd, void* data, std::size_t nbytes, std::size_t offset, const std::string& where,

@@ -235,6 +235,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   text.append((8 - text.size() % 8) % 8, ' ');
 
   detail::AtomicFileWriter out(path, kSave);
+  out.reserve(8 + text.size() + offset);
   std::array<unsigned char, 8> len{};
   for (std::size_t i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
   out.write(len.data(), len.size());

@@ -20,12 +20,10 @@ nlohmann::json StepMetrics::to_json() const {
       {"step_seconds", step_seconds},
       {"tokens_per_s", step_seconds > 0.0 ? static_cast<double>(tokens) / step_seconds : 0.0},
       {"peak_bytes", peak_bytes},
+      {"skipped", skipped},
   };
   if (val_loss) j["val_loss"] = *val_loss;
-  if (loss_scale) {
-    j["loss_scale"] = *loss_scale;
-    j["skipped"] = skipped;
-  }
+  if (loss_scale) j["loss_scale"] = *loss_scale;
   return j;
 }
 

@@ -20,6 +20,8 @@ nlohmann::json RunSummary::to_json() const {
   nlohmann::json j = {
       {"config", config},
       {"steps", steps},
+      {"skipped_steps", skipped_steps},
+      {"stopped", stopped.empty() ? nlohmann::json(nullptr) : nlohmann::json(stopped)},
       {"final_train_loss", or_null(steps > 0, final_train_loss)},
       {"final_val_loss", final_val_loss ? nlohmann::json(*final_val_loss) : nlohmann::json(nullptr)},
       {"val_batches", or_null(final_eval.has_value(), final_eval ? final_eval->batches : 0)},
@@ -85,6 +87,7 @@ RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>
     tokens += static_cast<double>(m.tokens);
     samples += static_cast<double>(m.samples);
     times.push_back(m.step_seconds);
+    if (m.skipped) ++s.skipped_steps;
     if (m.val_loss) s.final_val_loss = m.val_loss;
   }
   if (!steps.empty()) s.final_train_loss = steps.back().loss;

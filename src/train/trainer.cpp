@@ -9,6 +9,7 @@
 #include "memtrain/core/rng.h"
 #include "core/backend.h"
 #include "core/phase_marks.h"
+#include "io/atomic_file.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/optim/adafactor.h"
 #include "memtrain/optim/galore.h"
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -36,6 +38,12 @@
 namespace memtrain::train {
 
 namespace {
+
+// The directory a file path names ("." for a bare file name).
+std::string directory_of(const std::string& file) {
+  const std::string dir = std::filesystem::path(file).parent_path().string();
+  return dir.empty() ? std::string(".") : dir;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -562,15 +570,23 @@ StepMetrics Trainer::train_step() {
   }
   double grad_norm = 0.0;
   if (layerwise_) {
+    // Each parameter was stepped as its gradient came; one whose gradient was not finite was left as it was.
     grad_norm = layerwise_->finish_step();
     if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
+    skipped = skipped || !std::isfinite(grad_norm) || !std::isfinite(loss_value);
   } else if (skipped) {
     grad_norm = grad_shards ? clip_gradients(params) : global_grad_norm(params);  // not finite: nothing clipped
   } else {
     if (!whole_params_.empty() && !grad_shards) set_shard_gradients();
     grad_norm = clip_gradients(params);
-    optimizer_->step();
-    if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
+    // At any precision a NaN or Inf in the loss or any gradient skips the whole step, as an fp16 overflow does:
+    // the optimizer's own gate would skip only the non-finite parameters and move the rest. The norm and the
+    // loss are global, so every rank decides alike.
+    skipped = !std::isfinite(grad_norm) || !std::isfinite(loss_value);
+    if (!skipped) {
+      optimizer_->step();
+      if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
+    }
   }
   if (scaler_) scaler_->update(skipped);
   if (fp8_) {
@@ -678,6 +694,13 @@ RunSummary Trainer::fit() {
   // A resumed run continues the metrics file of the run it resumes.
   // In a data-parallel run every rank computes the same metrics; rank 0 writes and prints them.
   const bool writes = writes_files();
+  // Every place this run will write is tried now, so a read-only directory stops it before its first step,
+  // not at its first checkpoint an hour later. Under ZeRO every rank writes its shard of a checkpoint.
+  if (config_.checkpoint_interval > 0 && (writes || !whole_params_.empty()))
+    ::memtrain::detail::require_writable_dir(config_.checkpoint_dir, "Trainer::fit", "checkpoint_dir");
+  if (writes && !config_.summary_path.empty())
+    ::memtrain::detail::require_writable_dir(directory_of(config_.summary_path), "Trainer::fit",
+                                             "the directory of summary_path");
   if (writes && !config_.metrics_path.empty()) metrics.emplace(config_.metrics_path, /*append=*/step_ > 0);
   std::optional<detail::ProgressPrinter> progress;
   if (writes) progress.emplace(config_.max_steps, config_.log_interval, ::isatty(STDERR_FILENO) == 1);
@@ -685,6 +708,8 @@ RunSummary Trainer::fit() {
   const std::size_t first = history_.size();
   const std::int64_t start_step = step_;
   const auto start = Clock::now();
+  std::int64_t bad_in_a_row = 0;
+  std::string stopped;
   while (step_ < config_.max_steps) {
     StepMetrics m = train_step();
     const bool last = step_ == config_.max_steps;
@@ -695,14 +720,32 @@ RunSummary Trainer::fit() {
     if (metrics) metrics->write(m);
     const double per_step = seconds_since(start) / static_cast<double>(step_ - start_step);
     if (progress) progress->update(m, per_step * static_cast<double>(config_.max_steps - step_));
-    if (config_.checkpoint_interval > 0 && (step_ % config_.checkpoint_interval == 0 || last)) save_checkpoint();
+    // Not after a skipped step: it moved nothing, yet as the newest file it would prune a good one, and a
+    // diverged run would end with only checkpoints of its bad steps.
+    bad_in_a_row = m.skipped ? bad_in_a_row + 1 : 0;
+    if (config_.checkpoint_interval > 0 && (step_ % config_.checkpoint_interval == 0 || last) && !m.skipped)
+      save_checkpoint();
     if (on_step) on_step(m);
+    if (config_.max_bad_steps > 0 && bad_in_a_row >= config_.max_bad_steps) {
+      const std::string kept = latest_checkpoint(config_.checkpoint_dir);
+      stopped = fmt::format("steps {} to {} were all skipped (a non-finite loss or gradient norm), max_bad_steps = "
+                            "{}; {}",
+                            step_ - bad_in_a_row + 1, step_, config_.max_bad_steps,
+                            kept.empty() ? std::string("no checkpoint was written") : "the last checkpoint is " + kept);
+      break;
+    }
   }
   if (progress) progress->finish();
 
   const std::vector<StepMetrics> ran(history_.begin() + static_cast<std::ptrdiff_t>(first), history_.end());
   RunSummary summary = summarize(ran);
-  if (!writes) return summary;
+  summary.stopped = stopped;
+  // The summary is written first, so a stopped run still leaves its figures.
+  const auto stop_if_asked = [&stopped] { MT_CHECK(stopped.empty(), "Trainer::fit", "stopped: {}", stopped); };
+  if (!writes) {
+    stop_if_asked();
+    return summary;
+  }
   if (memory_notes) {
     const std::string notes = memory_notes();
     if (!notes.empty()) fmt::print(stderr, "{}\n", notes);
@@ -710,14 +753,17 @@ RunSummary Trainer::fit() {
   // A device run has two reports: the host's (data batches, staging) and the device's (the training).
   if (&host != &allocator) std::fprintf(stderr, "%s", host.report().c_str());
   std::fprintf(stderr, "%s", allocator.report().c_str());
-  fmt::print(stderr, "{} steps, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
-             summary.steps, summary.final_train_loss,
+  fmt::print(stderr, "{} steps{}, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
+             summary.steps,
+             summary.skipped_steps > 0 ? fmt::format(" ({} skipped)", summary.skipped_steps) : std::string(),
+             summary.final_train_loss,
              summary.final_eval ? fmt::format(" (val {:.4f} over {} samples in {} batches)", summary.final_eval->loss,
                                               summary.final_eval->samples, summary.final_eval->batches)
                                 : std::string(),
              detail::format_rate(summary.tokens_per_second), summary.median_step_seconds,
              detail::format_bytes(summary.peak_bytes_total), detail::format_bytes(summary.peak_rss_bytes));
   if (!config_.summary_path.empty()) write_summary(summary, config_.summary_path);
+  stop_if_asked();
   return summary;
 }
 

@@ -120,6 +120,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("checkpoint_interval", c.checkpoint_interval);
   v.field("checkpoint_dir", c.checkpoint_dir);
   v.field("keep_checkpoints", c.keep_checkpoints);
+  v.field("max_bad_steps", c.max_bad_steps);
   v.field("seed", c.seed);
   v.field("memory_budget_bytes", c.memory_budget_bytes);
   v.field("metrics_path", c.metrics_path);
@@ -335,6 +336,7 @@ void TrainerConfig::validate() const {
   MT_CHECK(checkpoint_interval == 0 || !checkpoint_dir.empty(), kWhere,
            "checkpoint_interval {} needs checkpoint_dir (where to write them)", checkpoint_interval);
   MT_CHECK(keep_checkpoints >= 1, kWhere, "keep_checkpoints must be >= 1, got {}", keep_checkpoints);
+  MT_CHECK(max_bad_steps >= 0, kWhere, "max_bad_steps must be >= 0 (0 = never stop), got {}", max_bad_steps);
 
   MT_CHECK(model.seq_len >= 0, kWhere, "model.seq_len must be >= 0 (0 = the preset's block_size), got {}",
            model.seq_len);

@@ -90,9 +90,12 @@ struct StepMetrics {
   // fp16 only: the loss scale this step's backward was seeded with, and whether its gradients overflowed
   // (then no parameter changed and the scale backed off).
   std::optional<double> loss_scale;
+  // No parameter moved: the loss or the global gradient norm was not finite (any precision), or fp16's
+  // gradients overflowed. Layer-wise updates step each parameter as its gradient comes, so there only the
+  // parameters whose own gradient was not finite stayed as they were.
   bool skipped = false;
-  // {"step", "loss", "lr", "grad_norm", "samples", "tokens", "step_seconds", "tokens_per_s", "peak_bytes"
-  //  [, "val_loss"] [, "loss_scale", "skipped"]}: one line of the metrics JSONL.
+  // {"step", "loss", "lr", "grad_norm", "samples", "tokens", "step_seconds", "tokens_per_s", "peak_bytes",
+  //  "skipped" [, "val_loss"] [, "loss_scale"]}: one line of the metrics JSONL.
   nlohmann::json to_json() const;
 };
 
@@ -109,6 +112,9 @@ struct EvalResult {
 struct RunSummary {
   nlohmann::json config;
   std::int64_t steps = 0;  // optimizer steps this fit() ran (0 for an evaluation alone)
+  std::int64_t skipped_steps = 0;  // of those, the ones that moved no parameter (StepMetrics::skipped)
+  // Why fit() stopped before max_steps (config.max_bad_steps skipped steps in a row); empty when it did not.
+  std::string stopped;
   double final_train_loss = 0.0;
   std::optional<double> final_val_loss;
   std::optional<EvalResult> final_eval;  // the evaluation final_val_loss came from: what it went over

@@ -122,6 +122,11 @@ struct TrainerConfig {
   std::int64_t checkpoint_interval = 0;  // 0 = no periodic checkpoints
   std::string checkpoint_dir;            // required when checkpoint_interval > 0
   std::int64_t keep_checkpoints = 3;     // newest N kept; older ones deleted after a successful write
+  // A step whose loss or global gradient norm is not finite is skipped (no parameter moves) at every
+  // precision, and no checkpoint is written after it. This many skipped steps in a row stop fit() with an
+  // error, the checkpoints of the last good steps kept; 0 = never stop. fp16's loss scaler skips a few steps
+  // in a row by design while it backs off from its initial scale (2^16 halves 16 times to reach 1).
+  std::int64_t max_bad_steps = 100;
   std::uint64_t seed = 1337;
   std::optional<std::size_t> memory_budget_bytes;  // allocator budget; exceeding it is OutOfBudget
   std::string metrics_path;  // JSONL, one line per optimizer step; empty = none
