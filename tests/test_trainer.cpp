@@ -681,8 +681,11 @@ TEST(TrainerCheckpoint, KeepsNewestAndSurvivesAFailedWrite) {
   c.checkpoint_dir = dir.str();
   // The step-6 write cannot land: a directory holds its name, so the rename fails after the data is written.
   fs::create_directories(dir.str("ckpt_00000006.safetensors"));
-  // Leftover temp file of a write that crashed: never a checkpoint.
-  { std::ofstream(dir.str("ckpt_00000009.safetensors.tmp.999")) << "partial"; }
+  // Leftover temp file of a write that crashed (its pid cannot exist): never a checkpoint, and removed by the
+  // next complete save. One of this very process is left alone: it may be a save in progress.
+  { std::ofstream(dir.str("ckpt_00000009.safetensors.tmp.2147483647")) << "partial"; }
+  const std::string ours = fmt::format("ckpt_00000008.safetensors.tmp.{}", ::getpid());
+  { std::ofstream(dir.str(ours)) << "partial"; }
   {
     Trainer t(c, net, mse_loss(net), std::make_shared<RegressionDataset>(12, 4, 3));
     const std::string msg = error_of([&] { t.fit(); });
@@ -694,7 +697,7 @@ TEST(TrainerCheckpoint, KeepsNewestAndSurvivesAFailedWrite) {
   std::sort(names.begin(), names.end());
   // Steps 1..3 pruned after the writes of 4 and 5; no temp file of the failed write is left.
   EXPECT_EQ(names, (std::vector<std::string>{"ckpt_00000004.safetensors", "ckpt_00000005.safetensors",
-                                             "ckpt_00000006.safetensors", "ckpt_00000009.safetensors.tmp.999"}));
+                                             "ckpt_00000006.safetensors", ours}));
   EXPECT_EQ(mt::train::latest_checkpoint(dir.str()), dir.str("ckpt_00000005.safetensors"));
   EXPECT_EQ(mt::train::latest_checkpoint(dir.str("missing")), "");
 

@@ -9,10 +9,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <regex>
 
 namespace memtrain::train {
@@ -128,6 +133,26 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t 
   return removed;
 }
 
+std::vector<std::string> remove_stale_checkpoint_temps(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return removed;
+  static const std::regex pattern(R"(ckpt_\d+\.safetensors\.tmp\.(\d+))");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, pattern)) continue;
+    long long pid = 0;
+    const std::string digits = m[1].str();
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), pid).ec != std::errc()) continue;
+    // A live writer (this process, or another on this machine) may be in the middle of it.
+    const bool gone = pid != ::getpid() && (pid > std::numeric_limits<pid_t>::max() ||
+                                             (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH));
+    if (gone && fs::remove(entry.path(), ec)) removed.push_back(entry.path().string());
+  }
+  return removed;
+}
+
 std::string Trainer::save_checkpoint() {
   MT_CHECK(!config_.checkpoint_dir.empty(), "Trainer::save_checkpoint", "config.checkpoint_dir is empty");
   // Every rank of a data-parallel run holds the same model and state: rank 0 writes them for all; under
@@ -141,7 +166,10 @@ std::string Trainer::save_checkpoint() {
   const std::string path = (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
   save_checkpoint(path);
   // Only after the new file is complete may old ones go.
-  if (writes_files()) prune_checkpoints(config_.checkpoint_dir, config_.keep_checkpoints);
+  if (writes_files()) {
+    prune_checkpoints(config_.checkpoint_dir, config_.keep_checkpoints);
+    remove_stale_checkpoint_temps(config_.checkpoint_dir);
+  }
   return path;
 }
 

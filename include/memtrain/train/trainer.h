@@ -294,6 +294,10 @@ std::string checkpoint_filename(std::int64_t step);
 std::string latest_checkpoint(const std::string& dir);
 // Deletes all but the `keep` newest checkpoints of dir; returns the paths removed.
 std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t keep);
+// Deletes the temp files that saves killed mid-write left in dir ("ckpt_<digits>.safetensors.tmp.<pid>" of a
+// process no longer running on this machine), so a run killed again and again does not fill the disk with
+// them; returns the paths removed. Trainer::save_checkpoint calls it after each complete save.
+std::vector<std::string> remove_stale_checkpoint_temps(const std::string& dir);
 
 // Global L2 norm over the gradients of params (those without a gradient count as zero), summed in double.
 double global_grad_norm(const std::vector<Tensor>& params);
