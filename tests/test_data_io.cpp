@@ -1,5 +1,6 @@
 // File formats: safetensors, IDX (MNIST) and llm.c token shards. Reference files are built byte by byte
 // from the format specs here, independently of the writers under test.
+#include "file_size_limit.h"
 #include "temp_dir.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/tensor.h"
@@ -8,11 +9,9 @@
 #include "memtrain/io/safetensors.h"
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -28,6 +27,7 @@ using namespace memtrain;
 
 namespace {
 
+using memtrain::test_support::FileSizeLimit;
 using memtrain::test_support::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
@@ -54,27 +54,6 @@ void expect_error(const std::function<void()>& fn, std::initializer_list<std::st
     for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
   }
 }
-
-// Makes the next writes past `limit` bytes fail with EFBIG (instead of SIGXFSZ) while it lives: a genuine
-// failure in the middle of a save, which works even for root (unlike a read-only directory).
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t limit) {
-    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-    ::getrlimit(RLIMIT_FSIZE, &old_);
-    rlimit r = old_;
-    r.rlim_cur = limit;
-    ::setrlimit(RLIMIT_FSIZE, &r);
-  }
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &old_);
-    std::signal(SIGXFSZ, old_handler_);
-  }
-
- private:
-  rlimit old_{};
-  void (*old_handler_)(int) = nullptr;
-};
 
 // ---- safetensors ----------------------------------------------------------------------------------
 
@@ -292,9 +271,10 @@ TEST(SafeTensors, FailedSaveLeavesOldFileIntact) {
   io::save_safetensors(p, {{"old", old}});
   const std::string old_bytes = read_bytes(p);
   {
-    FileSizeLimit limit(4096);  // the new file needs ~64 KiB: the write fails part way through
+    // The new file needs ~64 KiB: preallocating it fails before any byte is written, naming what it needs.
+    FileSizeLimit limit(4096);
     expect_error([&] { io::save_safetensors(p, {{"new", patterned({16384}, DType::f32, 8)}}); },
-                 {p, "write failed"});
+                 {p, "needs 65", "bytes on disk", "File too large", "bytes free on"});
   }
   EXPECT_EQ(read_bytes(p), old_bytes);
   EXPECT_EQ(tensor_bytes(io::load_safetensors(p).at("old")), tensor_bytes(old));
@@ -504,8 +484,9 @@ TEST(TokenShard, FailedWriteLeavesOldShardIntact) {
   data::write_token_shard(p, some_tokens(10));
   const std::string old_bytes = read_bytes(p);
   {
-    FileSizeLimit limit(2048);
-    expect_error([&] { data::write_token_shard(p, some_tokens(100000)); }, {p, "write failed"});
+    FileSizeLimit limit(2048);  // not preallocated: the write fails part way through
+    expect_error([&] { data::write_token_shard(p, some_tokens(100000)); },
+                 {p, "write failed", "needs at least", "bytes free on"});
   }
   EXPECT_EQ(read_bytes(p), old_bytes);
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"keep.bin"});

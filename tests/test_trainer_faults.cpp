@@ -14,13 +14,12 @@
 #include "memtrain/train/train.h"
 
 #include "error_text.h"
+#include "file_size_limit.h"
 #include "temp_dir.h"
 #include "token_dataset.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <signal.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +35,7 @@ namespace mt = memtrain;
 namespace fs = std::filesystem;
 using mt::Tensor;
 using mt::test_support::error_of;
+using mt::test_support::FileSizeLimit;
 using mt::test_support::TempDir;
 using mt::test_support::TokenDataset;
 using mt::train::Trainer;
@@ -218,29 +218,6 @@ TEST(TrainerFaults, ZeroMaxBadStepsNeverStops) {
   EXPECT_EQ(s.skipped_steps, 6);
   EXPECT_TRUE(s.stopped.empty());
 }
-
-// Sets RLIMIT_FSIZE (a file may not grow past `bytes`) and ignores SIGXFSZ, so an over-long write fails with
-// EFBIG as on a full disk instead of killing the process; undone on destruction.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    ::getrlimit(RLIMIT_FSIZE, &saved_);
-    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
-    rlimit limit = saved_;
-    limit.rlim_cur = bytes;
-    ok_ = ::setrlimit(RLIMIT_FSIZE, &limit) == 0;
-  }
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &saved_);
-    ::signal(SIGXFSZ, old_handler_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  rlimit saved_{};
-  sighandler_t old_handler_ = SIG_DFL;
-  bool ok_ = false;
-};
 
 TEST(TrainerFaults, ASaveWithoutRoomNamesTheFileAndTheBytesAndKeepsThePreviousCheckpoint) {
   TempDir dir;

@@ -10,6 +10,7 @@
 #include "data/bpe_pretokenize.h"
 #include "data/text_file.h"
 #include "io/atomic_file.h"
+#include "io/json_limits.h"
 #include "memtrain/core/error.h"
 
 #include <fmt/format.h>
@@ -31,7 +32,7 @@ constexpr int kVersion = 1;
 
 nlohmann::json parse_json(const std::string& text, const std::string& path, const char* where) {
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::json::parse(text, ::memtrain::detail::json_depth_limit(where, path));
   } catch (const nlohmann::json::parse_error& e) {
     ::memtrain::detail::throw_error(where, fmt::format("'{}': not valid JSON near byte {}: {}", path,
                                            e.byte > 0 ? e.byte - 1 : 0, e.what()));

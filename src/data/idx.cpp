@@ -19,6 +19,7 @@ namespace {
 
 constexpr const char* kWhere = "read_idx";
 constexpr int kTypeU8 = 0x08;
+constexpr std::uint64_t kMaxDeflateRatio = 1032;  // zlib's technical report: deflate's largest expansion
 
 class GzFile {
  public:
@@ -77,6 +78,9 @@ Tensor read_idx(const std::string& path) {
 
   Shape shape;
   std::uint64_t numel = 1;
+  // The product with each 0 counted as 1, which the tensor's strides reach: bounded like numel, or
+  // [0, 2^31, 2^31, 2^31] (numel 0) overflows Tensor::empty's strides (found by tests/fuzz/fuzz_idx.cpp).
+  std::uint64_t span = 1;
   for (int d = 0; d < ndim; ++d) {
     unsigned char b[4];
     const std::size_t at = f.offset();
@@ -84,20 +88,29 @@ Tensor read_idx(const std::string& path) {
     MT_CHECK(got == 4, kWhere, "'{}': truncated: file ends at offset {} inside dimension {} of {} (at offset {})",
              path, at + got, d, ndim, at);
     std::uint64_t v = (std::uint64_t{b[0]} << 24) | (std::uint64_t{b[1]} << 16) | (std::uint64_t{b[2]} << 8) | b[3];
-    MT_CHECK(!__builtin_mul_overflow(numel, v, &numel) && numel <= (std::uint64_t{1} << 40), kWhere,
+    MT_CHECK(!__builtin_mul_overflow(span, std::max<std::uint64_t>(v, 1), &span) && span <= (std::uint64_t{1} << 40),
+             kWhere,
              "'{}': dimensions {} x {} (at offset {}) give an implausible element count", path, shape_str(shape), v,
              at);
+    numel *= v;  // <= span
     shape.push_back(static_cast<std::int64_t>(v));
   }
   const std::size_t data_at = f.offset();
-  if (f.is_plain()) {
-    // A plain file's size is known, so a truncated one fails before the tensor is allocated.
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) {
-      const auto size = static_cast<std::uint64_t>(st.st_size);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (f.is_plain()) {
+      // A plain file's size is known, so a truncated one fails before the tensor is allocated.
       MT_CHECK(size >= data_at + numel, kWhere,
                "'{}': truncated: shape {} needs {} data bytes from offset {}, but the file ends at offset {}", path,
                shape_str(shape), numel, data_at, size);
+    } else {
+      // Deflate expands at most 1032:1, so a gzip file cannot hold more than that: a header that claims more
+      // is refused before its tensor is allocated (a 100-byte file must not allocate a terabyte).
+      const std::uint64_t most = kMaxDeflateRatio * size + 4096;
+      MT_CHECK(data_at + numel <= most, kWhere,
+               "'{}': shape {} needs {} bytes after decompression, more than a {}-byte gzip file can hold ({})", path,
+               shape_str(shape), data_at + numel, size, most);
     }
   }
 

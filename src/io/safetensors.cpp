@@ -3,6 +3,7 @@
 #include "memtrain/io/safetensors.h"
 
 #include "io/atomic_file.h"
+#include "io/json_limits.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -75,12 +76,20 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   auto sh = j.find("shape");
   MT_CHECK(sh != j.end() && sh->is_array(), kLoad, "'{}': tensor '{}': missing or non-array \"shape\"", path, name);
   std::uint64_t numel = 1;
+  // The product with each 0 counted as 1, which a contiguous tensor's strides reach: it must fit int64 too, or
+  // [0, 2^32, 2^32] (numel 0) overflows Tensor::empty's strides (found by tests/fuzz/fuzz_safetensors.cpp).
+  std::uint64_t span = 1;
   for (const auto& d : *sh) {
     MT_CHECK(d.is_number_unsigned(), kLoad, "'{}': tensor '{}': shape entry {} is not a non-negative integer",
              path, name, d.dump());
     auto v = d.get<std::uint64_t>();
-    MT_CHECK(v <= static_cast<std::uint64_t>(INT64_MAX) && !__builtin_mul_overflow(numel, v, &numel), kLoad,
-             "'{}': tensor '{}': shape {} overflows", path, name, sh->dump());
+    // Each dimension and their product must fit int64 (a 0 elsewhere does not excuse a huge dimension).
+    MT_CHECK(v <= static_cast<std::uint64_t>(INT64_MAX) && !__builtin_mul_overflow(numel, v, &numel) &&
+                 numel <= static_cast<std::uint64_t>(INT64_MAX) &&
+                 !__builtin_mul_overflow(span, std::max<std::uint64_t>(v, 1), &span) &&
+                 span <= static_cast<std::uint64_t>(INT64_MAX),
+             kLoad,
+             "'{}': tensor '{}': shape {} has more than 2^63 - 1 elements", path, name, sh->dump());
     e.shape.push_back(static_cast<std::int64_t>(v));
   }
 
@@ -127,7 +136,7 @@ Header read_header(const std::string& path, int fd) {
            "'{}': file ended inside the {}-byte header at offset 8", path, n);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, detail::json_depth_limit(kLoad, path));
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts from 1 within the header text, which starts at file offset 8.
     detail::throw_error(kLoad, fmt::format("'{}': header JSON does not parse near file offset {}: {}", path,

@@ -4,6 +4,7 @@
 #include "memtrain/nn/hf_gpt2.h"
 
 #include "io/atomic_file.h"
+#include "io/json_limits.h"
 #include "memtrain/core/error.h"
 #include "memtrain/io/safetensors.h"
 
@@ -138,7 +139,7 @@ json read_json(const std::string& path, const char* where) {
   MT_CHECK(in.good(), where, "'{}': cannot open: {}", path, std::strerror(errno));
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(in, detail::json_depth_limit(where, path));
   } catch (const json::parse_error& e) {
     detail::throw_error(where, fmt::format("'{}': not valid JSON: {}", path, e.what()));
   }

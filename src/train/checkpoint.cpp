@@ -1,5 +1,6 @@
 // Checkpoints: one safetensors file holding the model, the optimizer state and (as metadata) everything
 // else a resumed run needs to continue bit for bit: the step, the RNG stream, the loader position.
+#include "io/json_limits.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/io/safetensors.h"
@@ -81,7 +82,7 @@ void warn_on_batching_change(const std::map<std::string, std::string>& meta, con
   if (it == meta.end()) return;
   nlohmann::json then;
   try {
-    then = nlohmann::json::parse(it->second);
+    then = nlohmann::json::parse(it->second, ::memtrain::detail::json_depth_limit("load_checkpoint", path));
   } catch (const nlohmann::json::exception&) {
     return;
   }

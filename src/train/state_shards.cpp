@@ -1,4 +1,5 @@
 #include "train/state_shards.h"
+#include "io/json_limits.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
@@ -65,7 +66,9 @@ std::vector<StateShard> load_state_shards(const std::string& checkpoint, std::in
              "'{}' is not an optimizer shard file (no metadata format = \"{}\")", path, kShardFormat);
     StateShard shard;
     try {
-      const nlohmann::json map = nlohmann::json::parse(meta.at("shards"));  // alive while items() walks it
+      // alive while items() walks it
+      const nlohmann::json map =
+          nlohmann::json::parse(meta.at("shards"), ::memtrain::detail::json_depth_limit("load_checkpoint", path));
       for (const auto& [index, range] : map.items())
         shard.shards[std::stoull(index)] = {range.at(0).get<std::int64_t>(), range.at(1).get<std::int64_t>()};
     } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 
 #include "core/json_object_reader.h"
 #include "io/atomic_file.h"
+#include "io/json_limits.h"
 #include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/precision.h"
 #include "memtrain/ckpt/policy.h"
@@ -221,7 +222,7 @@ TrainerConfig TrainerConfig::load(const std::string& path) {
   buf << in.rdbuf();
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(buf.str(), detail::json_depth_limit(where, path));
   } catch (const json::parse_error& e) {
     MT_CHECK(false, where, "'{}' is not valid JSON: {}", path, e.what());
   }
