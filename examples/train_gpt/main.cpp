@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -409,6 +410,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   // Progress and the report go to stderr; line-buffered stdout keeps both in order in a log file.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which the save reports as it reports a
+  // full disk (naming the file and the bytes it needs), instead of the process dying of SIGXFSZ mid-save.
+  std::signal(SIGXFSZ, SIG_IGN);
 
   std::shared_ptr<dist::Communicator> world;  // set first thing in the try: the catch may need it
   try {
