@@ -240,17 +240,23 @@ void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
   if (config_.layerwise_update) {
     // Each parameter (or its shard) is stepped as its sum over the ranks lands; the hooks of the updater made
     // for training alone go quiet with it.
-    layerwise_ = detail::LayerwiseUpdater::for_ranks(*optimizer_, config_.grad_clip, trained_params());
+    landed_params_ = trained_params();  // fixed from here on: looked up for every parameter of every step
+    layerwise_ = detail::LayerwiseUpdater::for_ranks(*optimizer_, config_.grad_clip, landed_params_);
     sync_->set_landed([this](std::size_t k, double norm) { step_landed(k, norm); });
   }
 }
 
+const Trainer::Shard* Trainer::shard_of(std::size_t index) const {
+  MT_CHECK(index < shard_at_.size(), "Trainer (ZeRO)", "parameter {} of {}", index, shard_at_.size());
+  return shard_at_[index] < 0 ? nullptr : &shards_[static_cast<std::size_t>(shard_at_[index])];
+}
+
 void Trainer::step_landed(std::size_t index, double norm) {
-  Tensor whole = trained_params().at(index);
+  Tensor whole = landed_params_.at(index);
   Tensor target = whole;  // what this rank steps: the parameter, its shard, or nothing (an empty shard)
   if (!whole_params_.empty()) {
-    const auto s = std::find_if(shards_.begin(), shards_.end(), [&](const Shard& x) { return x.index == index; });
-    target = s == shards_.end() ? Tensor() : s->view;
+    const Shard* s = shard_of(index);
+    target = s == nullptr ? Tensor() : s->view;
     if (target.defined()) set_shard_gradient(*s);
   }
   layerwise_->step_summed(index, target, norm);
@@ -370,6 +376,8 @@ void Trainer::shard_optimizer() {
     }
     if (galore != nullptr) (projected ? split.projected : split.plain).push_back(g);
   }
+  shard_at_.assign(whole_params_.size(), -1);
+  for (std::size_t k = shards_.size(); k-- > 0;) shard_at_[shards_[k].index] = static_cast<std::ptrdiff_t>(k);
   // The whole tensors' optimizer goes before the shards' is made.
   optimizer_.reset();
   if (galore != nullptr) {
@@ -436,10 +444,8 @@ Shape Trainer::state_shape(std::size_t i) const {
   const auto* galore = dynamic_cast<const optim::GaLore*>(optimizer_.get());
   if (galore == nullptr) return p.shape();
   // Sharded, the optimizer holds a plain weight's shard, not the weight: ask it only about what it holds whole.
-  const bool projected = whole_params_.empty() ? galore->is_projected(p)
-                                               : std::any_of(shards_.begin(), shards_.end(), [&](const Shard& s) {
-                                                   return s.index == i && s.projected;
-                                                 });
+  const Shard* shard = whole_params_.empty() ? nullptr : shard_of(i);
+  const bool projected = whole_params_.empty() ? galore->is_projected(p) : shard != nullptr && shard->projected;
   return projected ? galore->projected_shape(p) : p.shape();
 }
 

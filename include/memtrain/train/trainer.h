@@ -241,6 +241,9 @@ class Trainer {
   std::vector<Tensor> exchanged_params_;  // those of whole_params_ whose stepped shards the ranks exchange
   std::vector<std::int64_t> exchanged_aligns_;  // their shards' alignment
   std::vector<Shard> shards_;
+  std::vector<std::ptrdiff_t> shard_at_;  // by index in whole_params_: the first of shards_ for it, or -1
+  const Shard* shard_of(std::size_t index) const;  // nullptr when this rank holds none of it
+  std::vector<Tensor> landed_params_;  // layer-wise data parallel: trained_params(), by GradientSync's index
   void shard_optimizer();
   void shard_adafactor_rows();  // the exchanges of Adafactor's row-shard step (optim::Adafactor::shard_rows)
   // Layer-wise data parallel: steps parameter `index` (or this rank's shard) once its sum has landed.
