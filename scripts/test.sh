@@ -6,6 +6,8 @@
 # Environment:
 #   MEMTRAIN_SANITIZE=1     test only the ASan+UBSan build (in build-asan) instead of the normal one
 #   MEMTRAIN_CI_SANITIZE=1  test the normal build, then the ASan+UBSan build as well (slow: off in CI)
+#   MEMTRAIN_CI_FUZZ=1      then fuzz every file reader for 30 s (scripts/fuzz.sh: its own clang build in
+#                           build-fuzz, regression inputs replayed; about 5 minutes on 2 cores)
 #   MEMTRAIN_TEST_JOBS      parallel tests (default: 2)
 #   MEMTRAIN_TEST_TIMEOUT   seconds one test may take (default: 900)
 #   and the build variables of scripts/build.sh.
@@ -60,6 +62,11 @@ else
   if [[ ${MEMTRAIN_CI_SANITIZE:-0} == 1 ]]; then
     run_suite 1
   fi
+fi
+
+if [[ ${MEMTRAIN_CI_FUZZ:-0} == 1 ]]; then
+  mt_step "test: fuzz the file readers (scripts/fuzz.sh)"
+  bash scripts/fuzz.sh 30
 fi
 
 mt_step "all tests passed in $((SECONDS - start)) s"
