@@ -135,7 +135,10 @@ for t in "${targets[@]}"; do
   # The last status line ("#N DONE cov: C ft: F ...", or the last progress line before a crash).
   cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 | cut -d' ' -f2)
   ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -n 1 | cut -d' ' -f2)
-  artifacts=$(find "$out/$t/artifacts" -type f | sort)
+  # Findings only: libFuzzer also saves "slow-unit-*" files, a note when a machine stalls, not a failure
+  # (an input over -timeout is a "timeout-*").
+  artifacts=$(find "$out/$t/artifacts" -type f \( -name 'crash-*' -o -name 'oom-*' -o -name 'timeout-*' \
+    -o -name 'leak-*' \) | sort)
   status="ok"
   if [[ $rc != 0 || -n $artifacts ]]; then
     status="FAILED (exit $rc; log $log)"
