@@ -45,6 +45,7 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/linalg.h"
+#include "memtrain/ops/nf4.h"
 #include "memtrain/ops/nn.h"
 #include "memtrain/ops/reduce.h"
 #include "memtrain/ops/shape.h"
