@@ -31,13 +31,14 @@ if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
 endif()
 
 set(MEMTRAIN_FUZZ_READER_SOURCES
-  src/io/safetensors.cpp src/io/atomic_file.cpp
+  src/io/safetensors.cpp src/io/atomic_file.cpp src/io/json_file.cpp
   src/train/trainer_config.cpp
   src/data/bpe_io.cpp src/data/bpe_tokenizer.cpp src/data/bpe_pretokenize.cpp src/data/bpe_train.cpp
   src/data/text_file.cpp
   src/data/token_shard.cpp
   src/data/idx.cpp
   src/nn/hf_gpt2.cpp
+  src/nn/lora_config.cpp
   # the parsers of the settings TrainerConfig reads by name
   src/optim/spec_json.cpp src/amp/precision.cpp src/amp/fp8_state.cpp src/ckpt/policy.cpp src/ckpt/op_label.cpp)
 set(MEMTRAIN_FUZZ_CORE_SOURCES

@@ -78,6 +78,19 @@ std::vector<Variant> variants() {
          c.activation_checkpointing = Policy::budget(64 * 1024);
        }},
       {"llama fp8", true, [](TrainerConfig& c) { c.precision = mt::amp::Precision::fp8; }},
+      {"gpt lora bf16", false,
+       [](TrainerConfig& c) {
+         c.lora.rank = 4;
+         c.precision = mt::amp::Precision::bf16;
+       }},
+      {"llama lora + adamw8bit + layerwise + full", true,
+       [](TrainerConfig& c) {
+         c.lora.rank = 2;
+         c.lora.targets = {"q_proj", "v_proj"};
+         c.optimizer = Spec::adamw8bit({.lr = 1e-3, .min_8bit_size = 32});
+         c.layerwise_update = true;
+         c.activation_checkpointing = Policy::full();
+       }},
   };
 }
 

@@ -30,14 +30,14 @@ struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
-      galore_targets;
+      galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
-      checkpoint_interval, max_bad_steps;
-  std::optional<double> galore_scale;
+      checkpoint_interval, max_bad_steps, lora_rank;
+  std::optional<double> galore_scale, lora_alpha, lora_dropout;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
   std::int64_t sample_tokens = 96;
-  bool eval_only = false, resume = false, layerwise = false, plan_only = false;
+  bool eval_only = false, resume = false, layerwise = false, plan_only = false, rslora = false;
 };
 
 // The defaults of a run without --config: small enough for minutes on 2 CPU cores.
@@ -91,6 +91,11 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.galore_scale) c.galore_scale = *f.galore_scale;
   if (f.galore_targets) c.galore_targets = split_commas(*f.galore_targets);
   if (f.layerwise) c.layerwise_update = true;
+  if (f.lora_rank) c.lora.rank = *f.lora_rank;
+  if (f.lora_alpha) c.lora.alpha = *f.lora_alpha;
+  if (f.lora_dropout) c.lora.dropout = *f.lora_dropout;
+  if (f.lora_targets) c.lora.targets = split_commas(*f.lora_targets);
+  if (f.rslora) c.lora.rslora = true;
   if (f.seed) c.seed = *f.seed;
   if (f.checkpoint_interval) c.checkpoint_interval = *f.checkpoint_interval;
   if (f.max_bad_steps) c.max_bad_steps = *f.max_bad_steps;
@@ -388,6 +393,20 @@ int main(int argc, char** argv) {
   app.add_option("--galore-targets", f.galore_targets,
                  "comma-separated name globs of the weights GaLore projects, '*' matching any run of characters "
                  "(e.g. '*.attn.*.weight,*.mlp.*.weight'); only 2-D parameters are chosen (default: attention and MLP)");
+  app.add_option("--lora-rank", f.lora_rank,
+                 "LoRA rank r (0 = off): adapters on the chosen linears, the rest of the model frozen");
+  app.add_option("--lora-alpha", f.lora_alpha, "LoRA alpha: the update is scaled by alpha / r (default 8)");
+  app.add_option("--lora-dropout", f.lora_dropout, "dropout on the LoRA A branch's input (default 0)");
+  app.add_option("--lora-targets", f.lora_targets,
+                 "comma-separated linears to adapt, by name as PEFT's target_modules (c_attn,c_proj,c_fc) or as "
+                 "globs over the whole path ('h.1*.mlp.*'); default every linear in the blocks");
+  app.add_flag("--rslora", f.rslora, "scale the LoRA update by alpha / sqrt(r) (rsLoRA)");
+  app.add_option("--save-adapter", f.save_adapter,
+                 "after training, write the LoRA adapter to DIR in Hugging Face PEFT's layout "
+                 "(adapter_model.safetensors + adapter_config.json)");
+  app.add_option("--load-adapter", f.load_adapter,
+                 "start from the LoRA adapter in DIR (PEFT's layout): its r, alpha, dropout and layers replace the "
+                 "--lora-* flags");
   app.add_option("--device", f.device, "cpu (default), cuda or cuda:N (needs a build with CUDA and a GPU)");
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
   app.add_flag("--layerwise", f.layerwise,
@@ -459,8 +478,22 @@ int main(int argc, char** argv) {
       config.save((fs::path(f.out_dir) / "config.json").string());
     }
 
+    if (f.load_adapter) {
+      MT_CHECK(!f.lora_rank && !f.lora_alpha && !f.lora_targets && !f.rslora, "train_gpt",
+               "--load-adapter {} takes r, alpha and the layers from the adapter's config: drop the --lora-* flags",
+               *f.load_adapter);
+      config.lora = nn::read_lora_adapter_config(*model, *f.load_adapter);
+      if (f.lora_dropout) config.lora.dropout = *f.lora_dropout;
+    }
+    MT_CHECK(!f.save_adapter || config.lora.enabled(), "train_gpt",
+             "--save-adapter {}: there is no adapter to save (set --lora-rank or --load-adapter)", f.save_adapter.value_or(""));
+
     auto loss_fn = [model](const data::Batch& b) { return model->loss(b.inputs, b.targets); };
     train::Trainer trainer(config, model, loss_fn, train_set, val_set);
+    if (f.load_adapter) {
+      nn::load_lora_adapter(*model, *f.load_adapter);
+      fmt::print("adapter: {} layers from {}\n", config.lora.targets.size(), *f.load_adapter);
+    }
     // Gradients on the GPUs are summed over NCCL (its id broadcast over the MPI world), on the CPU over MPI.
     const std::shared_ptr<dist::Communicator> group =
         device.is_cuda() && world->size() > 1 ? dist::make_nccl_communicator(world) : world;
@@ -503,6 +536,10 @@ int main(int argc, char** argv) {
         print_scale_up_hints();
       };
       trainer.fit();  // ends with the memory report and the run summary (also in <out-dir>/summary.json)
+      if (f.save_adapter && lead) {
+        nn::save_lora_adapter(*model, config.lora, *f.save_adapter);
+        fmt::print("adapter: written to {}\n", *f.save_adapter);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());

@@ -3,8 +3,7 @@
 // copy itself is Module::load_state_dict (which converts dtype and crosses devices).
 #include "memtrain/nn/hf_gpt2.h"
 
-#include "io/atomic_file.h"
-#include "io/json_limits.h"
+#include "io/json_file.h"
 #include "memtrain/core/error.h"
 #include "memtrain/io/safetensors.h"
 
@@ -14,11 +13,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -134,19 +130,6 @@ std::vector<std::string> load_into(GPT& model, const HfTensors& file, const std:
 
 // ---- config.json ------------------------------------------------------------------------------------------
 
-json read_json(const std::string& path, const char* where) {
-  std::ifstream in(path);
-  MT_CHECK(in.good(), where, "'{}': cannot open: {}", path, std::strerror(errno));
-  json j;
-  try {
-    j = json::parse(in, detail::json_depth_limit(where, path));
-  } catch (const json::parse_error& e) {
-    detail::throw_error(where, fmt::format("'{}': not valid JSON: {}", path, e.what()));
-  }
-  MT_CHECK(j.is_object(), where, "'{}': a JSON {}, expected an object", path, j.type_name());
-  return j;
-}
-
 // Typed access to one config.json; every error names the file and the key.
 class HfConfig {
  public:
@@ -214,7 +197,7 @@ GPTConfig infer_config(const HfTensors& file, const std::string& path, std::opti
 }  // namespace
 
 GPTConfig gpt2_config_from_hf_json(const std::string& config_json_path) {
-  const HfConfig j(read_json(config_json_path, kConfig), config_json_path);
+  const HfConfig j(detail::read_json_object_file(config_json_path, kConfig), config_json_path);
   const std::string& p = j.path();
   const std::string model_type = j.string("model_type", "gpt2");
   MT_CHECK(model_type == "gpt2", kConfig, "'{}': model_type \"{}\" is not \"gpt2\"", p, model_type);
@@ -308,10 +291,7 @@ void save_hf_gpt2(const GPT& model, const std::string& safetensors_path) {
       {"torch_dtype", "float32"},
       {"vocab_size", c.vocab_size},
   };
-  const std::string text = config.dump(2) + "\n";
-  detail::AtomicFileWriter out(config_path_beside(safetensors_path), kSave);
-  out.write(text.data(), text.size());
-  out.commit();
+  detail::write_json_file(config_path_beside(safetensors_path), config, kSave);
 }
 
 }  // namespace memtrain::nn

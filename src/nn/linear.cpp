@@ -1,7 +1,14 @@
 #include "memtrain/nn/linear.h"
 
+#include "memtrain/autograd/grad_mode.h"
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
+#include "memtrain/nn/conv2d.h"
+#include "memtrain/nn/dropout.h"
+#include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/linalg.h"
+
+#include <cmath>
 
 namespace memtrain::nn {
 
@@ -14,6 +21,79 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias, D
   if (bias) bias_ = register_parameter("bias", new_parameter({out_features}, dtype).zero_());
 }
 
-Tensor Linear::forward(const Tensor& x) const { return ops::linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) const {
+  Tensor y = ops::linear(x, weight_, bias_);
+  if (!has_lora() || lora_merged()) return y;
+  const Tensor update = lora_b_->forward(lora_a_->forward(lora_dropout_->forward(x)));
+  return y + ops::mul(update, lora_.scaling);
+}
+
+namespace {
+
+// A frozen copy of `t` in `dtype` (the same tensor when it is already that), without gradient.
+Tensor frozen(const Tensor& t, DType dtype) {
+  Tensor out = t.dtype() == dtype ? t : t.detach().to(dtype);
+  out.set_requires_grad(false);
+  out.set_grad(Tensor());
+  return out;
+}
+
+}  // namespace
+
+void Linear::add_lora(const LoraSettings& settings, DType base_dtype) {
+  const char* where = "nn::Linear::add_lora";
+  MT_CHECK(!has_lora(), where, "the layer [{}, {}] has a LoRA adapter already", out_features(), in_features());
+  MT_CHECK(settings.rank > 0, where, "rank must be positive, got {}", settings.rank);
+  MT_CHECK(std::isfinite(settings.scaling), where, "scaling must be finite, got {}", settings.scaling);
+  MT_CHECK(settings.dropout >= 0.0 && settings.dropout < 1.0, where, "dropout must be in [0, 1), got {}",
+           settings.dropout);
+  MT_CHECK(is_floating(base_dtype), where, "the frozen weight's dtype must be floating, got {}",
+           dtype_name(base_dtype));
+  const DType dtype = weight_.dtype();
+  const Device device = weight_.device();
+  // Made where the weight lives, as the layer's own parameters were.
+  ParameterDeviceGuard on_device(device);
+  auto a = std::make_shared<Linear>(in_features(), settings.rank, false, dtype);
+  auto b = std::make_shared<Linear>(settings.rank, out_features(), false, dtype);
+  {
+    autograd::NoGradGuard no_grad;
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features()));
+    Tensor wa = a->weight_;
+    init_uniform_(wa, -bound, bound);
+    b->weight_.zero_();
+  }
+  lora_ = settings;
+  lora_dropout_ = register_module("lora_dropout", std::make_shared<Dropout>(settings.dropout));
+  lora_a_ = register_module("lora_A", a);
+  lora_b_ = register_module("lora_B", b);
+  weight_ = replace_parameter("weight", frozen(weight_, base_dtype));
+  weight_.set_requires_grad(false);
+  if (bias_.defined()) {
+    bias_ = replace_parameter("bias", frozen(bias_, base_dtype));
+    bias_.set_requires_grad(false);
+  }
+}
+
+void Linear::merge_lora() {
+  const char* where = "nn::Linear::merge_lora";
+  MT_CHECK(has_lora(), where, "the layer [{}, {}] has no LoRA adapter", out_features(), in_features());
+  MT_CHECK(!lora_merged(), where, "the adapter is merged already");
+  autograd::NoGradGuard no_grad;
+  const Tensor delta = ops::matmul(lora_b_->weight_.detach().to(DType::f32), lora_a_->weight_.detach().to(DType::f32));
+  const Tensor merged = weight_.detach().to(DType::f32) + ops::mul(delta, lora_.scaling);
+  {
+    CategoryGuard category(MemoryCategory::parameters);
+    unmerged_weight_ = weight_.detach().clone();
+  }
+  weight_.copy_(merged);
+}
+
+void Linear::unmerge_lora() {
+  const char* where = "nn::Linear::unmerge_lora";
+  MT_CHECK(has_lora(), where, "the layer [{}, {}] has no LoRA adapter", out_features(), in_features());
+  MT_CHECK(lora_merged(), where, "the adapter is not merged");
+  weight_.copy_(unmerged_weight_);
+  unmerged_weight_ = Tensor();
+}
 
 }  // namespace memtrain::nn

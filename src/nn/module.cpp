@@ -47,6 +47,21 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
   return t;
 }
 
+Tensor Module::replace_parameter(const std::string& name, Tensor t) {
+  for (auto& [n, p] : params_) {
+    if (n != name) continue;
+    MT_CHECK(t.defined() && is_floating(t.dtype()) && t.shape() == p.shape(), "Module::replace_parameter",
+             "parameter '{}' {} cannot be replaced by {}", name, shape_str(p.shape()),
+             t.defined() ? fmt::format("{} {}", shape_str(t.shape()), dtype_name(t.dtype())) : "an undefined tensor");
+    t.set_requires_grad(p.requires_grad());
+    t.storage()->set_category(MemoryCategory::parameters);
+    p = t;
+    return t;
+  }
+  MT_CHECK(false, "Module::replace_parameter", "no parameter '{}' in this module", name);
+  return t;
+}
+
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
   MT_CHECK(t.defined(), "Module::register_buffer", "buffer '{}' is undefined", name);
   MT_CHECK(!has_name(params_, name) && !has_name(buffers_, name), "Module::register_buffer",

@@ -5,6 +5,7 @@
 #include "core/backend.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
+#include "memtrain/core/name_glob.h"
 #include "memtrain/ops/elementwise.h"
 
 #include <fmt/ranges.h>
@@ -69,34 +70,11 @@ bool is_galore_target(std::string_view name, const Tensor& param) {
   return param.defined() && param.dim() == 2 && weight && under_target_module(name);
 }
 
-// Glob over the whole name, '*' any run of characters: the classic backtracking match, linear in practice
-// (on a mismatch only the last '*' is retried, one character further on).
-bool galore_pattern_matches(std::string_view pattern, std::string_view name) {
-  std::size_t p = 0, n = 0;
-  std::size_t star = std::string_view::npos, star_n = 0;
-  while (n < name.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      star_n = n;
-    } else if (p < pattern.size() && pattern[p] == name[n]) {
-      ++p;
-      ++n;
-    } else if (star != std::string_view::npos) {
-      p = star + 1;
-      n = ++star_n;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
 bool is_galore_target(std::string_view name, const Tensor& param, const std::vector<std::string>& targets) {
   if (targets.empty()) return is_galore_target(name, param);
   if (!param.defined() || param.dim() != 2) return false;
   return std::any_of(targets.begin(), targets.end(),
-                     [&](const std::string& pattern) { return galore_pattern_matches(pattern, name); });
+                     [&](const std::string& pattern) { return name_glob_matches(pattern, name); });
 }
 
 std::string describe_matrices(const std::vector<std::pair<std::string, Tensor>>& named, std::size_t max_listed) {
@@ -495,6 +473,11 @@ std::size_t GaLore::plain_state_bytes() const {
   for (const Entry& e : entries_)
     if (!e.projector) total += e.base.bytes();
   return total;
+}
+
+void GaLore::reset_state(const Tensor& param) {
+  MT_CHECK(false, "GaLore::reset_state", "GaLore cannot free one parameter's state (shape {}): its projected state "
+           "lives with a projector that is not rebuilt mid-run", shape_str(param.shape()));
 }
 
 std::size_t GaLore::state_bytes() const { return projected_state_bytes() + projector_bytes() + plain_state_bytes(); }

@@ -220,6 +220,8 @@ std::size_t Optimizer::ExternalState::bytes() const {
   return total;
 }
 
+void Optimizer::reset_state(const Tensor& param) { states_[slot_of(param).index] = ParamState{}; }
+
 std::size_t Optimizer::state_bytes() const {
   std::size_t total = 0;
   for (const auto& state : states_)

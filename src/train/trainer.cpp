@@ -7,6 +7,7 @@
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/nn/lora.h"
 #include "core/backend.h"
 #include "core/phase_marks.h"
 #include "io/atomic_file.h"
@@ -29,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -91,6 +93,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainerConfig& c, const n
            "(e.g. \"*.w_in.weight\"). The 2-D parameters are: {}",
            c.galore_rank, optim::describe_matrices(named));
   return make_galore(c, std::move(groups));
+}
+
+// The dtype LoRA keeps its frozen weights in: the one autocast computes in, or f32 without autocast.
+DType frozen_dtype(amp::Precision precision) {
+  return precision == amp::Precision::fp32 ? DType::f32 : amp::activation_dtype(precision);
 }
 
 // A user-built optimizer must step the model's own parameters, and every one that requires grad: a gradient
@@ -160,16 +167,25 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   } catch (const Error& e) {
     MT_CHECK(false, "Trainer", "config.device '{}': CUDA is not usable here ({})", device.str(), e.what());
   }
+  if (config_.lora.enabled()) {
+    MT_CHECK(nn::lora_layers(*model_).empty(), "Trainer",
+             "config.lora.rank {} but the model has LoRA adapters already: set lora.rank 0 to train the model's "
+             "own adapters, or give the Trainer a model without them", config_.lora.rank);
+    nn::apply_lora(*model_, config_.lora, frozen_dtype(config_.precision));
+  }
   // In place, before the optimizer is built: every handle to a parameter sees the moved data.
   model_->to(device);
   // The config is authoritative: a model without checkpointable blocks refuses any policy but none.
   model_->set_checkpointing(config_.activation_checkpointing);
-  const nn::NamedTensors named = model_->named_parameters();
-  MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train");
+  const nn::NamedTensors all = model_->named_parameters();
+  nn::NamedTensors named;  // what trains: frozen parameters (LoRA's base) get no optimizer state
+  std::copy_if(all.begin(), all.end(), std::back_inserter(named), [](const auto& e) { return e.second.requires_grad(); });
+  MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train{}",
+           all.empty() ? "" : " (every one is frozen: requires_grad false)");
   device_ = device;
 
   if (optimizer_) {
-    check_user_optimizer(config_, *optimizer_, named);
+    check_user_optimizer(config_, *optimizer_, all);
   } else {
     optimizer_ = make_optimizer(config_, named);
   }

@@ -113,6 +113,13 @@ void visit_settings(Config& c, Visitor& v) {
   v.named("galore_decay_order", c.galore_decay_order, optim::galore_decay_order_name,
           optim::galore_decay_order_from_name);
   v.field("galore_targets", c.galore_targets);
+  v.section("lora", [&](auto& s) {
+    s.field("rank", c.lora.rank);
+    s.field("alpha", c.lora.alpha);
+    s.field("dropout", c.lora.dropout);
+    s.field("rslora", c.lora.rslora);
+    s.field("targets", c.lora.targets);
+  });
   v.field("layerwise_update", c.layerwise_update);
   v.field("max_steps", c.max_steps);
   v.field("eval_interval", c.eval_interval);
@@ -316,6 +323,15 @@ void TrainerConfig::validate() const {
   for (std::size_t i = 0; i < galore_targets.size(); ++i)
     MT_CHECK(!galore_targets[i].empty(), kWhere, "galore_targets[{}] is empty (a pattern such as \"*.w_in.weight\")",
              i);
+
+  try {
+    lora.validate();
+  } catch (const Error& e) {
+    MT_CHECK(false, kWhere, "lora: {}", e.what());
+  }
+  MT_CHECK(!lora.enabled() || world_size == 1, kWhere,
+           "lora (rank {}) with world_size {}: data parallel over adapters is not built yet; train LoRA on one rank",
+           lora.rank, world_size);
 
   MT_CHECK(std::isfinite(grad_clip) && grad_clip >= 0.0, kWhere, "grad_clip must be >= 0 (0 = off), got {}",
            grad_clip);

@@ -1,10 +1,25 @@
 // Linear: y = x W^T + b with weight [out, in] and bias [out] (PyTorch layout; Hugging Face GPT-2's Conv1D
 // stores [in, out], so a checkpoint loader transposes). Init as GPT-2: weight normal(0, init_std), bias zero.
+//
+// With a LoRA adapter (add_lora; nn/lora.h chooses the layers by name) the layer computes
+//   y = x W^T + b + scaling * B(A(dropout(x)))
+// with A [r, in] and B [out, r] registered as submodules "lora_A" and "lora_B" (Linears without bias), so the
+// parameters are named as Hugging Face PEFT names them ("c_attn.lora_A.weight"). W and b are frozen.
 #pragma once
 
 #include "memtrain/nn/module.h"
 
+#include <memory>
+
 namespace memtrain::nn {
+
+class Dropout;
+
+struct LoraSettings {
+  std::int64_t rank = 8;
+  double scaling = 1.0;  // alpha / r, or alpha / sqrt(r) for rsLoRA
+  double dropout = 0.0;  // on A's input only
+};
 
 class Linear : public Module {
  public:
@@ -13,10 +28,35 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) const;  // x [..., in] -> [..., out]
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }  // undefined without bias
+  std::int64_t in_features() const { return weight_.size(1); }
+  std::int64_t out_features() const { return weight_.size(0); }
+
+  // Adds the adapter as PEFT initialises it (A Kaiming-uniform with a = sqrt(5), i.e. uniform +-1/sqrt(in);
+  // B zero, so the output is unchanged bit for bit until B moves), freezes W and b (requires_grad false,
+  // gradients dropped) and stores them in `base_dtype` (a frozen weight needs no f32 master: bf16 under bf16
+  // autocast, where it would be cast to bf16 anyway). A and B are made in the weight's original dtype on its
+  // device. Throws when the layer has an adapter already or the settings are out of range.
+  void add_lora(const LoraSettings& settings, DType base_dtype);
+  bool has_lora() const { return lora_a_ != nullptr; }
+  const LoraSettings& lora_settings() const { return lora_; }
+  const std::shared_ptr<Linear>& lora_A() const { return lora_a_; }
+  const std::shared_ptr<Linear>& lora_B() const { return lora_b_; }
+
+  // merge: W <- W0 + scaling * B A (computed in f32, rounded once to W's dtype), and forward skips the adapter.
+  // W0 is kept beside it (one more copy of W), so unmerge puts back exactly the bits W had: it is not recovered
+  // by subtraction. Both throw without an adapter, and merge when merged already (unmerge when not merged).
+  void merge_lora();
+  void unmerge_lora();
+  bool lora_merged() const { return unmerged_weight_.defined(); }
 
  private:
   Tensor weight_;
   Tensor bias_;
+  LoraSettings lora_;
+  std::shared_ptr<Linear> lora_a_;
+  std::shared_ptr<Linear> lora_b_;
+  std::shared_ptr<Dropout> lora_dropout_;
+  Tensor unmerged_weight_;  // W0 while merged
 };
 
 }  // namespace memtrain::nn

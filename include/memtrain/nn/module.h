@@ -87,6 +87,10 @@ class Module {
   // accounted under MemoryCategory::parameters from now on, however it was made (zeros(), randn(), a load).
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
+  // Points the registry's parameter `name` of this module at `t` (same shape, any floating dtype), keeping
+  // whether it requires grad; the caller swaps its own handle too. For a frozen weight stored in another
+  // dtype (nn::Linear under LoRA). Throws naming the parameter when it is absent or the shape differs.
+  Tensor replace_parameter(const std::string& name, Tensor t);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     add_child(name, m);

@@ -70,8 +70,6 @@ bool is_galore_target(std::string_view name, const Tensor& param);
 // it is 2-D and some pattern matches it: a matching parameter of another rank (a norm gain under "*.weight")
 // is skipped, since GaLore projects matrices only. Empty `targets` is the default rule above.
 bool is_galore_target(std::string_view name, const Tensor& param, const std::vector<std::string>& targets);
-// Whether glob `pattern` matches the whole of `name` (the syntax above).
-bool galore_pattern_matches(std::string_view pattern, std::string_view name);
 // Targets in one projected group with `weight_decay`; the rest split by decay_groups (spec.h).
 GaLoreGroups galore_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
                            double weight_decay);
@@ -96,6 +94,9 @@ class GaLore final : public Optimizer {
   // and offset) and "i.galore.refresh_count" (i64): a restored optimizer continues bit-identically.
   StateDict collect_state(StateCopy copy) const override;
   void load_state_dict(const StateDict& state) override;
+
+  // Refused: a projected weight's state lives with its projector, which is not rebuilt mid-run.
+  void reset_state(const Tensor& param) override;
 
   std::size_t state_bytes() const override;  // the three below
   std::size_t projected_state_bytes() const;  // base state of the projected parameters (R's shapes)

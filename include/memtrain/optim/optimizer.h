@@ -84,6 +84,10 @@ class Optimizer {
   virtual void load_state_dict(const StateDict& state);
 
   virtual std::size_t state_bytes() const;  // bytes of every state tensor, exactly
+  // Frees the state of `param` (a member of a group): its tensors go and its step count returns to 0, so
+  // its next step starts from fresh state, as its first did (LISA re-freezes blocks this way). Virtual: an
+  // optimizer that keeps state of its own per parameter (GaLore) must free that too, or refuse.
+  virtual void reset_state(const Tensor& param);
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 

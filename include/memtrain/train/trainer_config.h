@@ -9,6 +9,7 @@
 #include "memtrain/amp/precision.h"
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/device.h"
+#include "memtrain/nn/lora_config.h"
 #include "memtrain/optim/galore_projector.h"
 #include "memtrain/optim/spec.h"
 
@@ -115,6 +116,12 @@ struct TrainerConfig {
   // the canonical reduction and data parallel (each parameter stepped as its sum over the ranks lands; not
   // with GaLore there).
   bool layerwise_update = false;
+  // LoRA (nn/lora.h) when lora.rank > 0: the Trainer adds adapters to the Linears lora.targets chooses before
+  // anything else, and freezes the rest of the model. The frozen weights of the adapted layers are stored in
+  // the compute dtype under bf16 / fp16 / fp8 (bf16 for fp8): they need no f32 master, and autocast would cast
+  // them to it on every forward. The optimizer, GaLore, layer-wise updates, clipping and checkpoints then see
+  // only the adapters. JSON: {"rank", "alpha", "dropout", "rslora", "targets"}.
+  nn::LoraConfig lora;
   std::int64_t max_steps = 100;
   std::int64_t eval_interval = 50;  // 0 = only at the end
   std::int64_t eval_batches = 8;    // val batches of micro_batch samples per evaluation (at most one pass)
