@@ -1,10 +1,12 @@
 // NF4 frozen weights (memtrain/ops/nf4.h): the front-ends that check operands and allocate the storage, and
 // nf4_linear, which never holds W in full precision: W is dequantised a tile of rows at a time into a workspace
 // buffer and each tile goes through the backend's gemm_f32 (cpu::gemm_f32 on the CPU, cuBLAS on CUDA, nothing on
-// meta). bf16 inputs get a bf16 tile (the autocast rounding of W), widened to f32 for the product: exact, so the
-// product is a bf16 GEMM with f32 accumulation, the same one cpu::gemm_bf16 runs where the CPU has no bf16 units.
+// meta). bf16 inputs get a bf16 tile (the autocast rounding of W): the forward multiplies it by the backend's bf16
+// matmul (f32 accumulation, one rounding; native bf16 units where the CPU has them).
 //
-// Backward: dx = dy W walks the same tiles, accumulating in f32. W is frozen, so nothing of x is saved.
+// Backward: dx = dy W walks the same tiles and must sum over them, so a bf16 tile is widened to f32 (exact) and
+// the tiles accumulate in one f32 buffer: a bf16 GEMM with f32 accumulation over all of out, rounded once, as a
+// dense bf16 linear's backward is. W is frozen, so nothing of x is saved.
 #include "memtrain/ops/nf4.h"
 
 #include "core/backend.h"
@@ -47,10 +49,10 @@ Tensor dequantize_rows(const Nf4Weight& w, std::int64_t r0, std::int64_t rows, c
 struct Tiles {
   std::int64_t rows;
   Tensor tile, wide;
-  Tiles(const Nf4Weight& w, DType dtype, Device device) : rows(detail::nf4_tile_rows(w.shape[1], kTileRowsTarget)) {
-    rows = std::min(rows, w.shape[0]);
+  Tiles(const Nf4Weight& w, DType dtype, Device device, bool widen)
+      : rows(std::min(detail::nf4_tile_rows(w.shape[1], kTileRowsTarget), w.shape[0])) {
     tile = ::memtrain::detail::workspace_on(device, rows * w.shape[1], dtype);
-    if (dtype != DType::f32) wide = ::memtrain::detail::workspace_on(device, rows * w.shape[1], DType::f32);
+    if (widen && dtype != DType::f32) wide = ::memtrain::detail::workspace_on(device, rows * w.shape[1], DType::f32);
   }
 };
 
@@ -61,18 +63,17 @@ Tensor forward(const Tensor& x, const Nf4Weight& w) {
   Tensor y = Tensor::empty({N, out}, x.dtype(), x.device());  // (N, out), in the caller's category
   CategoryGuard workspace(MemoryCategory::workspace);
   const bool narrow = x.dtype() != DType::f32;
-  const Tensor xf = narrow ? x.to(DType::f32) : x;  // (N, in)
-  const Tiles tiles(w, x.dtype(), x.device());
-  const Tensor y_tile = narrow ? ::memtrain::detail::workspace_on(x.device(), N * tiles.rows, DType::f32) : Tensor();
+  const Tiles tiles(w, x.dtype(), x.device(), false);
+  const Tensor y_tile = narrow ? ::memtrain::detail::workspace_on(x.device(), N * tiles.rows, x.dtype()) : Tensor();
   for (std::int64_t r0 = 0; r0 < out; r0 += tiles.rows) {
     const std::int64_t r = std::min(tiles.rows, out - r0);
     const Tensor wt = dequantize_rows(w, r0, r, tiles.tile, tiles.wide);  // (r, in)
     if (!narrow) {
-      backend.gemm_f32(y.narrow(1, r0, r), xf, wt, false, true, 1.0, 0.0);
+      backend.gemm_f32(y.narrow(1, r0, r), x, wt, false, true, 1.0, 0.0);
     } else {
-      const Tensor yt = y_tile.narrow(0, 0, N * r).reshape({N, r});
-      backend.gemm_f32(yt, xf, wt, false, true, 1.0, 0.0);
-      y.narrow(1, r0, r).copy_(yt);  // one rounding to bf16
+      const Tensor yt = y_tile.narrow(0, 0, N * r).reshape({N, r});  // matmul writes a dense output
+      backend.matmul(yt, x, wt.t());
+      y.narrow(1, r0, r).copy_(yt);
     }
   }
   return y;
@@ -87,7 +88,7 @@ Tensor backward_x(const Tensor& dy, const Nf4Weight& w) {
   const bool narrow = dy.dtype() != DType::f32;
   const Tensor dyf = narrow ? dy.to(DType::f32) : ::memtrain::detail::dense(dy);  // (N, out)
   const Tensor acc = narrow ? ::memtrain::detail::workspace_on(dy.device(), N * in, DType::f32).reshape({N, in}) : dx;
-  const Tiles tiles(w, dy.dtype(), dy.device());
+  const Tiles tiles(w, dy.dtype(), dy.device(), true);
   for (std::int64_t r0 = 0; r0 < out; r0 += tiles.rows) {
     const std::int64_t r = std::min(tiles.rows, out - r0);
     const Tensor wt = dequantize_rows(w, r0, r, tiles.tile, tiles.wide);  // (r, in)
