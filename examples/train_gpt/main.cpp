@@ -32,7 +32,7 @@ struct Flags {
   std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
       galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
-      checkpoint_interval, max_bad_steps, lora_rank;
+      checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
   std::optional<double> galore_scale, lora_alpha, lora_dropout;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
@@ -96,6 +96,8 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.lora_dropout) c.lora.dropout = *f.lora_dropout;
   if (f.lora_targets) c.lora.targets = split_commas(*f.lora_targets);
   if (f.rslora) c.lora.rslora = true;
+  if (f.lisa_layers) c.lisa_layers = *f.lisa_layers;
+  if (f.lisa_interval) c.lisa_interval = *f.lisa_interval;
   if (f.seed) c.seed = *f.seed;
   if (f.checkpoint_interval) c.checkpoint_interval = *f.checkpoint_interval;
   if (f.max_bad_steps) c.max_bad_steps = *f.max_bad_steps;
@@ -401,6 +403,10 @@ int main(int argc, char** argv) {
                  "comma-separated linears to adapt, by name as PEFT's target_modules (c_attn,c_proj,c_fc) or as "
                  "globs over the whole path ('h.1*.mlp.*'); default every linear in the blocks");
   app.add_flag("--rslora", f.rslora, "scale the LoRA update by alpha / sqrt(r) (rsLoRA)");
+  app.add_option("--lisa-layers", f.lisa_layers,
+                 "LISA: train this many blocks at a time (with the embeddings and head), drawn every --lisa-interval "
+                 "steps; a block leaving the active set frees its optimizer state (0 = off)");
+  app.add_option("--lisa-interval", f.lisa_interval, "LISA: steps between draws of the active blocks (default 20)");
   app.add_option("--save-adapter", f.save_adapter,
                  "after training, write the LoRA adapter to DIR in Hugging Face PEFT's layout "
                  "(adapter_model.safetensors + adapter_config.json)");

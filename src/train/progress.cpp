@@ -24,6 +24,7 @@ nlohmann::json StepMetrics::to_json() const {
   };
   if (val_loss) j["val_loss"] = *val_loss;
   if (loss_scale) j["loss_scale"] = *loss_scale;
+  if (!lisa_blocks.empty()) j["lisa_blocks"] = lisa_blocks;
   return j;
 }
 

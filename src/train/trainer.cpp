@@ -18,6 +18,7 @@
 #include "train/grad_norm.h"
 #include "train/gradient_tree.h"
 #include "train/layerwise.h"
+#include "train/lisa.h"
 #include "train/progress.h"
 #include "train/run_summary.h"
 #include "train/sync_hooks.h"
@@ -191,6 +192,8 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   }
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
+  if (config_.lisa_layers > 0)
+    lisa_ = std::make_unique<detail::Lisa>(*model_, config_.lisa_layers, config_.lisa_interval, config_.seed);
   const amp::Precision precision = config_.precision;
   compute_dtype_ = amp::activation_dtype(precision);
   if (precision == amp::Precision::fp16) scaler_ = std::make_unique<amp::DynamicLossScaler>(config_.loss_scaler);
@@ -479,6 +482,7 @@ StepMetrics Trainer::train_step() {
   const double scale = config_.schedule.lr_at(step_, 1.0, config_.max_steps);
   auto& groups = optimizer_->param_groups();
   for (std::size_t i = 0; i < groups.size(); ++i) groups[i].lr = base_lrs_[i] * scale;
+  if (lisa_) lisa_->before_step(step_, *optimizer_);
   const std::vector<Tensor> params = trained_params();
   optimizer_->zero_grad();
   if (!whole_params_.empty()) autograd::zero_grad(whole_params_);
@@ -631,6 +635,7 @@ StepMetrics Trainer::train_step() {
   m.peak_bytes = Allocator::get(device_).stats().peak_bytes;
   m.loss_scale = loss_scale;
   m.skipped = skipped;
+  if (lisa_) m.lisa_blocks = lisa_->active();
   history_.push_back(m);
   return m;
 }

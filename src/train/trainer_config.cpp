@@ -120,6 +120,8 @@ void visit_settings(Config& c, Visitor& v) {
     s.field("rslora", c.lora.rslora);
     s.field("targets", c.lora.targets);
   });
+  v.field("lisa_layers", c.lisa_layers);
+  v.field("lisa_interval", c.lisa_interval);
   v.field("layerwise_update", c.layerwise_update);
   v.field("max_steps", c.max_steps);
   v.field("eval_interval", c.eval_interval);
@@ -328,6 +330,16 @@ void TrainerConfig::validate() const {
     lora.validate();
   } catch (const Error& e) {
     MT_CHECK(false, kWhere, "lora: {}", e.what());
+  }
+  MT_CHECK(lisa_layers >= 0, kWhere, "lisa_layers must be >= 0 (0 = off), got {}", lisa_layers);
+  MT_CHECK(lisa_interval >= 1, kWhere, "lisa_interval must be >= 1, got {}", lisa_interval);
+  if (lisa_layers > 0) {
+    MT_CHECK(!lora.enabled(), kWhere, "lisa_layers {} with lora (rank {}): LISA trains whole blocks, LoRA adapters "
+             "on frozen ones; choose one", lisa_layers, lora.rank);
+    MT_CHECK(galore_rank == 0, kWhere, "lisa_layers {} with GaLore (galore_rank {}): GaLore's projected state cannot "
+             "be freed when a block leaves the active set", lisa_layers, galore_rank);
+    MT_CHECK(world_size == 1 && !canonical_reduction, kWhere, "lisa_layers {} with world_size {} / "
+             "canonical_reduction: LISA is built for one rank and the ordinary reduction", lisa_layers, world_size);
   }
   MT_CHECK(!lora.enabled() || world_size == 1, kWhere,
            "lora (rank {}) with world_size {}: data parallel over adapters is not built yet; train LoRA on one rank",

@@ -70,6 +70,7 @@ namespace memtrain::train {
 
 namespace detail {
 class LayerwiseUpdater;
+class Lisa;
 class SyncHooks;
 }  // namespace detail
 
@@ -94,8 +95,10 @@ struct StepMetrics {
   // gradients overflowed. Layer-wise updates step each parameter as its gradient comes, so there only the
   // parameters whose own gradient was not finite stayed as they were.
   bool skipped = false;
+  // LISA only (TrainerConfig.lisa_layers): the blocks that trained this step, by index.
+  std::vector<std::int64_t> lisa_blocks;
   // {"step", "loss", "lr", "grad_norm", "samples", "tokens", "step_seconds", "tokens_per_s", "peak_bytes",
-  //  "skipped" [, "val_loss"] [, "loss_scale"]}: one line of the metrics JSONL.
+  //  "skipped" [, "val_loss"] [, "loss_scale"] [, "lisa_blocks"]}: one line of the metrics JSONL.
   nlohmann::json to_json() const;
 };
 
@@ -274,6 +277,7 @@ class Trainer {
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them
   std::shared_ptr<detail::LayerwiseUpdater> layerwise_;  // with config.layerwise_update
+  std::unique_ptr<detail::Lisa> lisa_;                   // with config.lisa_layers
   DType compute_dtype_ = DType::f32;                     // amp::Autocast dtype of forward passes
   std::unique_ptr<amp::DynamicLossScaler> scaler_;       // fp16
   std::unique_ptr<amp::Fp8State> fp8_;                   // fp8: recipe and delayed-scaling state

@@ -122,6 +122,12 @@ struct TrainerConfig {
   // them to it on every forward. The optimizer, GaLore, layer-wise updates, clipping and checkpoints then see
   // only the adapters. JSON: {"rank", "alpha", "dropout", "rslora", "targets"}.
   nn::LoraConfig lora;
+  // LISA (train/lisa.h) when lisa_layers > 0: the embeddings, final norm and head always train; of the
+  // model's numbered blocks, lisa_layers train at a time, drawn (seeded) every lisa_interval steps, and a
+  // block leaving the active set has its optimizer state freed. Not with LoRA, GaLore, data parallel or the
+  // canonical reduction.
+  std::int64_t lisa_layers = 0;
+  std::int64_t lisa_interval = 20;
   std::int64_t max_steps = 100;
   std::int64_t eval_interval = 50;  // 0 = only at the end
   std::int64_t eval_batches = 8;    // val batches of micro_batch samples per evaluation (at most one pass)
