@@ -10,10 +10,12 @@
 #include "memtrain/nn/gpt.h"
 #include "memtrain/nn/lora.h"
 #include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/nf4.h"
 #include "memtrain/ops/reduce.h"
 #include "memtrain/train/trainer.h"
 
 #include "error_text.h"
+#include "temp_dir.h"
 #include "tiny_lm.h"
 #include "token_dataset.h"
 #include "trainer_fixtures.h"
@@ -462,6 +464,99 @@ TEST(LoraTraining, TheConfigRoundTripsAndTheTrainerRefusesASecondSetOfAdapters) 
   mt::train::Trainer t(own, model, in.make_loss(model), in.train, in.val);
   t.train_step();
   EXPECT_EQ(t.optimizer().state_bytes(), 2 * 4 * lora_elements(*model));
+}
+
+// ---- QLoRA: the frozen base in NF4 ---------------------------------------------------------------------
+
+TEST(Qlora, StoresTheBaseIn4Point127BitsAWeightExactlyInTheAccounting) {
+  mt::Allocator& cpu = mt::Allocator::get(mt::Device::cpu());
+  auto gpt = make_tiny_lm(false);
+  LoraConfig c = lora(4);
+  c.quantize_nf4 = true;
+  const std::size_t params_before = cpu.stats()[mt::MemoryCategory::parameters].live_bytes;
+  std::size_t dense = 0, expected_nf4 = 0, adapters = 0;
+  for (const auto& [path, layer] : mt::nn::lora_targets(*gpt, c)) {
+    const auto n = static_cast<std::size_t>(layer->in_features() * layer->out_features());
+    dense += 4 * n;
+    // 4 bits a weight, one u8 absmax code per 64, one f32 scale per 256 codes, one f32 offset per matrix.
+    expected_nf4 += n / 2 + n / 64 + 4 * ((n / 64 + 255) / 256) + 4;
+    adapters += 4 * static_cast<std::size_t>(4 * (layer->in_features() + layer->out_features()));
+  }
+  const auto adapted = mt::nn::apply_lora(*gpt, c);
+  const std::size_t params_after = cpu.stats()[mt::MemoryCategory::parameters].live_bytes;
+  EXPECT_EQ(params_after + dense, params_before + expected_nf4 + adapters);
+  for (const auto& [path, layer] : adapted) {
+    EXPECT_TRUE(layer->weight_is_nf4()) << path;
+    const auto n = static_cast<double>(layer->in_features() * layer->out_features());
+    // 4.127 bits a weight when the matrix fills its 256-blocks of absmax codes (c_attn: 3072 weights do not).
+    if (static_cast<std::int64_t>(n) % (64 * 256) == 0)
+      EXPECT_DOUBLE_EQ(8.0 * static_cast<double>(layer->nf4_weight().bytes()) / n, 4.0 + 8.0 / 64 + 32.0 / (64 * 256));
+  }
+  // The names are bitsandbytes': the codes under "weight", the rest beside it; no float "weight" parameter left.
+  std::set<std::string> buffers;
+  for (const auto& [name, t] : gpt->named_buffers()) buffers.insert(name);
+  for (const char* suffix : {"weight", "weight.absmax", "weight.nested_absmax", "weight.nested_offset"})
+    EXPECT_EQ(buffers.count(std::string("h.0.mlp.c_fc.") + suffix), 1u) << suffix;
+  for (const auto& [name, p] : gpt->named_parameters()) EXPECT_NE(name, "h.0.mlp.c_fc.weight");
+  EXPECT_THROW(mt::nn::merge_lora(*gpt), mt::Error);
+}
+
+TEST(Qlora, StartsAtTheQuantisedBaseAndTrainsOnlyTheAdapters) {
+  // The same model with every adapted weight replaced by its NF4 round trip computes the same loss.
+  mt::manual_seed(13);
+  auto qlora = std::static_pointer_cast<mt::nn::GPT>(make_tiny_lm(false));
+  mt::manual_seed(13);
+  auto rounded = std::static_pointer_cast<mt::nn::GPT>(make_tiny_lm(false));
+  LoraConfig c = lora(4);
+  c.quantize_nf4 = true;
+  mt::nn::apply_lora(*qlora, c);
+  {
+    mt::autograd::NoGradGuard no_grad;
+    for (const auto& [path, layer] : mt::nn::lora_targets(*rounded, c)) {
+      Tensor w = layer->weight();
+      w.copy_(mt::ops::nf4_dequantize(mt::ops::nf4_quantize(w), DType::f32));
+    }
+  }
+  const float a = gpt_loss_value(*qlora, false), b = gpt_loss_value(*rounded, false);
+  EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
+  mt::manual_seed(13);
+  auto plain = std::static_pointer_cast<mt::nn::GPT>(make_tiny_lm(false));
+  EXPECT_NE(a, gpt_loss_value(*plain, false));  // the rounding is visible: the check above could fail
+
+  TrainerConfig config = lora_config();
+  config.lora.quantize_nf4 = true;
+  config.precision = mt::amp::Precision::bf16;
+  LoraRun run = make_run(config);
+  std::map<std::string, std::vector<std::uint8_t>> codes;
+  auto code_bytes = [](const Tensor& t) {
+    const Tensor c = t.contiguous();
+    return std::vector<std::uint8_t>(c.data<std::uint8_t>(), c.data<std::uint8_t>() + c.numel());
+  };
+  for (const auto& [name, t] : run.model->named_buffers())
+    if (t.dtype() == DType::u8) codes[name] = code_bytes(t);
+  ASSERT_EQ(codes.size(), 16u);  // codes and absmax codes of 8 layers
+  const auto before = snapshot(*run.model);
+  for (int i = 0; i < 3; ++i) run.trainer->train_step();
+  for (const auto& [name, t] : run.model->named_buffers())
+    if (t.dtype() == DType::u8) EXPECT_EQ(code_bytes(t), codes.at(name)) << name;
+  const auto after = snapshot(*run.model);
+  bool adapters_moved = false;
+  for (const auto& [name, v] : after) {
+    if (name.find(".lora_") == std::string::npos) EXPECT_EQ(v, before.at(name)) << name;
+    else adapters_moved = adapters_moved || v != before.at(name);
+  }
+  EXPECT_TRUE(adapters_moved);
+  EXPECT_LT(run.trainer->history().back().loss, run.trainer->history().front().loss);
+  EXPECT_EQ(run.trainer->optimizer().state_bytes(), 2 * 4 * lora_elements(*run.model));
+
+  // A checkpoint holds the NF4 buffers and resumes them.
+  mt::test_support::TempDir dir;
+  run.trainer->save_checkpoint(dir.file("q.safetensors"));
+  LoraRun resumed = make_run(config);
+  resumed.trainer->load_checkpoint(dir.file("q.safetensors"));
+  EXPECT_EQ(snapshot(*resumed.model), after);
+  for (const auto& [name, t] : resumed.model->named_buffers())
+    if (t.dtype() == DType::u8) EXPECT_EQ(code_bytes(t), codes.at(name)) << name;
 }
 
 }  // namespace

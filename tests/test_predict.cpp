@@ -83,6 +83,13 @@ std::vector<Variant> variants() {
          c.lora.rank = 4;
          c.precision = mt::amp::Precision::bf16;
        }},
+      {"gpt qlora nf4 bf16 + selective", false,
+       [](TrainerConfig& c) {
+         c.lora.rank = 4;
+         c.lora.quantize_nf4 = true;
+         c.precision = mt::amp::Precision::bf16;
+         c.activation_checkpointing = Policy::selective();
+       }},
       {"llama lora + adamw8bit + layerwise + full", true,
        [](TrainerConfig& c) {
          c.lora.rank = 2;

@@ -38,6 +38,7 @@ struct Flags {
   std::optional<std::uint64_t> seed;
   std::int64_t sample_tokens = 96;
   bool eval_only = false, resume = false, layerwise = false, plan_only = false, rslora = false;
+  std::optional<std::string> quantize_base;
 };
 
 // The defaults of a run without --config: small enough for minutes on 2 CPU cores.
@@ -96,6 +97,11 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.lora_dropout) c.lora.dropout = *f.lora_dropout;
   if (f.lora_targets) c.lora.targets = split_commas(*f.lora_targets);
   if (f.rslora) c.lora.rslora = true;
+  if (f.quantize_base) {
+    MT_CHECK(*f.quantize_base == "nf4" || *f.quantize_base == "none", "train_gpt",
+             "--quantize-base '{}': known are nf4 and none", *f.quantize_base);
+    c.lora.quantize_nf4 = *f.quantize_base == "nf4";
+  }
   if (f.lisa_layers) c.lisa_layers = *f.lisa_layers;
   if (f.lisa_interval) c.lisa_interval = *f.lisa_interval;
   if (f.seed) c.seed = *f.seed;
@@ -403,6 +409,9 @@ int main(int argc, char** argv) {
                  "comma-separated linears to adapt, by name as PEFT's target_modules (c_attn,c_proj,c_fc) or as "
                  "globs over the whole path ('h.1*.mlp.*'); default every linear in the blocks");
   app.add_flag("--rslora", f.rslora, "scale the LoRA update by alpha / sqrt(r) (rsLoRA)");
+  app.add_option("--quantize-base", f.quantize_base,
+                 "QLoRA: nf4 stores the adapted layers' frozen weights in NF4 with double-quantised absmax "
+                 "(4.127 bits a weight), dequantised tile by tile; none (default) keeps the compute dtype");
   app.add_option("--lisa-layers", f.lisa_layers,
                  "LISA: train this many blocks at a time (with the embeddings and head), drawn every --lisa-interval "
                  "steps; a block leaving the active set frees its optimizer state (0 = off)");
@@ -488,7 +497,9 @@ int main(int argc, char** argv) {
       MT_CHECK(!f.lora_rank && !f.lora_alpha && !f.lora_targets && !f.rslora, "train_gpt",
                "--load-adapter {} takes r, alpha and the layers from the adapter's config: drop the --lora-* flags",
                *f.load_adapter);
+      const bool nf4 = config.lora.quantize_nf4;  // how the base is stored is this run's choice, not the file's
       config.lora = nn::read_lora_adapter_config(*model, *f.load_adapter);
+      config.lora.quantize_nf4 = nf4;
       if (f.lora_dropout) config.lora.dropout = *f.lora_dropout;
     }
     MT_CHECK(!f.save_adapter || config.lora.enabled(), "train_gpt",

@@ -12,7 +12,8 @@
 
 namespace memtrain::nn {
 
-Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias, DType dtype, double init_std) {
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias, DType dtype, double init_std)
+    : in_features_(in_features), out_features_(out_features) {
   MT_CHECK(in_features > 0 && out_features > 0, "nn::Linear", "features must be positive, got in {} out {}",
            in_features, out_features);
   Tensor w = new_parameter({out_features, in_features}, dtype);
@@ -21,8 +22,20 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias, D
   if (bias) bias_ = register_parameter("bias", new_parameter({out_features}, dtype).zero_());
 }
 
+ops::Nf4Weight Linear::nf4_weight() const {
+  MT_CHECK(weight_is_nf4(), "nn::Linear::nf4_weight", "the layer's weight is not stored in NF4");
+  ops::Nf4Weight q;
+  q.codes = weight_;
+  q.absmax_codes = nf4_absmax_;
+  q.absmax_scales = nf4_scales_;
+  q.absmax_mean = nf4_offset_.device().is_meta() ? 0.0f : nf4_offset_.to(Device::cpu()).item<float>();
+  q.shape = {out_features_, in_features_};
+  return q;
+}
+
 Tensor Linear::forward(const Tensor& x) const {
-  Tensor y = ops::linear(x, weight_, bias_);
+  Tensor y = weight_is_nf4() ? ops::nf4_linear(x, nf4_weight(), bias_.defined() ? bias_.to(x.dtype()) : bias_)
+                             : ops::linear(x, weight_, bias_);
   if (!has_lora() || lora_merged()) return y;
   const Tensor update = lora_b_->forward(lora_a_->forward(lora_dropout_->forward(x)));
   return y + ops::mul(update, lora_.scaling);
@@ -66,8 +79,18 @@ void Linear::add_lora(const LoraSettings& settings, DType base_dtype) {
   lora_dropout_ = register_module("lora_dropout", std::make_shared<Dropout>(settings.dropout));
   lora_a_ = register_module("lora_A", a);
   lora_b_ = register_module("lora_B", b);
-  weight_ = replace_parameter("weight", frozen(weight_, base_dtype));
-  weight_.set_requires_grad(false);
+  if (settings.quantize_nf4) {
+    const ops::Nf4Weight q = ops::nf4_quantize(weight_.detach());
+    (void)remove_parameter("weight");
+    weight_ = register_buffer("weight", q.codes);
+    nf4_absmax_ = register_buffer("weight.absmax", q.absmax_codes);
+    nf4_scales_ = register_buffer("weight.nested_absmax", q.absmax_scales);
+    CategoryGuard category(MemoryCategory::parameters);
+    nf4_offset_ = register_buffer("weight.nested_offset", full({1}, q.absmax_mean, DType::f32, device));
+  } else {
+    weight_ = replace_parameter("weight", frozen(weight_, base_dtype));
+    weight_.set_requires_grad(false);
+  }
   if (bias_.defined()) {
     bias_ = replace_parameter("bias", frozen(bias_, base_dtype));
     bias_.set_requires_grad(false);
@@ -78,6 +101,7 @@ void Linear::merge_lora() {
   const char* where = "nn::Linear::merge_lora";
   MT_CHECK(has_lora(), where, "the layer [{}, {}] has no LoRA adapter", out_features(), in_features());
   MT_CHECK(!lora_merged(), where, "the adapter is merged already");
+  MT_CHECK(!weight_is_nf4(), where, "the weight is stored in NF4; the merged sum would not be (dequantise it first)");
   autograd::NoGradGuard no_grad;
   const Tensor delta = ops::matmul(lora_b_->weight_.detach().to(DType::f32), lora_a_->weight_.detach().to(DType::f32));
   const Tensor merged = weight_.detach().to(DType::f32) + ops::mul(delta, lora_.scaling);

@@ -95,14 +95,20 @@ NamedLinears apply_lora(Module& model, const LoraConfig& config, DType base_dtyp
   MT_CHECK(is_floating(base_dtype), kWhere, "the frozen weights' dtype must be floating, got {}",
            dtype_name(base_dtype));
   const NamedLinears chosen = lora_targets(model, config);
-  for (const auto& [path, layer] : chosen)
+  for (const auto& [path, layer] : chosen) {
     MT_CHECK(!layer->has_lora(), kWhere, "'{}' has a LoRA adapter already", path);
+    const std::int64_t n = layer->in_features() * layer->out_features();
+    MT_CHECK(!config.quantize_nf4 || n % ops::kNf4BlockSize == 0, kWhere,
+             "'{}' [{}, {}] has {} weights, not a multiple of NF4's block of {}: leave it out of the targets, or "
+             "train it without quantize_nf4", path, layer->out_features(), layer->in_features(), n,
+             ops::kNf4BlockSize);
+  }
   for (const auto& [name, p] : model.named_parameters()) {
     Tensor frozen = p;
     frozen.set_requires_grad(false);
     frozen.set_grad(Tensor());
   }
-  const LoraSettings settings{config.rank, config.scaling(), config.dropout};
+  const LoraSettings settings{config.rank, config.scaling(), config.dropout, config.quantize_nf4};
   for (const auto& [path, layer] : chosen) layer->add_lora(settings, base_dtype);
   return chosen;
 }

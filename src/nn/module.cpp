@@ -62,6 +62,17 @@ Tensor Module::replace_parameter(const std::string& name, Tensor t) {
   return t;
 }
 
+Tensor Module::remove_parameter(const std::string& name) {
+  for (auto it = params_.begin(); it != params_.end(); ++it) {
+    if (it->first != name) continue;
+    Tensor t = it->second;
+    params_.erase(it);
+    return t;
+  }
+  MT_CHECK(false, "Module::remove_parameter", "no parameter '{}' in this module", name);
+  return Tensor();
+}
+
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
   MT_CHECK(t.defined(), "Module::register_buffer", "buffer '{}' is undefined", name);
   MT_CHECK(!has_name(params_, name) && !has_name(buffers_, name), "Module::register_buffer",

@@ -118,6 +118,7 @@ void visit_settings(Config& c, Visitor& v) {
     s.field("alpha", c.lora.alpha);
     s.field("dropout", c.lora.dropout);
     s.field("rslora", c.lora.rslora);
+    s.field("quantize_nf4", c.lora.quantize_nf4);
     s.field("targets", c.lora.targets);
   });
   v.field("lisa_layers", c.lisa_layers);

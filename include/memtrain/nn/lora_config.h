@@ -12,6 +12,9 @@ struct LoraConfig {
   double alpha = 8.0;     // PEFT's lora_alpha
   double dropout = 0.0;   // PEFT's lora_dropout, on A's input
   bool rslora = false;    // scale by alpha / sqrt(r) instead of alpha / r
+  // QLoRA: the frozen weights of the adapted layers stored in NF4 with double-quantised absmax (ops/nf4.h,
+  // 4.127 bits a weight) instead of the compute dtype. Their element counts must be multiples of 64.
+  bool quantize_nf4 = false;
   // Which Linears get an adapter. A pattern matches a module path when it equals the path or its last
   // dot-separated components ("c_attn" matches "h.0.attn.c_attn", as PEFT's target_modules do), or, when it
   // holds '*', when it matches the whole path with '*' as any run of characters ("h.1*.mlp.*"). Empty: every

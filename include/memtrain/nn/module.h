@@ -91,6 +91,9 @@ class Module {
   // whether it requires grad; the caller swaps its own handle too. For a frozen weight stored in another
   // dtype (nn::Linear under LoRA). Throws naming the parameter when it is absent or the shape differs.
   Tensor replace_parameter(const std::string& name, Tensor t);
+  // Drops parameter `name` of this module from the registry (a frozen weight stored another way, as NF4
+  // buffers under LoRA) and returns it. Throws naming it when absent.
+  Tensor remove_parameter(const std::string& name);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     add_child(name, m);
