@@ -232,5 +232,23 @@ TEST(FusedLinearCrossEntropy, RejectsBadArguments) {
   expect_error([&] { ops::fused_linear_cross_entropy(x.reshape({32}), w, b, t); }, {op, "[32]"});
 }
 
+// The chunk a byte budget allows: the most rows whose f32 logits fit, but never under 16.
+TEST(FusedLinearCrossEntropy, HeadChunkRowsFitTheBudget) {
+  for (const std::int64_t vocab : {64, 4096, 50257, 128256}) {
+    for (const std::size_t budget : {std::size_t{1} << 20, std::size_t{32} << 20}) {
+      const std::int64_t rows = ops::fused_head_chunk_rows(vocab, budget);
+      const auto bytes = [&](std::int64_t r) { return static_cast<std::size_t>(r * vocab) * sizeof(float); };
+      if (rows > 16) {
+        EXPECT_LE(bytes(rows), budget) << vocab;
+        EXPECT_GT(bytes(rows + 1), budget) << vocab;
+      } else {
+        EXPECT_EQ(rows, 16);
+        EXPECT_GT(bytes(17), budget) << vocab;
+      }
+    }
+  }
+  EXPECT_THROW(ops::fused_head_chunk_rows(0), Error);
+}
+
 }  // namespace
 }  // namespace memtrain

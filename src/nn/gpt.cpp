@@ -55,7 +55,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   const bool fused_dtype = h.dtype() == DType::f32 || h.dtype() == DType::bf16 || h.dtype() == DType::f16;
   if (fused_dtype && head.dtype() == DType::f32) {
     return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
-                                           ops::Reduction::mean, -100);
+                                           ops::Reduction::mean, -100, ops::fused_head_chunk_rows(config_.vocab_size));
   }
   const Tensor logits = ops::matmul(h, head.t());
   return ops::cross_entropy(logits.reshape({N, config_.vocab_size}), targets.reshape({N}), ops::Reduction::mean,

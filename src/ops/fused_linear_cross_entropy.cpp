@@ -264,4 +264,10 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
   return out;
 }
 
+std::int64_t fused_head_chunk_rows(std::int64_t vocab, std::size_t budget_bytes) {
+  MT_CHECK(vocab > 0, "fused_head_chunk_rows", "vocab must be positive, got {}", vocab);
+  const auto rows = static_cast<std::int64_t>(budget_bytes / (sizeof(float) * static_cast<std::size_t>(vocab)));
+  return std::max<std::int64_t>(16, rows);
+}
+
 }  // namespace memtrain::ops

@@ -20,4 +20,9 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
                                   Reduction reduction = Reduction::mean, std::int64_t ignore_index = -100,
                                   std::int64_t chunk_rows = 1024);
 
+// The chunk_rows whose f32 logits take at most `budget_bytes` for a vocabulary of `vocab` (at least 16 rows, so
+// each chunk's GEMM stays large). gpt2's 50257 tokens with the default 32 MiB: 166 rows, where 1024 rows held
+// 196 MiB, more than any other workspace of a gpt2-124M step.
+std::int64_t fused_head_chunk_rows(std::int64_t vocab, std::size_t budget_bytes = std::size_t{32} << 20);
+
 }  // namespace memtrain::ops
