@@ -1,6 +1,8 @@
 // LISA (train/lisa.h): the seeded draw of active blocks (deterministic, uniform over blocks), and the Trainer
 // under it: only the active blocks and the always-trained parameters move, a block leaving the active set has
 // its optimizer state freed (the state stays flat across switches), and a checkpoint resumes bit for bit.
+#include "memtrain/amp/precision.h"
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/nn/gpt.h"
 #include "memtrain/train/trainer.h"
@@ -14,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -53,7 +56,8 @@ std::int64_t block_index(const std::string& name) {
 
 TEST(Lisa, DrawsAreSeededAndUniformOverTheBlocks) {
   auto gpt = gpt_with_blocks(4);
-  const mt::train::detail::Lisa lisa(*gpt, 2, 10, 77), same(*gpt, 2, 10, 77), other(*gpt, 2, 10, 78);
+  const mt::train::detail::Lisa lisa(*gpt, 2, 10, 77, DType::f32), same(*gpt, 2, 10, 77, DType::f32),
+      other(*gpt, 2, 10, 78, DType::f32);
   EXPECT_EQ(lisa.block_names(), (std::vector<std::string>{"h.0", "h.1", "h.2", "h.3"}));
   std::map<std::int64_t, int> per_block;
   std::map<std::vector<std::int64_t>, int> per_pair;
@@ -77,11 +81,12 @@ TEST(Lisa, DrawsAreSeededAndUniformOverTheBlocks) {
 
 TEST(Lisa, RefusesWhatItCannotSample) {
   auto gpt = gpt_with_blocks(2);
-  EXPECT_NE(mt::test_support::error_of([&] { mt::train::detail::Lisa(*gpt, 3, 10, 1); }).find("[1, 2]"),
+  EXPECT_NE(mt::test_support::error_of([&] { mt::train::detail::Lisa(*gpt, 3, 10, 1, DType::f32); }).find("[1, 2]"),
             std::string::npos);
   mt::nn::Linear flat(4, 4);
-  EXPECT_NE(mt::test_support::error_of([&] { mt::train::detail::Lisa(flat, 1, 10, 1); }).find("numbered blocks"),
-            std::string::npos);
+  EXPECT_NE(
+      mt::test_support::error_of([&] { mt::train::detail::Lisa(flat, 1, 10, 1, DType::f32); }).find("numbered blocks"),
+      std::string::npos);
   TrainerConfig c;
   c.lisa_layers = 1;
   c.lora.rank = 4;
@@ -147,19 +152,48 @@ TEST(LisaTraining, OnlyTheActiveBlocksMoveAndTheirStateIsAllThatIsKept) {
   EXPECT_GE(seen.size(), 2u);
 }
 
-TEST(LisaTraining, ResumesBitForBitAcrossASwitch) {
-  mt::test_support::TempDir dir;
+TEST(LisaTraining, UnderBf16FrozenBlocksAreStoredInBf16AndActiveOnesInF32) {
   TrainerConfig c = lisa_config();
-  LisaRun straight = make_run(c);
-  for (int i = 0; i < 7; ++i) straight.trainer->train_step();
+  c.precision = mt::amp::Precision::bf16;
+  mt::Allocator& cpu = mt::Allocator::get(mt::Device::cpu());
+  const std::size_t before = cpu.stats()[mt::MemoryCategory::parameters].live_bytes;
+  LisaRun run = make_run(c);
+  std::size_t always = 0, block = 0;
+  for (const auto& [name, p] : run.gpt->named_parameters()) {
+    if (block_index(name) < 0) always += static_cast<std::size_t>(p.numel());
+    else if (block_index(name) == 0) block += static_cast<std::size_t>(p.numel());
+  }
+  for (int step = 0; step < 6; ++step) {
+    const mt::train::StepMetrics m = run.trainer->train_step();
+    const std::int64_t active = m.lisa_blocks.front();
+    for (const auto& [name, p] : run.gpt->named_parameters()) {
+      const std::int64_t b = block_index(name);
+      EXPECT_EQ(p.dtype(), b < 0 || b == active ? DType::f32 : DType::bf16) << "step " << step << ": " << name;
+    }
+    // f32 for the always-trained parameters and the active block, bf16 for the other 3 blocks.
+    EXPECT_EQ(cpu.stats()[mt::MemoryCategory::parameters].live_bytes - before, 4 * (always + block) + 2 * 3 * block)
+        << "step " << step;
+    EXPECT_TRUE(std::isfinite(m.loss));
+  }
+}
 
-  LisaRun first = make_run(c);
-  for (int i = 0; i < 3; ++i) first.trainer->train_step();  // mid-period: the checkpoint holds the block's state
-  first.trainer->save_checkpoint(dir.file("ckpt.safetensors"));
-  LisaRun resumed = make_run(c);
-  resumed.trainer->load_checkpoint(dir.file("ckpt.safetensors"));
-  for (int i = 0; i < 4; ++i) resumed.trainer->train_step();
-  EXPECT_EQ(snapshot(*resumed.gpt), snapshot(*straight.gpt));
+TEST(LisaTraining, ResumesBitForBitAcrossASwitch) {
+  for (const auto precision : {mt::amp::Precision::fp32, mt::amp::Precision::bf16}) {
+    SCOPED_TRACE(mt::amp::precision_name(precision));
+    mt::test_support::TempDir dir;
+    TrainerConfig c = lisa_config();
+    c.precision = precision;
+    LisaRun straight = make_run(c);
+    for (int i = 0; i < 7; ++i) straight.trainer->train_step();
+
+    LisaRun first = make_run(c);
+    for (int i = 0; i < 3; ++i) first.trainer->train_step();  // mid-period: the checkpoint holds the block's state
+    first.trainer->save_checkpoint(dir.file("ckpt.safetensors"));
+    LisaRun resumed = make_run(c);
+    resumed.trainer->load_checkpoint(dir.file("ckpt.safetensors"));
+    for (int i = 0; i < 4; ++i) resumed.trainer->train_step();
+    EXPECT_EQ(snapshot(*resumed.gpt), snapshot(*straight.gpt));
+  }
 }
 
 }  // namespace

@@ -151,6 +151,15 @@ Tensor& Tensor::set_data_(const Tensor& src) {
   return *this;
 }
 
+Tensor& Tensor::set_data_and_dtype_(const Tensor& src) {
+  MT_CHECK(src.defined() && src.shape() == shape(), "set_data_and_dtype_", "source {} must match the tensor's shape {}",
+           src.defined() ? shape_str(src.shape()) : std::string("undefined"), shape_str(shape()));
+  if (src.dtype() == dtype()) return set_data_(src);
+  set_grad(Tensor());
+  impl().dtype = src.dtype();
+  return set_data_(src);
+}
+
 std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
   std::string out = fmt::format("Tensor(shape={}, dtype={}, device={}", shape_str(shape()), dtype_name(dtype()),

@@ -1,5 +1,6 @@
 #include "train/lisa.h"
 
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 
 #include <algorithm>
@@ -28,8 +29,9 @@ std::string block_of(const std::string& name) {
 
 }  // namespace
 
-Lisa::Lisa(const nn::Module& model, std::int64_t active_blocks, std::int64_t interval, std::uint64_t seed)
-    : active_blocks_(active_blocks), interval_(interval), seed_(seed) {
+Lisa::Lisa(const nn::Module& model, std::int64_t active_blocks, std::int64_t interval, std::uint64_t seed,
+           DType frozen_dtype)
+    : frozen_dtype_(frozen_dtype), active_blocks_(active_blocks), interval_(interval), seed_(seed) {
   const char* where = "Trainer (LISA)";
   std::map<std::string, std::size_t> index;
   for (const auto& [name, p] : model.named_parameters()) {
@@ -39,8 +41,10 @@ Lisa::Lisa(const nn::Module& model, std::int64_t active_blocks, std::int64_t int
     if (inserted) {
       names_.push_back(block);
       blocks_.emplace_back();
+      master_dtypes_.emplace_back();
     }
     blocks_[it->second].push_back(p);
+    master_dtypes_[it->second].push_back(p.dtype());
   }
   MT_CHECK(!names_.empty(), where, "lisa_layers {}: the model has no numbered blocks (parameters named like "
            "\"h.3.attn.c_attn.weight\") to sample from", active_blocks);
@@ -77,8 +81,12 @@ bool Lisa::before_step(std::int64_t step, optim::Optimizer& optimizer) {
   active_ = next;
   std::vector<bool> on(blocks_.size(), false);
   for (const std::int64_t b : active_) on[static_cast<std::size_t>(b)] = true;
+  CategoryGuard category(MemoryCategory::parameters);
   for (std::size_t b = 0; b < blocks_.size(); ++b) {
-    for (Tensor& p : blocks_[b]) {
+    for (std::size_t i = 0; i < blocks_[b].size(); ++i) {
+      Tensor& p = blocks_[b][i];
+      const DType dtype = on[b] ? master_dtypes_[b][i] : frozen_dtype_;
+      if (p.dtype() != dtype) p.set_data_and_dtype_(p.detach().to(dtype));
       if (on[b]) {
         p.set_requires_grad(true);
         continue;

@@ -9,6 +9,11 @@
 //
 // The draw for period k = step / lisa_interval depends only on (seed, k), so a resumed run draws what the
 // original drew; the optimizer state a checkpoint holds is that of the blocks active when it was written.
+//
+// Under bf16 / fp16 / fp8 (frozen_dtype other than the parameters' own) a frozen block is also stored in the
+// compute dtype, as LoRA's frozen base is: autocast computes with that copy anyway, and only the active blocks
+// keep their f32 masters. A block that leaves the active set is rounded to the compute dtype then (its low
+// mantissa bits go, as they would in a bf16 model), and widened back, exactly, when it is drawn again.
 #pragma once
 
 #include "memtrain/nn/module.h"
@@ -23,7 +28,8 @@ namespace memtrain::train::detail {
 class Lisa {
  public:
   // Refuses (naming the counts) a model without numbered blocks, or active_blocks outside [1, blocks].
-  Lisa(const nn::Module& model, std::int64_t active_blocks, std::int64_t interval, std::uint64_t seed);
+  Lisa(const nn::Module& model, std::int64_t active_blocks, std::int64_t interval, std::uint64_t seed,
+       DType frozen_dtype);
 
   // Before step `step` (0-based): on entering a new period, draws its blocks, freezes the others (their
   // gradients dropped) and frees their optimizer state. Returns true when the active set changed.
@@ -37,6 +43,8 @@ class Lisa {
  private:
   std::vector<std::string> names_;           // "h.0", "h.1", ...
   std::vector<std::vector<Tensor>> blocks_;  // each block's parameters
+  std::vector<std::vector<DType>> master_dtypes_;  // their dtypes while active
+  DType frozen_dtype_;
   std::int64_t active_blocks_;
   std::int64_t interval_;
   std::uint64_t seed_;

@@ -193,7 +193,8 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
   if (config_.lisa_layers > 0)
-    lisa_ = std::make_unique<detail::Lisa>(*model_, config_.lisa_layers, config_.lisa_interval, config_.seed);
+    lisa_ = std::make_unique<detail::Lisa>(*model_, config_.lisa_layers, config_.lisa_interval, config_.seed,
+                                           frozen_dtype(config_.precision));
   const amp::Precision precision = config_.precision;
   compute_dtype_ = amp::activation_dtype(precision);
   if (precision == amp::Precision::fp16) scaler_ = std::make_unique<amp::DynamicLossScaler>(config_.loss_scaler);

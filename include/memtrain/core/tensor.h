@@ -91,6 +91,9 @@ class Tensor {
   // offset; as PyTorch's `param.data = src`). Shape and dtype must match; the device may differ. Autograd
   // metadata (requires_grad, gradient, hooks) is kept. Used to move parameters in place (nn::Module::to).
   Tensor& set_data_(const Tensor& src);
+  // set_data_ that may change the dtype too (the shape must match): a parameter kept in another precision while
+  // it is frozen (LISA's inactive blocks). The gradient, which would have the old dtype, is dropped.
+  Tensor& set_data_and_dtype_(const Tensor& src);
 
   // ---- differentiable (implemented in src/ops/) ----
   Tensor view(const Shape& shape) const;     // needs a compatible layout; -1 infers one dimension
