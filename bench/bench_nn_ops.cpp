@@ -8,16 +8,24 @@
 //   cross_entropy      N=2048, V=50257, mean, forward + backward: GB/s (read logits twice, write dlogits)
 //   fused_linear_ce    x [1024, 256], weight [8192, 256], bias [8192], chunk 256, mean, forward + backward
 //                      (the LM head): GFLOP/s counting 4 products of 2*N*V*C (logits twice, dx, dW)
+//   depthwise conv2d   forward + backward (dx, dW, db), f32, EfficientNet-like layers: case 0 x [32, 96, 14, 14]
+//                      3x3 s1 p1, case 1 x [32, 144, 28, 28] 5x5 s2 p2 (groups = Cin = Cout), through the raw CPU
+//                      kernels (cpu/conv.h): BM_depthwise_conv is the direct-loop path conv2d takes, and
+//                      BM_depthwise_conv_im2col the general im2col + GEMM path on the same shapes, its peer;
+//                      GFLOP/s counting 3 products of 2*B*C*OH*OW*KH*KW (y, dx, dW)
 // Run: ./bench_nn_ops [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include "cpu/conv.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/nn.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace {
@@ -120,6 +128,46 @@ void BM_fused_linear_ce_fwd_bwd(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Depthwise conv2d forward + backward on raw f32 buffers; state.range(0) picks the shape, range(1) the threads.
+template <bool kIm2col>
+void depthwise_conv_fwd_bwd(benchmark::State& state) {
+  const int nt = static_cast<int>(state.range(1));
+  const std::int64_t C = state.range(0) == 0 ? 96 : 144, HW = state.range(0) == 0 ? 14 : 28;
+  const std::int64_t K = state.range(0) == 0 ? 3 : 5, S = state.range(0) == 0 ? 1 : 2, P = K / 2;
+  cpu::Conv2dShape s{32, C, HW, HW, C, K, K, S, P, C, 0, 0};
+  s.OH = cpu::conv_out_size(HW, K, S, P);
+  s.OW = s.OH;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> dist;
+  auto randv = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& e : v) e = dist(rng);
+    return v;
+  };
+  const auto x = randv(s.B * C * HW * HW), w = randv(C * K * K), b = randv(C), dy = randv(s.B * C * s.OH * s.OW);
+  std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
+  const std::int64_t ws =
+      kIm2col ? std::max(cpu::conv2d_im2col_forward_workspace(s, nt), cpu::conv2d_im2col_backward_workspace(s, nt))
+              : std::max(cpu::conv2d_forward_workspace(s, nt), cpu::conv2d_backward_workspace(s, nt));
+  std::vector<float> work(static_cast<std::size_t>(std::max<std::int64_t>(ws, 1)));
+  for (auto _ : state) {
+    if constexpr (kIm2col) {
+      cpu::conv2d_im2col_forward<float>(y.data(), x.data(), w.data(), b.data(), s, work.data(), nt);
+      cpu::conv2d_im2col_backward<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s,
+                                         work.data(), nt);
+    } else {
+      cpu::conv2d_forward<float>(y.data(), x.data(), w.data(), b.data(), s, work.data(), nt);
+      cpu::conv2d_backward<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s, work.data(), nt);
+    }
+    benchmark::DoNotOptimize(dw.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 3.0 * 2.0 * static_cast<double>(s.B * C * s.OH * s.OW * K * K);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+void BM_depthwise_conv(benchmark::State& state) { depthwise_conv_fwd_bwd<false>(state); }
+void BM_depthwise_conv_im2col(benchmark::State& state) { depthwise_conv_fwd_bwd<true>(state); }
+
 BENCHMARK(BM_attention_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_attention_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_layer_norm_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -127,6 +175,8 @@ BENCHMARK(BM_layer_norm_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)-
 BENCHMARK(BM_softmax_fwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cross_entropy_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_fused_linear_ce_fwd_bwd)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_depthwise_conv)->ArgsProduct({{0, 1}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_depthwise_conv_im2col)->ArgsProduct({{0, 1}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

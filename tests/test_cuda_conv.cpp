@@ -166,6 +166,9 @@ const ConvCase kConvCases[] = {
     {1, 5, 11, 13, 7, 5, 3, 2, 2, 1, true},   // odd sizes, non-square kernel
     {2, 6, 7, 7, 4, 3, 3, 1, 1, 2, true},     // groups
     {2, 4, 6, 6, 4, 3, 3, 1, 1, 4, false},    // depthwise
+    {2, 8, 9, 9, 8, 3, 3, 1, 1, 8, true},     // depthwise 3x3 s1 p1 (the CPU reference takes its direct loops)
+    {2, 6, 11, 13, 6, 5, 5, 2, 2, 6, false},  // depthwise 5x5 s2 p2
+    {2, 4, 7, 9, 8, 3, 3, 1, 1, 4, true},     // depthwise, channel multiplier 2
     {1, 2, 5, 5, 3, 3, 3, 1, 2, 1, true},     // padding past kernel / 2: all-padding rows in the output
     {2, 3, 4, 4, 5, 4, 4, 1, 0, 1, true},     // kernel as large as the input: 1x1 output
 };

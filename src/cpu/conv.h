@@ -1,10 +1,17 @@
-// 2-D convolution (NCHW) by im2col + GEMM, one image and group at a time. For group g of image b:
-//   col (Cin_g*KH*KW, OH*OW) = im2col(x[b, group g])
-//   out[b, group g] (Cout_g, OH*OW) = W_g (Cout_g, Cin_g*KH*KW) x col  (+ bias)
-// Backward reuses the same column buffer: dW_g += dout_g x col^T, then col = W_g^T dout_g and col2im adds
-// it into dx. Images are split across OpenMP threads, each with its own column buffer in the workspace and
-// its own partial dW (summed in thread order at the end, so results are deterministic for a thread count).
-// 1x1 convolutions with stride 1 and no padding read x directly (col == x). T is float or double.
+// 2-D convolution (NCHW), two paths:
+//  - general: im2col + GEMM, one image and group at a time. For group g of image b:
+//      col (Cin_g*KH*KW, OH*OW) = im2col(x[b, group g])
+//      out[b, group g] (Cout_g, OH*OW) = W_g (Cout_g, Cin_g*KH*KW) x col  (+ bias)
+//    Backward reuses the same column buffer: dW_g += dout_g x col^T, then col = W_g^T dout_g and col2im adds it
+//    into dx. Images are split across OpenMP threads, each with its own column buffer in the workspace and its
+//    own partial dW (summed in thread order at the end, so results are deterministic for a thread count).
+//    1x1 convolutions with stride 1 and no padding read x directly (col == x).
+//  - depthwise (Cin / groups == 1, any multiplier Cout / groups): direct loops. Each x plane is copied, zero-
+//    padded, into per-thread scratch laid out so that every filter tap is one contiguous multiply-add pass over
+//    the whole output plane (vectorised; a GEMM there would have a single row and K = KH*KW). Planes, and for dW
+//    output channels, are split across threads, and each output element is summed by one thread in a fixed
+//    order, so results do not depend on the thread count.
+// conv2d_forward / conv2d_backward pick the path. T is float or double.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +30,7 @@ inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-// Elements of T scratch forward / backward need.
+// Elements of T scratch forward / backward need (exactly what they use: the meta backend predicts from these).
 int64_t conv2d_forward_workspace(const Conv2dShape& s, int nthreads);
 int64_t conv2d_backward_workspace(const Conv2dShape& s, int nthreads);
 
@@ -35,5 +42,16 @@ void conv2d_forward(T* out, const T* x, const T* weight, const T* bias, const Co
 template <typename T>
 void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight, const Conv2dShape& s,
                      T* workspace, int nthreads);
+
+// The general path whatever the shape, with its own workspace sizes; callable so that bench_nn_ops can measure
+// the depthwise loops against it on the same shapes.
+int64_t conv2d_im2col_forward_workspace(const Conv2dShape& s, int nthreads);
+int64_t conv2d_im2col_backward_workspace(const Conv2dShape& s, int nthreads);
+template <typename T>
+void conv2d_im2col_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
+                           int nthreads);
+template <typename T>
+void conv2d_im2col_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
+                            const Conv2dShape& s, T* workspace, int nthreads);
 
 }  // namespace memtrain::cpu
