@@ -7,6 +7,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/gelu.h"
 #include "cpu/map.h"
+#include "cpu/sigmoid.h"
 #include "memtrain/core/error.h"
 
 #include <algorithm>
@@ -79,7 +80,7 @@ void with_unary(UnaryOp op, double p0, double p1, F&& f) {
     // x < 0 ? 0 : x keeps NaN as NaN.
     case UnaryOp::relu: return f([](auto x) { return x < decltype(x)(0) ? decltype(x)(0) : x; });
     case UnaryOp::gelu_erf: return f([](auto x) { return gelu_erf(x); });
-    case UnaryOp::gelu_tanh: break;  // the fused array kernel (unary_gelu_tanh)
+    case UnaryOp::gelu_tanh: break;  // the array kernel only (unary_by_array)
     case UnaryOp::silu: return f([](auto x) { return x * stable_sigmoid(x); });
     // Written as comparisons (not std::clamp) so NaN passes through as NaN.
     case UnaryOp::clamp:
@@ -124,7 +125,7 @@ void with_binary(BinaryOp op, double p0, double p1, F&& f) {
         return (v >= T(p0) && v <= T(p1)) ? dy : T(0);
       });
     case BinaryOp::gelu_erf_backward: return f([](auto dy, auto v) { return dy * gelu_erf_grad(v); });
-    // The map serves broadcast operands; same-shape ones take the fused kernel (binary_gelu_tanh).
+    // The map serves broadcast operands; same-shape ones take the array kernel (binary_by_array).
     case BinaryOp::gelu_tanh_backward: return f([](auto dy, auto v) { return dy * gelu_tanh_grad(v); });
     // silu = x s(x); silu' = s (1 + x (1 - s)).
     case BinaryOp::silu_backward:
@@ -166,32 +167,58 @@ bool is_narrow_contiguous(const Tensor& t) {
   return (t.dtype() == DType::bf16 || t.dtype() == DType::f16) && t.is_contiguous();
 }
 
-// gelu (tanh) on the fused array kernel: contiguous operands in the compute dtype (a copy only for views).
-void unary_gelu_tanh(const CpuBackend& backend, const Tensor& out, const Tensor& a) {
+// The ops with an array kernel on a vectorized exp (cpu/gelu.h, cpu/sigmoid.h); null for the others.
+template <typename T>
+using UnaryArray = void (*)(T*, const T*, std::int64_t);
+template <typename T>
+using BinaryArray = void (*)(T*, const T*, const T*, std::int64_t);
+
+template <typename T>
+UnaryArray<T> unary_array(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::gelu_tanh: return gelu_tanh_forward<T>;
+    case UnaryOp::sigmoid: return sigmoid_forward<T>;
+    case UnaryOp::silu: return silu_forward<T>;
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+BinaryArray<T> binary_array(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::gelu_tanh_backward: return gelu_tanh_backward<T>;
+    case BinaryOp::silu_backward: return silu_backward<T>;
+    default: return nullptr;
+  }
+}
+
+// out = op(a) by its array kernel: contiguous operands in the compute dtype (a copy only for views).
+void unary_by_array(const CpuBackend& backend, const Tensor& out, const Tensor& a, UnaryOp op) {
   if (is_narrow_contiguous(a) && out.is_contiguous()) {
     if (backend.runs_kernels())
       narrow_blocks<1>(a.dtype(), a.numel(), out.data_ptr(), {a.data_ptr()},
-                       [](float* y, const float* x, std::int64_t len) { gelu_tanh_forward<float>(y, x, len); });
+                       [op](float* y, const float* x, std::int64_t len) { unary_array<float>(op)(y, x, len); });
     return;
   }
   Tensor x = widened(a);
   if (!x.is_contiguous()) x = x.contiguous();
   const Tensor y = compute_result(out, x.dtype());
   if (backend.runs_kernels()) {
-    dispatch_compute("gelu", x.dtype(), [&](auto zero) {
+    dispatch_compute("unary", x.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      gelu_tanh_forward<T>(y.data<T>(), x.data<T>(), x.numel());
+      unary_array<T>(op)(y.data<T>(), x.data<T>(), x.numel());
     });
   }
   finish_result(out, y);
 }
 
-void binary_gelu_tanh(const CpuBackend& backend, const Tensor& out, const Tensor& g, const Tensor& x) {
+// out = op(g, x) by its array kernel, g and x of out's shape.
+void binary_by_array(const CpuBackend& backend, const Tensor& out, const Tensor& g, const Tensor& x, BinaryOp op) {
   if (is_narrow_contiguous(x) && is_narrow_contiguous(g) && out.is_contiguous()) {
     if (backend.runs_kernels())
       narrow_blocks<2>(x.dtype(), x.numel(), out.data_ptr(), {g.data_ptr(), x.data_ptr()},
-                       [](float* dx, const float* dy, const float* v, std::int64_t len) {
-                         gelu_tanh_backward<float>(dx, dy, v, len);
+                       [op](float* dx, const float* dy, const float* v, std::int64_t len) {
+                         binary_array<float>(op)(dx, dy, v, len);
                        });
     return;
   }
@@ -200,9 +227,9 @@ void binary_gelu_tanh(const CpuBackend& backend, const Tensor& out, const Tensor
   if (!xc.is_contiguous()) xc = xc.contiguous();
   const Tensor dx = compute_result(out, xc.dtype());
   if (backend.runs_kernels()) {
-    dispatch_compute("gelu_backward", xc.dtype(), [&](auto zero) {
+    dispatch_compute("binary", xc.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      gelu_tanh_backward<T>(dx.data<T>(), gc.data<T>(), xc.data<T>(), xc.numel());
+      binary_array<T>(op)(dx.data<T>(), gc.data<T>(), xc.data<T>(), xc.numel());
     });
   }
   finish_result(out, dx);
@@ -211,7 +238,9 @@ void binary_gelu_tanh(const CpuBackend& backend, const Tensor& out, const Tensor
 }  // namespace
 
 void CpuBackend::unary(const Tensor& out, const Tensor& a, UnaryOp op, double p0, double p1) const {
-  if (op == UnaryOp::gelu_tanh) return unary_gelu_tanh(*this, out, a);
+  // gelu (tanh) has no element map; sigmoid and silu take theirs only for views (an array kernel would copy them).
+  if (op == UnaryOp::gelu_tanh || (unary_array<float>(op) != nullptr && a.is_contiguous()))
+    return unary_by_array(*this, out, a, op);
   if (is_narrow_contiguous(a) && out.is_contiguous()) {
     if (runs_kernels()) {
       with_unary(op, p0, p1, [&](auto f) {
@@ -240,7 +269,10 @@ void CpuBackend::binary(const Tensor& out, const Tensor& a, const Tensor& b, Bin
                         double p1) const {
   const Shape& shape = out.shape();
   const bool same_shape = a.shape() == shape && b.shape() == shape;
-  if (op == BinaryOp::gelu_tanh_backward && same_shape) return binary_gelu_tanh(*this, out, a, b);
+  // The element map serves broadcast operands and views.
+  if (binary_array<float>(op) != nullptr && same_shape && (op == BinaryOp::gelu_tanh_backward ||
+                                                           (a.is_contiguous() && b.is_contiguous())))
+    return binary_by_array(*this, out, a, b, op);
   if (is_narrow_contiguous(a) && is_narrow_contiguous(b) && same_shape && out.is_contiguous()) {
     if (runs_kernels()) {
       with_binary(op, p0, p1, [&](auto f) {
