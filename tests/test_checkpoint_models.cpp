@@ -5,6 +5,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/nn/cnn.h"
+#include "memtrain/nn/efficientnet.h"
 #include "memtrain/nn/gpt.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/nn.h"
@@ -143,6 +144,42 @@ TEST(CheckpointModels, CnnEveryPolicyTrainsBitIdenticallyAndBatchNormCountsOnce)
   const std::vector<Tensor> reference = run(Policy::none());
   for (const Policy& p : {Policy::full(), Policy::every(2), Policy::selective()}) {
     expect_bit_identical(run(p), reference, p.to_string());
+  }
+}
+
+// The same on the EfficientNet: MBConv blocks (depthwise convolutions, squeeze-and-excitation, batch norm,
+// residuals) as the regions, for both SiLU kinds; two steps of AdamW so the second forward sees moved weights.
+TEST(CheckpointModels, EfficientNetEveryPolicyTrainsBitIdentically) {
+  for (const auto silu : {nn::SiluKind::saves_input, nn::SiluKind::saves_output}) {
+    auto run = [silu](const Policy& policy) {
+      manual_seed(8);
+      nn::EfficientNetConfig c;
+      c.image_size = 12;
+      c.width_mult = 0.25;
+      c.depth_mult = 0.34;  // stages of one block, two for the four-block stage
+      c.head_channels = 16;
+      c.dropout = 0.2;
+      c.silu = silu;
+      nn::EfficientNet model(c);
+      model.set_checkpointing(policy);
+      optim::AdamW opt({optim::ParamGroup{.params = model.parameters(), .lr = 1e-2}});
+      const Tensor x = randn({4, 1, 12, 12});
+      const Tensor y = random_tokens({4}, 10, 3);
+      std::vector<Tensor> out;
+      for (int s = 0; s < 2; ++s) {
+        opt.zero_grad();
+        const Tensor loss = model.loss(x, y);
+        loss.backward();
+        out.push_back(loss.detach().clone());
+        if (s == 0) opt.step();
+      }
+      for (const Tensor& p : model.parameters()) out.push_back(p.grad().clone());
+      for (const auto& [name, b] : model.named_buffers()) out.push_back(b.clone());
+      return out;
+    };
+    const std::vector<Tensor> reference = run(Policy::none());
+    for (const Policy& p : {Policy::full(), Policy::every(3), Policy::selective()})
+      expect_bit_identical(run(p), reference, p.to_string());
   }
 }
 

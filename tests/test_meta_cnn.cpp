@@ -14,6 +14,8 @@
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/batch_norm.h"
 #include "memtrain/nn/cnn.h"
+#include "memtrain/nn/efficientnet.h"
+#include "memtrain/nn/resize.h"
 #include "memtrain/ops/nn.h"
 #include "memtrain/train/train.h"
 
@@ -62,14 +64,41 @@ struct Footprint {
   std::array<std::size_t, kNumMemoryCategories> peak{}, live{};
 };
 
+// A model and its loss.
+struct Run {
+  std::shared_ptr<nn::Module> model;
+  train::LossFn loss;
+};
+
+Run cnn_run() {
+  auto model = make_cnn();
+  return {model, [model](const data::Batch& b) { return ops::cross_entropy(model->forward(b.inputs), b.targets); }};
+}
+
+// The EfficientNet of the example, small, training on images resized from 12x12 to 8x8 as progressive resizing
+// does (the resize weights are made on the device, so a plan sees them).
+Run efficientnet_run() {
+  manual_seed(4);
+  nn::EfficientNetConfig c;
+  c.image_size = kImage;
+  c.width_mult = 0.25;
+  c.depth_mult = 0.34;
+  c.head_channels = 16;
+  c.dropout = 0.1;
+  auto model = std::make_shared<nn::EfficientNet>(c);
+  return {model, [model](const data::Batch& b) {
+            const std::int64_t side = model->is_training() ? 8 : kImage;
+            return model->loss(nn::resize_images(b.inputs, side, side), b.targets);
+          }};
+}
+
 // Two optimizer steps and an evaluation on `device`; the bytes each category reached above what was live once
 // the Trainer stood (the model already on the device).
-Footprint run(const TrainerConfig& base, Device device) {
+Footprint run(const TrainerConfig& base, Device device, const std::function<Run()>& make = cnn_run) {
   TrainerConfig c = base;
   c.device = device;
-  auto model = make_cnn();
-  auto loss_fn = [model](const data::Batch& b) { return ops::cross_entropy(model->forward(b.inputs), b.targets); };
-  train::Trainer trainer(c, model, loss_fn, random_images(32, 1), random_images(16, 2));
+  const Run r = make();
+  train::Trainer trainer(c, r.model, r.loss, random_images(32, 1), random_images(16, 2));
   Allocator& alloc = Allocator::get(device);
   const MemoryStats before = alloc.stats();
   alloc.reset_peak();
@@ -90,7 +119,7 @@ struct Variant {
   std::function<void(TrainerConfig&)> configure;
 };
 
-TEST(MetaCnn, TrainingStepAccountsTheCpuBytes) {
+void expect_meta_accounts_cpu_bytes(const std::function<Run()>& make) {
   const std::vector<Variant> variants = {
       {"adamw", [](TrainerConfig&) {}},
       {"sgd+accum", [](TrainerConfig& c) {
@@ -107,10 +136,10 @@ TEST(MetaCnn, TrainingStepAccountsTheCpuBytes) {
     SCOPED_TRACE(v.name);
     TrainerConfig c = test_support::short_run_config();
     v.configure(c);
-    const Footprint cpu = run(c, Device::cpu());
+    const Footprint cpu = run(c, Device::cpu(), make);
     Footprint meta;
     try {
-      meta = run(c, Device::meta());
+      meta = run(c, Device::meta(), make);
     } catch (const Error& e) {
       ADD_FAILURE() << v.name << ": the step does not run on meta: " << e.what();
       continue;
@@ -124,6 +153,10 @@ TEST(MetaCnn, TrainingStepAccountsTheCpuBytes) {
     }
   }
 }
+
+TEST(MetaCnn, TrainingStepAccountsTheCpuBytes) { expect_meta_accounts_cpu_bytes(cnn_run); }
+
+TEST(MetaCnn, EfficientNetTrainingStepAccountsTheCpuBytes) { expect_meta_accounts_cpu_bytes(efficientnet_run); }
 
 // The module in training mode (forward, backward, running statistics moved) and then in eval mode.
 TEST(MetaCnn, BatchNormMatchesCpuBytesInTrainingAndEval) {

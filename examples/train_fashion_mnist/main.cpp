@@ -16,37 +16,6 @@
 using namespace memtrain;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct TestResult {
-  double accuracy = 0.0;  // fraction of the test set whose argmax logit is the label
-  double loss = 0.0;      // mean cross entropy over the test set
-};
-
-// The whole test set, each image once, in eval mode.
-TestResult evaluate_test_set(nn::CNN& model, const data::Dataset& test, std::int64_t batch) {
-  model.eval();
-  autograd::NoGradGuard no_grad;
-  std::int64_t correct = 0;
-  double loss_sum = 0.0;
-  for (std::int64_t start = 0; start < test.size(); start += batch) {
-    std::vector<std::int64_t> idx;
-    for (std::int64_t i = start; i < std::min(test.size(), start + batch); ++i) idx.push_back(i);
-    const data::Batch b = test.collate(idx);
-    const Tensor logits = model.forward(b.inputs);
-    loss_sum += ops::cross_entropy(logits, b.targets).item() * static_cast<double>(b.samples);
-    const Tensor pred = ops::argmax(logits, 1).contiguous();
-    const Tensor labels = b.targets.contiguous();
-    for (std::int64_t i = 0; i < b.samples; ++i)
-      correct += pred.data<std::int64_t>()[i] == labels.data<std::int64_t>()[i];
-  }
-  model.train();
-  const auto n = static_cast<double>(test.size());
-  return {static_cast<double>(correct) / n, loss_sum / n};
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"Train a small CNN on Fashion-MNIST with memtrain"};
   std::string data_dir = "/usr/share/datasets/fashion-mnist", optimizer = "adamw", out_dir = "runs/fashion_mnist";
@@ -129,7 +98,8 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     train::RunSummary summary = trainer.fit();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const TestResult result = evaluate_test_set(*model, *test_set, 500);
+    const train::ClassifierResult result = train::evaluate_classifier(
+        *model, [&model](const Tensor& x) { return model->forward(x); }, *test_set, 500);
     // fit() wrote the summary before the test pass: it is written again with this program's own results.
     summary.metrics["test_accuracy"] = result.accuracy;
     summary.metrics["test_loss"] = result.loss;

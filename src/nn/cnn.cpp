@@ -4,20 +4,7 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/nn.h"
 
-#include <cmath>
-
 namespace memtrain::nn {
-
-namespace {
-// nn::Linear draws normal(0, 0.02) (GPT-2's init); PyTorch's nn.Linear default is uniform +-1/sqrt(in) for
-// weight and bias, which is what a small CNN trained from scratch expects.
-void torch_default_init(const Linear& lin) {
-  const double bound = 1.0 / std::sqrt(static_cast<double>(lin.weight().size(1)));
-  Tensor w = lin.weight().detach(), b = lin.bias().detach();  // views of the parameters' storage
-  init_uniform_(w, -bound, bound);
-  init_uniform_(b, -bound, bound);
-}
-}  // namespace
 
 void CNNConfig::validate() const {
   MT_CHECK(in_channels > 0 && conv1_channels > 0 && conv2_channels > 0 && hidden > 0 && num_classes > 0, "CNNConfig",
@@ -37,10 +24,10 @@ CNN::CNN(const CNNConfig& config, DType dtype) : config_(config) {
   conv2_ = register_module("conv2", std::make_shared<Conv2d>(c.conv1_channels, c.conv2_channels, 3, 1, 1, true, dtype));
   bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(c.conv2_channels, 1e-5, 0.1, dtype));
   fc1_ = register_module("fc1", std::make_shared<Linear>(c.conv2_channels * side * side, c.hidden, true, dtype));
-  torch_default_init(*fc1_);
+  init_torch_default_(*fc1_);
   dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
   fc2_ = register_module("fc2", std::make_shared<Linear>(c.hidden, c.num_classes, true, dtype));
-  torch_default_init(*fc2_);
+  init_torch_default_(*fc2_);
 }
 
 Tensor CNN::forward(const Tensor& x) {

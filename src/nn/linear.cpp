@@ -120,4 +120,14 @@ void Linear::unmerge_lora() {
   unmerged_weight_ = Tensor();
 }
 
+void init_torch_default_(const Linear& lin) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(lin.in_features()));
+  Tensor w = lin.weight().detach();  // views of the parameters' storage
+  init_uniform_(w, -bound, bound);
+  if (lin.bias().defined()) {
+    Tensor b = lin.bias().detach();
+    init_uniform_(b, -bound, bound);
+  }
+}
+
 }  // namespace memtrain::nn

@@ -73,4 +73,8 @@ class Linear : public Module {
   Tensor unmerged_weight_;  // W0 while merged
 };
 
+// PyTorch's nn.Linear default init, uniform +-1/sqrt(in) for weight and bias alike (weight first, from the
+// default RNG stream), in place of GPT-2's normal(0, 0.02): what a small network trained from scratch expects.
+void init_torch_default_(const Linear& lin);
+
 }  // namespace memtrain::nn

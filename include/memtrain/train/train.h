@@ -2,6 +2,7 @@
 // predict_memory, which runs it on the meta device first to say what it will hold.
 #pragma once
 
+#include "memtrain/train/classifier_eval.h"
 #include "memtrain/train/fit.h"
 #include "memtrain/train/metrics_plot.h"
 #include "memtrain/train/predict.h"

@@ -24,7 +24,7 @@ namespace memtrain::train {
 
 // What the example programs build; the Trainer itself only records it (in checkpoints and summaries).
 struct ModelConfig {
-  std::string preset = "tiny";  // nn::GPTConfig::preset names, "llama-*" presets, or "cnn"
+  std::string preset = "tiny";  // nn::GPTConfig::preset names, "llama-*" presets, "cnn" or "efficientnet"
   std::int64_t seq_len = 0;     // 0 = the preset's block_size
   double dropout = 0.0;
   std::string init_from;        // optional HF GPT-2 model.safetensors
