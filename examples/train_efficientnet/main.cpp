@@ -168,15 +168,11 @@ int main(int argc, char** argv) {
     trainer_at = &trainer;
     trainer.memory_notes = [model] { return model->checkpointing().describe(model->num_blocks()); };
     const auto start = std::chrono::steady_clock::now();
-    train::RunSummary summary = trainer.fit();
+    const train::RunSummary summary = trainer.fit();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const train::ClassifierResult result = train::evaluate_classifier(
         *model, [&model](const Tensor& x) { return model->forward(x); }, *test_set, 500);
-    // fit() wrote the summary before the test pass: it is written again with this program's own results.
-    summary.metrics["test_accuracy"] = result.accuracy;
-    summary.metrics["test_loss"] = result.loss;
-    summary.metrics["images_per_second"] = summary.samples_per_second;
-    train::write_summary(summary, config.summary_path);
+    train::write_classifier_summary(summary, result, config.summary_path);
     fmt::print("\ntest accuracy {:.2f}% (loss {:.4f}) after {} steps in {:.0f} s ({:.0f} images/s), final train "
                "loss {:.4f}\n",
                100.0 * result.accuracy, result.loss, config.max_steps, seconds, summary.samples_per_second,

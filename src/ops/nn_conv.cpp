@@ -1,6 +1,6 @@
-// conv2d (NCHW, stride, padding, groups) by im2col + GEMM (see cpu/conv.h). The forward saves x only when
-// the weight needs a gradient and the weight only when x does (dW needs x, dx needs W). Column buffers are
-// workspace, freed on return. Kernels: the device's backend (src/core/backend.h; src/cpu/conv.cpp,
+// conv2d (NCHW, stride, padding, groups): on the CPU by im2col + GEMM, or by direct loops for depthwise
+// convolutions (see cpu/conv.h). The forward saves x only when the weight needs a gradient and the weight only
+// when x does (dW needs x, dx needs W). Column and padded-plane buffers are workspace, freed on return. Kernels: the device's backend (src/core/backend.h; src/cpu/conv.cpp,
 // src/cuda/cuda_nn_backend.cpp: cuDNN or its im2col fallback; f32, bf16 or f16, one dtype for x, weight, bias
 // and the gradients).
 #include "core/backend.h"

@@ -33,4 +33,11 @@ ClassifierResult evaluate_classifier(nn::Module& model, const std::function<Tens
   return {static_cast<double>(correct) / n, loss_sum / n};
 }
 
+void write_classifier_summary(RunSummary summary, const ClassifierResult& result, const std::string& path) {
+  summary.metrics["test_accuracy"] = result.accuracy;
+  summary.metrics["test_loss"] = result.loss;
+  summary.metrics["images_per_second"] = summary.samples_per_second;
+  write_summary(summary, path);
+}
+
 }  // namespace memtrain::train

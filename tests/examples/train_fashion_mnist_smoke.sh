@@ -5,27 +5,11 @@
 #   train_fashion_mnist_smoke.sh <memtrain_train_fashion_mnist binary> <scratch dir>
 set -euo pipefail
 bin=$1 dir=$2
-rm -rf "$dir" && mkdir -p "$dir/data"
-# IDX: magic 0x0000 08 <dims>, big-endian uint32 sizes, then u8 data. Image i is a gray level set by its label
-# (i % 10) plus a little pattern, so the files differ from image to image.
-idx() {
-  perl -e 'my ($kind, $n) = @ARGV;
-    if ($kind eq "images") { print pack("N4", 0x803, $n, 28, 28), map { my $i = $_; pack("C*", map { (($i % 10) * 25 + $_ % 7) % 256 } 0 .. 783) } 0 .. $n - 1 }
-    else { print pack("N2", 0x801, $n), pack("C*", map { $_ % 10 } 0 .. $n - 1) }' "$@"
-}
-idx images 64 > "$dir/data/train-images-idx3-ubyte"
-idx labels 64 > "$dir/data/train-labels-idx1-ubyte"
-idx images 20 > "$dir/data/t10k-images-idx3-ubyte"
-idx labels 20 > "$dir/data/t10k-labels-idx1-ubyte"
+rm -rf "$dir"
+# shellcheck source=tests/examples/image_example_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/image_example_common.sh"
+write_idx_dataset "$dir/data" 64 20
 
 "$bin" --data "$dir/data" --epochs 1 --batch 1 --out-dir "$dir/run" > "$dir/run.log" 2>&1 || { cat "$dir/run.log"; exit 1; }
-summary=$dir/run/summary.json
-[[ -s $summary ]] || { echo "missing summary.json"; cat "$dir/run.log"; exit 1; }
-value() { perl -ne 'print $1 if /^  "\Q'"$1"'\E": ([-+0-9.eE]+),?$/' "$summary"; }
-acc=$(value test_accuracy) loss=$(value test_loss) rate=$(value images_per_second)
-[[ -n $acc && -n $loss && -n $rate ]] ||
-  { echo "summary.json lacks test_accuracy ($acc), test_loss ($loss) or images_per_second ($rate):"; cat "$summary"; exit 1; }
-awk -v a="$acc" -v l="$loss" -v r="$rate" 'BEGIN { exit !(a >= 0 && a <= 1 && l > 0 && l < 1e6 && r > 0) }' ||
-  { echo "out of range: test_accuracy $acc, test_loss $loss, images_per_second $rate"; exit 1; }
-grep -q "test accuracy" "$dir/run.log" || { echo "no test accuracy line"; cat "$dir/run.log"; exit 1; }
+check_classifier_summary "$dir/run" "$dir/run.log"
 echo "train_fashion_mnist smoke: ok"

@@ -5,6 +5,7 @@
 
 #include "memtrain/data/loader.h"
 #include "memtrain/nn/module.h"
+#include "memtrain/train/trainer.h"
 
 #include <functional>
 
@@ -19,5 +20,9 @@ struct ClassifierResult {
 // training mode after. Throws for an empty dataset or a batch < 1.
 ClassifierResult evaluate_classifier(nn::Module& model, const std::function<Tensor(const Tensor&)>& forward,
                                      const data::Dataset& test, std::int64_t batch);
+
+// fit() writes its summary before a test pass: this writes it again (atomically, to `path`) with the pass's
+// results beside it, as metrics test_accuracy, test_loss and images_per_second (samples_per_second).
+void write_classifier_summary(RunSummary summary, const ClassifierResult& result, const std::string& path);
 
 }  // namespace memtrain::train
