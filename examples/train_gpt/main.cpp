@@ -30,7 +30,7 @@ struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
-      galore_targets, lora_targets, save_adapter, load_adapter;
+      grad_compression, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
       checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
   std::optional<double> galore_scale, lora_alpha, lora_dropout;
@@ -81,6 +81,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   }
   if (f.micro_batch) c.micro_batch = *f.micro_batch;
   if (f.grad_accum) c.grad_accum = *f.grad_accum;
+  if (f.grad_compression) c.grad_compression = *f.grad_compression;
   if (f.optimizer || f.lr)
     c.optimizer = optim::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
                                         f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
@@ -383,6 +384,9 @@ int main(int argc, char** argv) {
                  "1: optimizer state sharded, checkpoints with a file per rank)");
   app.add_option("--bucket", f.bucket, "data parallel: gradient bucket size after the first (default 25MiB; "
                  "smaller buckets start their sums sooner and, with --zero 2, hold fewer whole gradients)");
+  app.add_option("--grad-compression", f.grad_compression,
+                 "data parallel: none (default) or dgc:RATIO[,momentum=M][,warmup=STEPS], Deep Gradient Compression "
+                 "sending only the largest (1 - RATIO) of each gradient tensor per step (e.g. dgc:0.999)");
   app.add_option("--checkpoint-interval", f.checkpoint_interval, "steps between checkpoints (0: none; default 200)");
   app.add_option("--max-bad-steps", f.max_bad_steps,
                  "stop after this many skipped (non-finite) steps in a row, keeping the last good checkpoint "
@@ -514,13 +518,18 @@ int main(int argc, char** argv) {
     // Gradients on the GPUs are summed over NCCL (its id broadcast over the MPI world), on the CPU over MPI.
     const std::shared_ptr<dist::Communicator> group =
         device.is_cuda() && world->size() > 1 ? dist::make_nccl_communicator(world) : world;
-    const std::shared_ptr<dist::DataParallel> data_parallel = dist::attach_data_parallel(trainer, group, dp_options(f));
+    // Compressed gradients (Deep Gradient Compression) take the place of the dense sums.
+    const bool compressed = train::parse_grad_compression(config.grad_compression).enabled();
+    const std::shared_ptr<dist::DgcSync> dgc = compressed ? dist::attach_dgc(trainer, group) : nullptr;
+    const std::shared_ptr<dist::DataParallel> data_parallel =
+        compressed ? nullptr : dist::attach_data_parallel(trainer, group, dp_options(f));
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();
-    trainer.memory_notes = [model, data_parallel, state_per_rank] {
+    trainer.memory_notes = [model, data_parallel, dgc, state_per_rank] {
       std::string notes = model->checkpointing().describe(model->config().n_layer);
       if (data_parallel) notes += (notes.empty() ? "" : "\n") + data_parallel->stats().describe() + *state_per_rank;
+      if (dgc) notes += (notes.empty() ? "" : "\n") + dgc->stats().describe();
       return notes;
     };
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());

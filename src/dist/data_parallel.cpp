@@ -435,6 +435,11 @@ std::string DataParallelStats::describe() const {
 std::shared_ptr<DataParallel> attach_data_parallel(train::Trainer& trainer, std::shared_ptr<Communicator> comm,
                                                    DataParallelOptions options) {
   MT_CHECK(comm != nullptr, "attach_data_parallel", "the communicator is null");
+  // A prediction (meta) of a compressed run sums dense: its u and v are not predicted.
+  MT_CHECK(!train::parse_grad_compression(trainer.config().grad_compression).enabled() ||
+               trainer.config().device.is_meta(),
+           "attach_data_parallel", "config.grad_compression is '{}': attach with dist::attach_dgc (dist/dgc.h)",
+           trainer.config().grad_compression);
   if (comm->size() == 1 && trainer.config().world_size == 1) return nullptr;
   auto dp = std::make_shared<DataParallel>(std::move(comm), options);
   trainer.set_gradient_sync(dp);

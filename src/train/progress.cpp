@@ -25,6 +25,8 @@ nlohmann::json StepMetrics::to_json() const {
   if (val_loss) j["val_loss"] = *val_loss;
   if (loss_scale) j["loss_scale"] = *loss_scale;
   if (!lisa_blocks.empty()) j["lisa_blocks"] = lisa_blocks;
+  if (grad_bytes_sent) j["grad_bytes_sent"] = *grad_bytes_sent;
+  if (grad_bytes_dense) j["grad_bytes_dense"] = *grad_bytes_dense;
   return j;
 }
 

@@ -637,6 +637,10 @@ StepMetrics Trainer::train_step() {
   m.loss_scale = loss_scale;
   m.skipped = skipped;
   if (lisa_) m.lisa_blocks = lisa_->active();
+  if (const std::optional<SyncBytes> bytes = sync_ ? sync_->last_step_bytes() : std::nullopt) {
+    m.grad_bytes_sent = bytes->sent;
+    m.grad_bytes_dense = bytes->dense;
+  }
   history_.push_back(m);
   return m;
 }
@@ -698,6 +702,20 @@ double Trainer::evaluate() {
 RunSummary Trainer::summarize(const std::vector<StepMetrics>& ran) const {
   Allocator& allocator = Allocator::get(device_);
   RunSummary summary = detail::summarize(config_, ran, allocator.stats(), optimizer_->state_bytes());
+  // A compressing sync: this rank's gradient bytes over the run, and how many times fewer than dense.
+  double sent = 0.0, dense = 0.0;
+  bool compressed = false;
+  for (const StepMetrics& m : ran) {
+    if (!m.grad_bytes_sent) continue;
+    compressed = true;
+    sent += static_cast<double>(*m.grad_bytes_sent);
+    dense += static_cast<double>(m.grad_bytes_dense.value_or(0));
+  }
+  if (compressed) {
+    summary.metrics["grad_bytes_sent_total"] = sent;
+    summary.metrics["grad_bytes_dense_total"] = dense;
+    summary.metrics["grad_compression_ratio"] = sent > 0.0 ? dense / sent : 0.0;
+  }
   summary.device = device_.str();
   summary.host_peak_bytes = Allocator::get(Device::cpu()).stats().peak_bytes;
   if (summary.final_val_loss) summary.final_eval = last_eval_;

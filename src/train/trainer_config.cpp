@@ -21,6 +21,8 @@
 #include <initializer_list>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace memtrain::train {
 
@@ -88,6 +90,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("grad_accum", c.grad_accum);
   v.field("world_size", c.world_size);
   v.field("zero", c.zero);
+  v.field("grad_compression", c.grad_compression);
   v.field("canonical_reduction", c.canonical_reduction);
   v.named("device", c.device, [](Device d) { return d.str(); },
           [](const std::string& n) { return device_from_name(n, kWhere); });
@@ -262,6 +265,51 @@ Device device_from_name(const std::string& name, const char* where) {
 
 // ---- validate ------------------------------------------------------------------------------------------
 
+GradCompression parse_grad_compression(const std::string& spec) {
+  GradCompression c;
+  if (spec == "none") return c;
+  const auto fail = [&spec](const std::string& why) {
+    MT_CHECK(false, kWhere, "grad_compression '{}': {} (expected \"none\" or \"dgc:RATIO[,momentum=M][,warmup=STEPS]\" "
+             "with RATIO in (0, 1), e.g. dgc:0.999)", spec, why);
+  };
+  // A number that is all of `text` (no trailing characters).
+  const auto number = [&fail](const std::string& text, const char* what) {
+    std::size_t used = 0;
+    double value = 0.0;
+    try {
+      value = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (text.empty() || used != text.size() || !std::isfinite(value))
+      fail(fmt::format("{} '{}' is not a number", what, text));
+    return value;
+  };
+  if (!spec.starts_with("dgc:")) fail("unknown method");
+  std::vector<std::string> parts;
+  std::stringstream in(spec.substr(4));
+  for (std::string part; std::getline(in, part, ',');) parts.push_back(part);
+  if (parts.empty()) fail("the ratio is missing");
+  c.ratio = number(parts[0], "the ratio");
+  if (!(c.ratio > 0.0 && c.ratio < 1.0)) fail(fmt::format("the ratio {} is outside (0, 1)", c.ratio));
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const std::size_t eq = parts[i].find('=');
+    const std::string key = parts[i].substr(0, eq), value = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
+    if (key == "momentum") {
+      c.momentum = number(value, "momentum");
+      if (!(c.momentum >= 0.0 && c.momentum < 1.0)) fail(fmt::format("momentum {} is outside [0, 1)", c.momentum));
+    } else if (key == "warmup") {
+      const double steps = number(value, "warmup");
+      if (!(steps >= 0.0 && steps == std::floor(steps) && steps < 1e12))
+        fail(fmt::format("warmup {} is not a whole number of steps >= 0", value));
+      c.warmup_steps = static_cast<std::int64_t>(steps);
+    } else {
+      fail(fmt::format("unknown option '{}' (momentum=M, warmup=STEPS)", parts[i]));
+    }
+  }
+  return c;
+}
+
 void TrainerConfig::validate() const {
   MT_CHECK(micro_batch >= 1, kWhere, "micro_batch must be >= 1, got {}", micro_batch);
   MT_CHECK(grad_accum >= 1, kWhere, "grad_accum must be >= 1, got {}", grad_accum);
@@ -341,6 +389,17 @@ void TrainerConfig::validate() const {
              "be freed when a block leaves the active set", lisa_layers, galore_rank);
     MT_CHECK(world_size == 1 && !canonical_reduction, kWhere, "lisa_layers {} with world_size {} / "
              "canonical_reduction: LISA is built for one rank and the ordinary reduction", lisa_layers, world_size);
+  }
+  const GradCompression compression = parse_grad_compression(grad_compression);
+  if (compression.enabled()) {
+    MT_CHECK(zero == 0, kWhere, "grad_compression '{}' with zero {}: Deep Gradient Compression exchanges whole "
+             "sparse gradients, not shards; use zero 0", grad_compression, zero);
+    MT_CHECK(!layerwise_update, kWhere, "grad_compression '{}' with layerwise_update: the sparse exchange needs "
+             "every gradient of the step at once", grad_compression);
+    MT_CHECK(precision != amp::Precision::fp16, kWhere, "grad_compression '{}' with precision fp16: the residuals "
+             "kept across steps would mix loss scales; use bf16 or fp32", grad_compression);
+    MT_CHECK(device.is_cpu() || device.is_meta(), kWhere, "grad_compression '{}' on {}: the top-k selection and the "
+             "sparse exchange run on the CPU (MPI) only", grad_compression, device.str());
   }
   MT_CHECK(!lora.enabled() || world_size == 1, kWhere,
            "lora (rank {}) with world_size {}: data parallel over adapters is not built yet; train LoRA on one rank",

@@ -16,9 +16,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 namespace memtrain::train {
+
+// What a sync that compresses the gradients (dist::DgcSync) sent in its last finish_gradients.
+struct SyncBytes {
+  std::int64_t sent = 0;   // this rank's bytes on the wire (the compressed gradients)
+  std::int64_t dense = 0;  // the bytes of the same gradients uncompressed
+};
 
 class GradientSync {
  public:
@@ -69,6 +76,8 @@ class GradientSync {
   // `values`: entries each nonzero on at most one rank; afterwards every rank holds all of them (exact, since
   // only zeros are added to each).
   virtual void combine_disjoint(std::vector<double>& values) = 0;
+  // A compressing sync: what its last finish_gradients sent (StepMetrics::grad_bytes_sent); none otherwise.
+  virtual std::optional<SyncBytes> last_step_bytes() const { return std::nullopt; }
 };
 
 }  // namespace memtrain::train

@@ -97,8 +97,12 @@ struct StepMetrics {
   bool skipped = false;
   // LISA only (TrainerConfig.lisa_layers): the blocks that trained this step, by index.
   std::vector<std::int64_t> lisa_blocks;
+  // Compressed data parallel only (TrainerConfig::grad_compression): this rank's gradient bytes sent this step,
+  // and the bytes of the same gradients sent dense (GradientSync::last_step_bytes).
+  std::optional<std::int64_t> grad_bytes_sent, grad_bytes_dense;
   // {"step", "loss", "lr", "grad_norm", "samples", "tokens", "step_seconds", "tokens_per_s", "peak_bytes",
-  //  "skipped" [, "val_loss"] [, "loss_scale"] [, "lisa_blocks"]}: one line of the metrics JSONL.
+  //  "skipped" [, "val_loss"] [, "loss_scale"] [, "lisa_blocks"] [, "grad_bytes_sent", "grad_bytes_dense"]}:
+  //  one line of the metrics JSONL.
   nlohmann::json to_json() const;
 };
 

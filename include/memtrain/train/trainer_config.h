@@ -78,6 +78,11 @@ struct TrainerConfig {
   // skipped when any rank saw an overflow. GaLore-projected weights keep their whole summed gradients, as at
   // ZeRO-1 (the projection reads all of it); the other gradients are sharded.
   std::int64_t zero = 0;
+  // Gradient compression of a data-parallel run: "none", or Deep Gradient Compression (Lin et al. 2018,
+  // dist::DgcSync) as "dgc:RATIO[,momentum=M][,warmup=STEPS]": each rank sends only the largest
+  // (1 - RATIO) of each tensor's accumulated gradient as (index, value) pairs and keeps the rest for later
+  // steps (parse_grad_compression). ZeRO 0 only, on the CPU, not with layer-wise updates or fp16.
+  std::string grad_compression = "none";
   // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
   // each into .grad as it comes: costs up to log2(grad_accum) extra gradient sets, and gives the bits of a
   // data-parallel run of the same global batch at any world size. Always on when world_size > 1, where it
@@ -156,6 +161,19 @@ struct TrainerConfig {
   void save(const std::string& path) const;  // atomic
   static TrainerConfig load(const std::string& path);
 };
+
+// TrainerConfig::grad_compression, parsed. "none" -> ratio 0 (off). "dgc:RATIO" with RATIO in (0, 1): the
+// final sparsity (0.999 sends 0.1% of each tensor); "momentum=M" (M in [0, 1), default 0) is the momentum
+// correction's m (use it with plain SGD, as the paper does; 0 leaves an Adam-family optimizer's moments alone);
+// "warmup=STEPS" (default 0) raises the sparsity through 75%, 93.75%, 98.4375%, 99.6% over the first STEPS
+// steps (a quarter each, never above RATIO). Throws memtrain::Error("TrainerConfig", ...) naming the value.
+struct GradCompression {
+  double ratio = 0.0;  // 0: off
+  double momentum = 0.0;
+  std::int64_t warmup_steps = 0;
+  bool enabled() const { return ratio > 0.0; }
+};
+GradCompression parse_grad_compression(const std::string& spec);
 
 // "cpu", "cuda", "cuda:N", "meta" -> Device; throws memtrain::Error(where, ...) naming the value otherwise.
 // Says nothing about whether the device exists (the Trainer checks that when it moves the model).
