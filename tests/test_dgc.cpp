@@ -5,6 +5,7 @@
 #include "memtrain/dist/data_parallel.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/dgc.h"
+#include "memtrain/train/predict.h"
 #include "memtrain/train/trainer.h"
 #include "memtrain/train/trainer_config.h"
 
@@ -111,6 +112,16 @@ TEST(GradCompression, RefusesWhatItCannotCompress) {
             std::string::npos);
   EXPECT_NE(error_of([] { mt::dist::DgcSync(mt::dist::single_process(), {.ratio = 1.0}); }).find("outside (0, 1)"),
             std::string::npos);
+}
+
+// A plan would leave out the residuals (two f32 copies of every gradient): it refuses rather than under-predict.
+TEST(GradCompression, PredictionRefusesACompressedRun) {
+  TrainerConfig c = mt::test_support::short_run_config();
+  c.grad_compression = "dgc:0.99";
+  const mt::train::RunInputs inputs = mt::test_support::inputs_for(false);
+  const std::string e = error_of([&] { mt::train::predict_memory(c, inputs); });
+  EXPECT_NE(e.find("predict_memory"), std::string::npos) << e;
+  EXPECT_NE(e.find("is not predicted"), std::string::npos) << e;
 }
 
 TEST(GradCompression, SparsityWarmsUpThroughThePapersStages) {

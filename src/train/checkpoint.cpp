@@ -292,6 +292,10 @@ void Trainer::load_checkpoint(const std::string& path) {
            "'{}' holds state of optimizer '{}' but this trainer uses '{}'", path,
            opt_name == meta.end() ? std::string("none") : opt_name->second, kind);
   const std::int64_t step = meta_i64(meta, "step", path);
+  if (step > 0 && parse_grad_compression(config_.grad_compression).enabled())
+    fmt::print(stderr, "load_checkpoint: warning: grad_compression '{}': the residuals of the unsent gradient values "
+               "and the sparsity warm-up are not in checkpoints; they start again empty, so the resumed run differs "
+               "from one that was never stopped\n", config_.grad_compression);
   const RngState rng{meta_u64(meta, "rng_seed", path), meta_u64(meta, "rng_offset", path)};
   const data::LoaderPosition pos{meta_i64(meta, "loader_epoch", path), meta_i64(meta, "loader_batch", path)};
 

@@ -35,6 +35,10 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
   MT_CHECK(static_cast<bool>(inputs.make_loss), where, "RunInputs::make_loss is empty");
   MT_CHECK(inputs.train != nullptr, where, "RunInputs::train is null");
   config.validate();
+  MT_CHECK(!parse_grad_compression(config.grad_compression).enabled(), where,
+           "grad_compression '{}' is not predicted (its residuals, two copies of every gradient, are not simulated); "
+           "predict the run with grad_compression \"none\" and add 8 bytes per parameter",
+           config.grad_compression);
   MT_CHECK(config.world_size == 1 || inputs.prepare, where,
            "config.world_size is {}: a data-parallel run is predicted one rank at a time; set RunInputs::prepare "
            "to dist::simulate_rank(r) for rank r", config.world_size);
