@@ -27,7 +27,7 @@ namespace {
 // The image side of each phase of a run of total_steps optimizer steps, in equal shares.
 struct ResizeSchedule {
   std::vector<std::int64_t> sizes;
-  std::int64_t total_steps = 1;
+  std::int64_t total_steps = 1;  // of the run
 
   std::int64_t phase_at(std::int64_t step) const {
     const auto n = static_cast<std::int64_t>(sizes.size());
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an EfficientNet-B0-style network on Fashion-MNIST with memtrain"};
   std::string data_dir = "/usr/share/datasets/fashion-mnist", optimizer = "adamw", out_dir = "runs/efficientnet";
   std::string checkpoint = "none", progressive = "20,24,28", silu = "input";
-  std::int64_t epochs = 3, batch = 64, max_steps = 0;
+  std::int64_t epochs = 3, batch = 64, max_steps = 0, min_feature = nn::EfficientNetConfig{}.min_feature_size;
   double lr = 3e-3, width = 0.5, depth = 0.5;
   std::uint64_t seed = 1;
   bool plan_only = false;
@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor")->capture_default_str();
   app.add_option("--width", width, "width multiplier of B0's channels")->capture_default_str();
   app.add_option("--depth", depth, "depth multiplier of B0's repeats")->capture_default_str();
+  app.add_option("--min-feature", min_feature, "a stage's stride 2 is dropped where it would take the feature map "
+                 "below this side")->capture_default_str();
   app.add_option("--progressive", progressive,
                  "image sides of equal shares of the run, rising (none: full size throughout)")
       ->capture_default_str();
@@ -97,22 +99,16 @@ int main(int argc, char** argv) {
     nn::EfficientNetConfig net;
     net.width_mult = width;
     net.depth_mult = depth;
+    net.min_feature_size = min_feature;
     net.silu = nn::silu_kind_from_name(silu);
     net.validate();
     MT_CHECK(batch >= 1 && epochs >= 1 && max_steps >= 0, "train_efficientnet",
              "needs --batch and --epochs >= 1 and --max-steps >= 0, got {}, {} and {}", batch, epochs, max_steps);
-    const ResizeSchedule schedule{parse_sizes(progressive, net.min_feature_size, net.image_size), 1};
+    const std::vector<std::int64_t> sides = parse_sizes(progressive, net.min_feature_size, net.image_size);
 
-    // A plan reads no data: blank 28x28 images stand in for Fashion-MNIST's 60k train and 10k test images.
-    std::shared_ptr<const data::Dataset> train_set, test_set;
-    if (plan_only) {
-      train_set = std::make_shared<data::BlankDataset>(60000, Shape{1, 28, 28}, DType::f32, Shape{});
-      test_set = std::make_shared<data::BlankDataset>(10000, Shape{1, 28, 28}, DType::f32, Shape{});
-    } else {
-      train_set = data::ImageDataset::from_idx_dir(data_dir, "train");
-      test_set = data::ImageDataset::from_idx_dir(data_dir, "t10k");
-      fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
-    }
+    // A plan reads no data: blank images stand in for Fashion-MNIST's.
+    const auto [train_set, test_set] = data::fashion_mnist_splits(data_dir, plan_only);
+    if (!plan_only) fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
 
     train::TrainerConfig config;
     config.model.preset = "efficientnet";
@@ -153,8 +149,7 @@ int main(int argc, char** argv) {
     }
 
     auto model = make_model();
-    ResizeSchedule sched = schedule;
-    sched.total_steps = config.max_steps;
+    const ResizeSchedule sched{sides, config.max_steps};
     fmt::print("model: {}optimizer {}, {} steps of {} images, SiLU saves its {}, image sides {}\n", model->describe(),
                config.optimizer.to_string(), config.max_steps, batch, silu, fmt::join(sched.sizes, " -> "));
     // The Trainer is made after the loss, which asks it for the step to pick the phase's size.

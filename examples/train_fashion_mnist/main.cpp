@@ -41,16 +41,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    // A plan reads no data: blank 28x28 images stand in for Fashion-MNIST's 60k train and 10k test images.
-    std::shared_ptr<const data::Dataset> train_set, test_set;
-    if (plan_only) {
-      train_set = std::make_shared<data::BlankDataset>(60000, Shape{1, 28, 28}, DType::f32, Shape{});
-      test_set = std::make_shared<data::BlankDataset>(10000, Shape{1, 28, 28}, DType::f32, Shape{});
-    } else {
-      train_set = data::ImageDataset::from_idx_dir(data_dir, "train");
-      test_set = data::ImageDataset::from_idx_dir(data_dir, "t10k");
-      fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
-    }
+    // A plan reads no data: blank images stand in for Fashion-MNIST's.
+    const auto [train_set, test_set] = data::fashion_mnist_splits(data_dir, plan_only);
+    if (!plan_only) fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
 
     train::TrainerConfig config;
     config.model.preset = "cnn";

@@ -114,4 +114,11 @@ std::string ImageDataset::describe() const {
                      images_.size(2), num_classes_);
 }
 
+ImageSplits fashion_mnist_splits(const std::string& dir, bool blank) {
+  if (blank)
+    return {std::make_shared<BlankDataset>(60000, Shape{1, 28, 28}, DType::f32, Shape{}),
+            std::make_shared<BlankDataset>(10000, Shape{1, 28, 28}, DType::f32, Shape{})};
+  return {ImageDataset::from_idx_dir(dir, "train"), ImageDataset::from_idx_dir(dir, "t10k")};
+}
+
 }  // namespace memtrain::data

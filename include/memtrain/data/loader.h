@@ -109,6 +109,14 @@ class ImageDataset : public Dataset {
                const IdxFiles& files);
 };
 
+// Fashion-MNIST's two splits from an IDX directory (from_idx_dir "train" and "t10k"), or, for a memory plan that
+// reads no data (blank), stand-ins of the same sizes and shape: 60,000 and 10,000 blank f32 images 1x28x28.
+struct ImageSplits {
+  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const Dataset> test;
+};
+ImageSplits fashion_mnist_splits(const std::string& dir, bool blank);
+
 struct LoaderOptions {
   std::int64_t batch_size = 8;
   std::uint64_t seed = 0;
