@@ -9,14 +9,16 @@
 # A few steps each (the peak is the same every step); the run's median step time beside it.
 #
 # Usage: bench/efficientnet_table.sh
-# Environment: MEMTRAIN_BUILD_DIR (build), BATCH (512), STEPS (4), WORK (scratch dir), DATA (fashion-mnist dir).
+# Environment: MEMTRAIN_BUILD_DIR (build), BATCH (512), STEPS (4), THREADS (2), WORK (scratch dir), DATA
+# (fashion-mnist dir), EXTRA (flags added to every run).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 cd "$MEMTRAIN_ROOT"
 bin=${MEMTRAIN_BUILD_DIR:-build}/examples/memtrain_train_efficientnet
 [[ -x $bin ]] || mt_die "$bin is not built"
-batch=${BATCH:-512} steps=${STEPS:-4} work=${WORK:-$(mktemp -d)}
+batch=${BATCH:-512} steps=${STEPS:-4} threads=${THREADS:-2} work=${WORK:-$(mktemp -d)}
+mkdir -p "$work"
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 declare -A flags=(
   [silu_input]="--progressive none"
@@ -28,11 +30,11 @@ declare -A flags=(
 order=(silu_input silu_output side_20 side_24 checkpoint_full)
 field() { perl -ne 'print $1 if /"\Q'"$2"'\E": ([-+0-9.eE]+)/' "$1"; }
 
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, OMP_NUM_THREADS=2; batch $batch, $steps steps"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, OMP_NUM_THREADS=$threads; batch $batch, $steps steps ${EXTRA:-}"
 printf '| run | activations at peak (MiB) | total peak (MiB) | median step (s) |\n|---|---|---|---|\n'
 for name in "${order[@]}"; do
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=2 "$bin" --data "$data" --batch "$batch" --max-steps "$steps" ${flags[$name]} \
+  OMP_NUM_THREADS=$threads "$bin" --data "$data" --batch "$batch" --max-steps "$steps" ${flags[$name]} ${EXTRA:-} \
     --out-dir "$work/$name" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; mt_die "$name failed"; }
   summary=$work/$name/summary.json
   acts=$(perl -0ne 'print $1 if /"peak_bytes_by_category":\s*\{[^}]*"activations":\s*([0-9]+)/' "$summary")

@@ -156,6 +156,7 @@ TEST(CheckpointModels, EfficientNetEveryPolicyTrainsBitIdentically) {
       nn::EfficientNetConfig c;
       c.image_size = 12;
       c.width_mult = 0.25;
+      c.min_feature_size = 3;  // 12 -> 6 -> 3: the strided blocks too
       c.depth_mult = 0.34;  // stages of one block, two for the four-block stage
       c.head_channels = 16;
       c.dropout = 0.2;

@@ -61,14 +61,15 @@ TEST(EfficientNet, WidthAndDepthRoundingGiveB1AndB3) {
   EXPECT_EQ(widths, (std::vector<std::int64_t>{40, 24, 32, 48, 96, 136, 232, 384}));
 }
 
-// At 28x28 (stem stride 1) the strides of stages 2, 3 and 4 halve 28 -> 14 -> 7 -> 4; stage 6's would take the
-// 4x4 map to 2x2, below min_feature_size 4, so it is dropped. Logits come out [B, classes] at any input size.
+// At 28x28 (stem stride 1) the strides of stages 2 and 3 halve 28 -> 14 -> 7; those of stages 4 and 6 would take
+// the 7x7 map below min_feature_size 7, so they are dropped. Logits come out [B, classes] at any input size.
 TEST(EfficientNet, SmallImagesKeepAFeatureMapAndAnySizeGivesLogits) {
   manual_seed(2);
   nn::EfficientNet net;  // the Fashion-MNIST default
   const std::string d = net.describe();
-  EXPECT_NE(d.find("stage 4: 2 x MBConv6 k3 s2 24 -> 40, 4x4"), std::string::npos) << d;
-  EXPECT_NE(d.find("stage 6: 2 x MBConv6 k5 s1 56 -> 96, 4x4"), std::string::npos) << d;
+  EXPECT_NE(d.find("stage 3: 1 x MBConv6 k5 s2 16 -> 24, 7x7"), std::string::npos) << d;
+  EXPECT_NE(d.find("stage 4: 2 x MBConv6 k3 s1 24 -> 40, 7x7"), std::string::npos) << d;
+  EXPECT_NE(d.find("stage 6: 2 x MBConv6 k5 s1 56 -> 96, 7x7"), std::string::npos) << d;
   EXPECT_EQ(net.num_blocks(), 10);
   autograd::NoGradGuard no_grad;
   for (const std::int64_t side : {28, 20}) EXPECT_EQ(net.forward(randn({2, 1, side, side})).shape(), (Shape{2, 10}));
