@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -278,6 +279,47 @@ TEST(CudaTrainer, FusedLinearCrossEntropyMatchesTheCpu) {
         if (red == mt::ops::Reduction::none) EXPECT_EQ(l_dev.to(Device::cpu()).data<float>()[5], 0.0f);
       }
     }
+  }
+}
+
+// The head's gradients made in the forward (ops::LossGradientSeed) on the device: the same bits as its recompute
+// there, and within rounding of the CPU's. Under bf16/f16 autocast the device runs the head's GEMMs narrow
+// (cuBLASLt, Backend::gemm_narrow_native), the CPU in bf16 or (f16) in f32, hence the narrow tolerance.
+TEST(CudaTrainer, FusedHeadGradientsInTheForwardMatchTheRecomputeAndTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const Device dev = Device::cuda(0);
+  const std::int64_t N = 41, C = 32, V = 57, chunk = 16;
+  for (const mt::DType xdtype : {mt::DType::f32, mt::DType::bf16, mt::DType::f16}) {
+    SCOPED_TRACE(mt::dtype_name(xdtype));
+    mt::manual_seed(12);
+    const Tensor x = mt::randn({N, C}).to(xdtype), w = mt::randn({V, C}) * 0.3;
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(N));
+    for (std::int64_t i = 0; i < N; ++i) ids[static_cast<std::size_t>(i)] = (i * 5 + 1) % V;
+    const Tensor t = mt::tensor(ids, {N});
+    // dx and dW of the head on `device`, with the backward's seed 0.5 declared or not.
+    const auto grads = [&](Device device, bool declared) {
+      Tensor xl = x.to(device).set_requires_grad(true), wl = w.to(device).set_requires_grad(true);
+      Tensor loss;
+      {
+        std::optional<mt::amp::Autocast> cast;
+        if (xdtype != mt::DType::f32) cast.emplace(xdtype);
+        std::optional<mt::ops::LossGradientSeed> seed;
+        if (declared) seed.emplace(0.5);
+        loss = mt::ops::fused_linear_cross_entropy(xl, wl, Tensor(), t.to(device), mt::ops::Reduction::mean, -100,
+                                                   chunk);
+      }
+      loss.backward(mt::full({}, 0.5, mt::DType::f32, device));
+      const auto flat = [](const Tensor& g) {
+        const Tensor c = g.detach().to(Device::cpu()).to(mt::DType::f32).contiguous();
+        return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
+      };
+      return std::vector<std::vector<float>>{flat(xl.grad()), flat(wl.grad())};
+    };
+    const auto in_forward = grads(dev, true), recomputed = grads(dev, false), cpu = grads(Device::cpu(), true);
+    EXPECT_EQ(in_forward, recomputed);
+    const double tol = xdtype == mt::DType::f32 ? 1e-5 : 3e-2;
+    EXPECT_LT(rel_diff({in_forward[0]}, {cpu[0]}), tol);
+    EXPECT_LT(rel_diff({in_forward[1]}, {cpu[1]}), tol);
   }
 }
 

@@ -48,8 +48,8 @@ inline MatrixOperand as_operand(const Tensor& t) {
 }
 
 // The sizes of Backend::gemm_f32's out [m, n] = op(a) [m, k] op(b) [k, n] and out's row stride, after checking what
-// its kernels take: 2-D f32 operands on one device, sizes that agree, out row-major (unit column stride, rows
-// apart). Throws naming "gemm_f32" and the operands.
+// its kernels take: 2-D operands on one device (out f32; a and b both f32, bf16 or f16), sizes that agree, out
+// row-major (unit column stride, rows apart). Throws naming "gemm_f32" and the operands.
 struct GemmDims {
   std::int64_t m = 0, n = 0, k = 0, ldc = 0;
 };
@@ -58,9 +58,11 @@ inline GemmDims check_gemm_operands(const Tensor& out, const Tensor& a, const Te
   constexpr const char* op = "gemm_f32";
   MT_CHECK(out.dim() == 2 && a.dim() == 2 && b.dim() == 2, op, "expects 2-D out, a and b, got {}, {} and {}",
            shape_str(out.shape()), shape_str(a.shape()), shape_str(b.shape()));
-  MT_CHECK(out.dtype() == DType::f32 && a.dtype() == DType::f32 && b.dtype() == DType::f32, op,
-           "expects f32 out, a and b, got {}, {} and {}", dtype_name(out.dtype()), dtype_name(a.dtype()),
-           dtype_name(b.dtype()));
+  const bool operands_ok = a.dtype() == b.dtype() &&
+                           (a.dtype() == DType::f32 || a.dtype() == DType::bf16 || a.dtype() == DType::f16);
+  MT_CHECK(out.dtype() == DType::f32 && operands_ok, op,
+           "expects an f32 out and a, b both f32, bf16 or f16, got {}, {} and {}", dtype_name(out.dtype()),
+           dtype_name(a.dtype()), dtype_name(b.dtype()));
   MT_CHECK(a.device() == out.device() && b.device() == out.device(), op, "out on {}, a on {}, b on {}: one device",
            out.device().str(), a.device().str(), b.device().str());
   GemmDims d;

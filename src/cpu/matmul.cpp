@@ -120,13 +120,25 @@ void CpuBackend::linear_forward(const Tensor& out, const Tensor& x, const Tensor
 void CpuBackend::gemm_f32(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                           double alpha, double beta) const {
   const ::memtrain::detail::GemmDims d = ::memtrain::detail::check_gemm_operands(out, a, b, trans_a, trans_b);
+  // f16 has no CPU GEMM: its operands are widened (exactly) into f32 copies first.
+  const bool widen = a.dtype() == DType::f16;
   // Transposed views are read in place: a column-major operand is its transpose stored row-major.
-  const MatrixOperand A = as_operand(a), B = as_operand(b);
+  const MatrixOperand A = as_operand(widen ? a.detach().to(DType::f32) : a);
+  const MatrixOperand B = as_operand(widen ? b.detach().to(DType::f32) : b);
   if (!runs_kernels()) return;
   // Qualified: the member of the same name would hide the kernel.
-  cpu::gemm_f32(trans_a != A.trans, trans_b != B.trans, d.m, d.n, d.k, static_cast<float>(alpha),
-                A.tensor.data<float>(), A.ld, B.tensor.data<float>(), B.ld, static_cast<float>(beta), out.data<float>(),
-                d.ldc);
+  const bool ta = trans_a != A.trans, tb = trans_b != B.trans;
+  if (A.tensor.dtype() == DType::bf16) {
+    cpu::gemm_bf16(ta, tb, d.m, d.n, d.k, static_cast<float>(alpha), A.tensor.data<std::uint16_t>(), A.ld,
+                   B.tensor.data<std::uint16_t>(), B.ld, static_cast<float>(beta), out.data<float>(), d.ldc);
+    return;
+  }
+  cpu::gemm_f32(ta, tb, d.m, d.n, d.k, static_cast<float>(alpha), A.tensor.data<float>(), A.ld,
+                B.tensor.data<float>(), B.ld, static_cast<float>(beta), out.data<float>(), d.ldc);
 }
+
+// bf16 runs oneDNN's bf16 GEMM (or cpu/gemm.h's blockwise widening where the CPU has no bf16 instructions);
+// f16 would be widened whole.
+bool CpuBackend::gemm_narrow_native(DType dtype) const { return dtype == DType::bf16; }
 
 }  // namespace memtrain::cpu

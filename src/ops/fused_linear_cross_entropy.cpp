@@ -1,30 +1,36 @@
 // fused_linear_cross_entropy: linear + cross-entropy walked in chunks of rows, so the [N, V] logits are
 // never alive at once. Written once, over the backend's entries (src/core/backend.h), so it runs on every device:
 //
-//   forward, per chunk of r rows:  copy                    x rows (r, C) widened to f32 (bf16/f16 x only)
-//                                  linear_forward / matmul logits (r, V) = x W^T (+ b)
-//                                  cross_entropy_forward   losses, lse (r)
-//   backward, per chunk:           the same logits, recomputed
-//                                  cross_entropy_backward  dlogits (r, V), in place over the logits
-//                                  matmul (+ copy)         dx (r, C) = dlogits W, rounded once to x's dtype
-//                                  gemm_f32, beta 1        dW (V, C) += dlogits^T x
-//                                  sum, binary add         db (V) += column sums of dlogits
+//   per chunk of r rows:   copy                     x rows (r, C) widened to f32 (f32 GEMMs over bf16/f16 x)
+//                          linear_forward / matmul  logits (r, V) = x W^T (+ b), f32 GEMMs
+//                          (copy +) gemm_f32        the same from x's dtype (narrow GEMMs under autocast)
+//                          cross_entropy_forward    losses, lse (r)
+//   gradients, per chunk:  cross_entropy_backward   dlogits (r, V), in place over the logits
+//                          copy                     dlogits rounded to x's dtype (narrow GEMMs)
+//                          matmul (+ copy)          dx (r, C) = dlogits W, rounded once to x's dtype
+//                          gemm_f32, beta 1         dW (V, C) += dlogits^T x
+//                          sum, binary add          db (V) += column sums of dlogits
 //
-// Its buffers are workspace: one (chunk, V) f32 logits buffer, for bf16/f16 x (chunk, C) f32 rows (and rows of
-// dx), and with a bias gradient one (V) f32 column sum. The front-end checks the operands, and the targets once
-// for every chunk (on a host copy where their data is not on the host), reduces the per-row losses on the host
-// in row order, in double, as ops::cross_entropy does, and keeps only lse [N] for the backward. Reductions,
-// ignore_index and the mean's count follow ops::cross_entropy exactly.
+// The gradients run in the forward, right after each chunk's loss, when the loss's gradient was declared
+// (LossGradientSeed) for a mean or sum; else in the backward, over logits recomputed chunk by chunk. Both walks
+// run the same entries on the same values, so they give the same bits. Buffers are workspace, one chunk each
+// (ChunkWalk). The front-end checks the operands, and the targets once for every chunk (on a host copy where
+// their data is not on the host), reduces the per-row losses on the host in row order, in double, as
+// ops::cross_entropy does, and keeps lse [N] for a backward that recomputes. Reductions, ignore_index and the
+// mean's count follow ops::cross_entropy exactly.
 #include "memtrain/ops/fused_loss.h"
 
 #include "core/backend.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/autograd/saved_tensor.h"
+#include "memtrain/ops/dispatch_modes.h"
 #include "ops/nn_common.h"
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <vector>
 
 namespace memtrain::ops {
@@ -61,149 +67,243 @@ std::int64_t count_targets(const Tensor& targets, std::int64_t V, std::int64_t i
   return count;
 }
 
-// The operands of a walk, dense as the primitives read them best, and its buffers (workspace, on x's device):
-// the (chunk, V) f32 logits and, for bf16/f16 x, the (chunk, C) f32 rows.
+// The gradients a walk makes: dx (N, C) like x, dW (V, C) and db (V) f32 (zero-filled: accumulated); each
+// undefined when not wanted.
+struct Grads {
+  Tensor dx, dw, db;
+};
+
+Grads allocate_grads(const Tensor& x, std::int64_t V, bool want_dx, bool want_dw, bool want_db) {
+  const std::int64_t N = x.size(0), C = x.size(1);
+  const Device dev = x.device();
+  const CategoryGuard category(MemoryCategory::gradients);
+  return {want_dx ? Tensor::empty({N, C}, x.dtype(), dev) : Tensor(),  // every row written
+          want_dw ? zeros({V, C}, DType::f32, dev) : Tensor(), want_db ? zeros({V}, DType::f32, dev) : Tensor()};
+}
+
+// The f32 loss gradient of every row of a mean or sum from the loss's gradient g, formed on the host in f32 on
+// every device (the same float whether the forward or the backward forms it).
+Tensor reduced_dloss(float g, Reduction reduction, std::int64_t count, Device dev) {
+  float scale = g;
+  if (reduction == Reduction::mean) scale /= static_cast<float>(count);
+  return full({}, static_cast<double>(scale), DType::f32, dev);
+}
+
+// The operands of a walk, dense as the primitives read them best, and its buffers (workspace, on x's device).
+// gemm_weight is the weight the GEMMs read: the f32 weight, or its copy in x's narrow dtype (narrow GEMMs with
+// f32 accumulation). Buffers: the (chunk, V) f32 logits, then as the walk needs them: for f32 GEMMs over a
+// narrow x, the (chunk, C) f32 rows and the rows of dx; for narrow GEMMs, the (chunk, V) dlogits rounded to x's
+// dtype; with a bias gradient, one (V) f32 column sum.
 class ChunkWalk {
  public:
-  ChunkWalk(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& targets, std::int64_t chunk_rows)
+  ChunkWalk(const Tensor& x, const Tensor& gemm_weight, const Tensor& bias, const Tensor& targets,
+            std::int64_t chunk_rows, const Grads& grads)
       : be_(::memtrain::detail::backend_for(x.device())),
         x_(dense(x)),
-        w_(dense(weight)),
+        w_(dense(gemm_weight)),
         b_(dense(bias)),
         t_(dense(targets)),
         N_(x.size(0)),
         C_(x.size(1)),
-        V_(weight.size(0)),
+        V_(gemm_weight.size(0)),
         chunk_(std::min(chunk_rows, N_)) {
     if (chunk_ == 0) return;
-    logits_ = workspace_on(x.device(), chunk_ * V_, DType::f32);
-    if (narrow()) wide_ = workspace_on(x.device(), chunk_ * C_, DType::f32);
+    const Device dev = x.device();
+    logits_ = workspace_on(dev, chunk_ * V_, DType::f32);
+    if (widened()) wide_ = workspace_on(dev, chunk_ * C_, DType::f32);
+    if (widened() && grads.dx.defined()) dx_wide_ = workspace_on(dev, chunk_ * C_, DType::f32);
+    if (narrow_gemm() && (grads.dx.defined() || grads.dw.defined()))
+      dl_narrow_ = workspace_on(dev, chunk_ * V_, w_.dtype());
+    if (grads.db.defined()) db_chunk_ = workspace_on(dev, V_, DType::f32).view({1, V_});
   }
 
   const Backend& backend() const { return be_; }
   std::int64_t rows() const { return N_; }
   std::int64_t chunk() const { return chunk_; }
-  bool narrow() const { return x_.dtype() != DType::f32; }
-  const Tensor& weight() const { return w_; }
   Tensor targets(std::int64_t n0, std::int64_t r) const { return t_.narrow(0, n0, r); }
 
-  // Rows [n0, n0 + r) of x as an f32 (r, C) matrix: x's own rows, or widened (exactly) into the rows buffer.
-  Tensor rows_f32(std::int64_t n0, std::int64_t r) const {
+  // Rows [n0, n0 + r) of x as the GEMMs read them: x's own rows, or widened (exactly) into the f32 rows buffer.
+  Tensor gemm_rows(std::int64_t n0, std::int64_t r) const {
     const Tensor rows = x_.narrow(0, n0, r);
-    if (!narrow()) return rows;
+    if (!widened()) return rows;
     const Tensor wide = wide_.narrow(0, 0, r * C_).view({r, C_});
     be_.copy(wide, rows);
     return wide;
   }
 
-  // logits (r, V) = x_rows W^T (+ b), in the logits buffer.
-  Tensor logits(const Tensor& x_rows) const {
-    const std::int64_t r = x_rows.size(0);
+  // logits (r, V) f32 = rows W^T (+ b), in the logits buffer.
+  Tensor logits(const Tensor& rows) const {
+    const std::int64_t r = rows.size(0);
     const Tensor out = logits_.narrow(0, 0, r * V_).view({r, V_});
-    if (b_.defined()) {
-      be_.linear_forward(out, x_rows, w_, b_);
+    if (narrow_gemm()) {
+      if (b_.defined()) be_.copy(out, b_.view({1, V_}).expand({r, V_}));  // the bias, summed into by the GEMM
+      be_.gemm_f32(out, rows, w_, false, true, 1.0, b_.defined() ? 1.0 : 0.0);
+    } else if (b_.defined()) {
+      be_.linear_forward(out, rows, w_, b_);
     } else {
-      be_.matmul(out, x_rows, w_.t());
+      be_.matmul(out, rows, w_.t());
     }
     return out;
   }
 
+  // Hands on the dlogits dl (r, V) f32 of rows [n0, n0 + r) (`rows` as gemm_rows gave them): dx rows = dl W,
+  // rounded once to x's dtype; dW += dl^T rows; db += column sums of dl.
+  void gradients(const Tensor& dl, std::int64_t n0, const Tensor& rows, const Grads& g) const {
+    const std::int64_t r = dl.size(0);
+    if (g.dx.defined() || g.dw.defined()) {
+      // Narrow GEMMs read dlogits rounded to x's dtype, as the backward of a narrow matmul would.
+      Tensor dl_gemm = dl;
+      if (narrow_gemm()) {
+        dl_gemm = dl_narrow_.narrow(0, 0, r * V_).view({r, V_});
+        be_.copy(dl_gemm, dl);
+      }
+      if (g.dx.defined()) {
+        const Tensor dx_rows = g.dx.narrow(0, n0, r);
+        const Tensor out = dx_wide_.defined() ? dx_wide_.narrow(0, 0, r * C_).view({r, C_}) : dx_rows;
+        be_.matmul(out, dl_gemm, w_);  // narrow: summed in f32, rounded once into dx's rows
+        if (dx_wide_.defined()) be_.copy(dx_rows, out);
+      }
+      if (g.dw.defined()) be_.gemm_f32(g.dw, dl_gemm, rows, true, false, 1.0, 1.0);  // dW (V, C) += dl^T rows
+    }
+    if (g.db.defined()) {
+      // Scratch of this walk, whatever the backend allocates for the sum (the CPU: an f64 accumulator).
+      const CategoryGuard scratch(MemoryCategory::workspace);
+      be_.sum(db_chunk_, dl);
+      const Tensor db_row = g.db.view({1, V_});
+      be_.binary(db_row, db_row, db_chunk_, Backend::BinaryOp::add, 0.0, 0.0);
+    }
+  }
+
  private:
+  bool narrow_gemm() const { return w_.dtype() != DType::f32; }
+  bool widened() const { return x_.dtype() != DType::f32 && !narrow_gemm(); }
+
   const Backend& be_;
   Tensor x_, w_, b_, t_;  // x (N, C), w (V, C), b (V) or undefined, t (N)
   std::int64_t N_, C_, V_, chunk_;
-  Tensor logits_;  // (chunk * V) f32
-  Tensor wide_;    // (chunk * C) f32; undefined for f32 x
+  Tensor logits_;     // (chunk * V) f32
+  Tensor wide_;       // (chunk * C) f32: f32 GEMMs over a narrow x; else undefined
+  Tensor dx_wide_;    // (chunk * C) f32: likewise, for dx's rows
+  Tensor dl_narrow_;  // (chunk * V) in x's dtype: narrow GEMMs
+  Tensor db_chunk_;   // (1, V) f32: with a bias gradient
 };
 
-// losses and lse [N] (f32, on x's device) of every row, chunk by chunk.
-void fused_forward(const Tensor& losses, const Tensor& lse, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   const Tensor& targets, std::int64_t ignore_index, std::int64_t chunk_rows) {
-  const ChunkWalk walk(x, weight, bias, targets, chunk_rows);
+// losses and lse [N] (f32, on x's device) of every row, chunk by chunk. With dloss defined (a mean's or sum's
+// f32 [] scale: the gradients in the forward), each chunk's logits become its dlogits at once, handed on into
+// `grads`.
+void forward_walk(const Tensor& losses, const Tensor& lse, const ChunkWalk& walk, std::int64_t ignore_index,
+                  const Tensor& dloss, const Grads& grads) {
+  const Backend& be = walk.backend();
   for (std::int64_t n0 = 0; n0 < walk.rows(); n0 += walk.chunk()) {
     const std::int64_t r = std::min(walk.chunk(), walk.rows() - n0);
-    const Tensor logits = walk.logits(walk.rows_f32(n0, r));  // (r, V)
+    const Tensor rows = walk.gemm_rows(n0, r);
+    const Tensor logits = walk.logits(rows);  // (r, V)
     // The targets were checked and counted once by count_targets.
-    walk.backend().cross_entropy_forward(losses.narrow(0, n0, r), lse.narrow(0, n0, r), logits, walk.targets(n0, r),
-                                         ignore_index, false);
+    be.cross_entropy_forward(losses.narrow(0, n0, r), lse.narrow(0, n0, r), logits, walk.targets(n0, r),
+                             ignore_index, false);
+    if (!dloss.defined()) continue;
+    be.cross_entropy_backward(logits, dloss, logits, walk.targets(n0, r), lse.narrow(0, n0, r), ignore_index, false,
+                              1);
+    walk.gradients(logits, n0, rows, grads);
   }
 }
 
-struct Saved {
-  SavedTensor x, weight, bias, targets, lse;
-};
-
-// dx (N, C) like x, dw (V, C) and db (V) f32 (zero-filled: accumulated), each undefined when not wanted, from
-// dloss: f32 [] (one scale for every row) or [N] (per row). Each chunk's logits are recomputed and turned in
-// place into dlogits.
-void fused_backward_walk(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dloss, const Tensor& x,
-                         const Tensor& weight, const Tensor& bias, const Tensor& targets, const Tensor& lse,
-                         std::int64_t ignore_index, std::int64_t chunk_rows) {
-  const bool want_dx = dx.defined(), want_dw = dw.defined(), want_db = db.defined();
-  if (!(want_dx || want_dw || want_db)) return;
-  const ChunkWalk walk(x, weight, bias, targets, chunk_rows);
-  if (walk.chunk() == 0) return;
+// The backward that recomputes: each chunk's logits again, turned in place into dlogits from dloss, f32 [] (one
+// scale for every row) or [N] (per row), and handed on into `grads`.
+void recompute_walk(const ChunkWalk& walk, const Tensor& dloss, const Tensor& lse, std::int64_t ignore_index,
+                    const Grads& grads) {
   const Backend& be = walk.backend();
-  const Device dev = x.device();
-  const std::int64_t C = x.size(1), V = weight.size(0);
   const bool per_row = dloss.dim() == 1;
-  // dx rows of a narrow x are computed in f32 and rounded once into dx.
-  const Tensor dx_wide = want_dx && walk.narrow() ? workspace_on(dev, walk.chunk() * C, DType::f32) : Tensor();
-  const Tensor db_chunk = want_db ? workspace_on(dev, V, DType::f32).view({1, V}) : Tensor();  // (1, V)
-  const Tensor db_row = want_db ? db.view({1, V}) : Tensor();                                   // (1, V)
   for (std::int64_t n0 = 0; n0 < walk.rows(); n0 += walk.chunk()) {
     const std::int64_t r = std::min(walk.chunk(), walk.rows() - n0);
-    const Tensor x_rows = walk.rows_f32(n0, r);  // (r, C) f32
-    const Tensor dl = walk.logits(x_rows);       // (r, V): logits, then dlogits in place
+    const Tensor rows = walk.gemm_rows(n0, r);
+    const Tensor dl = walk.logits(rows);  // (r, V): logits, then dlogits in place
     be.cross_entropy_backward(dl, per_row ? dloss.narrow(0, n0, r) : dloss, dl, walk.targets(n0, r),
                               lse.narrow(0, n0, r), ignore_index, per_row, 1);
-    if (want_dx) {
-      const Tensor dx_rows = dx.narrow(0, n0, r);
-      const Tensor out = dx_wide.defined() ? dx_wide.narrow(0, 0, r * C).view({r, C}) : dx_rows;
-      be.matmul(out, dl, walk.weight());
-      if (dx_wide.defined()) be.copy(dx_rows, out);
-    }
-    if (want_dw) be.gemm_f32(dw, dl, x_rows, true, false, 1.0, 1.0);  // dW (V, C) += dl^T (V, r) x_rows (r, C)
-    if (want_db) {
-      // Scratch of this walk, whatever the backend allocates for the sum (the CPU: an f64 accumulator).
-      const CategoryGuard scratch(MemoryCategory::workspace);
-      be.sum(db_chunk, dl);
-      be.binary(db_row, db_row, db_chunk, Backend::BinaryOp::add, 0.0, 0.0);
-    }
+    walk.gradients(dl, n0, rows, grads);
   }
 }
+
+// The weight the GEMMs read: the f32 weight, or, when a CastMode (autocast) casts it to x's narrow dtype and the
+// backend multiplies that dtype natively, the narrow copy (data only: the gradient goes to the f32 weight).
+Tensor gemm_weight_for(const Tensor& x, const Tensor& weight) {
+  const DType dt = x.dtype();
+  if (dt == DType::f32 || !::memtrain::detail::backend_for(x.device()).gemm_narrow_native(dt)) return weight;
+  const auto cast = detail::cast_mode_to_compute(x, weight);
+  if (!cast || (*cast)[1].dtype() != dt) return weight;
+  return (*cast)[1].detach();
+}
+
+thread_local double t_seed = 0.0;
+thread_local bool t_has_seed = false;
+thread_local std::int64_t t_recomputes = 0;
+
+// What the backward needs. The recompute reads x, the f32 weight (cast again to gemm_dtype when the forward's
+// GEMMs were narrow), the bias, the targets and lse; the gradients of the forward (defined only when it made
+// them, for `seed`) are handed on once and dropped.
+struct Saved {
+  SavedTensor x, weight, bias, targets, lse;
+  DType gemm_dtype = DType::f32;
+  Reduction reduction = Reduction::mean;
+  std::int64_t ignore_index = -100, count = 0, chunk_rows = 0;
+  bool want_dx = false, want_dw = false, want_db = false;
+  float seed = 0.0f;
+  std::optional<Grads> made;
+};
 
 // Gradients of x, weight and (when defined) bias from the loss gradient g (scalar for mean/sum, [N] for
 // none). Undefined where not wanted.
-std::vector<Tensor> fused_backward(const Tensor& g, const Saved& s, Reduction reduction, std::int64_t ignore_index,
-                                   std::int64_t count, std::int64_t chunk_rows, bool want_dx, bool want_dw,
-                                   bool want_db) {
-  const Tensor x = s.x.unpack(), w = s.weight.unpack(), t = s.targets.unpack(), lse = s.lse.unpack();
-  const Tensor b = s.bias.defined() ? s.bias.unpack() : Tensor();
-  const std::int64_t N = x.size(0), C = x.size(1), V = w.size(0);
-  const Device dev = x.device();
-  Tensor dloss;  // f32 on x's device: one scale [] or [N]
-  if (reduction == Reduction::none) {
+std::vector<Tensor> fused_backward(const Tensor& g, Saved& s) {
+  const Tensor x = s.x.unpack();
+  const std::int64_t N = x.size(0);
+  Grads grads;
+  if (s.reduction == Reduction::none) {
     MT_CHECK(g.dim() == 1 && g.size(0) == N, kOp, "loss gradient {} does not match {} rows", shape_str(g.shape()), N);
     detail::check_same_device(kOp, "x", x, "loss gradient", g);
-    dloss = g.detach().to(DType::f32).contiguous();
   } else {
     MT_CHECK(g.numel() == 1, kOp, "loss gradient {} is not a scalar", shape_str(g.shape()));
-    // Formed on the host in f32, on every device.
-    auto scale = static_cast<float>(g.item());
-    if (reduction == Reduction::mean) scale /= static_cast<float>(count);
-    dloss = full({}, static_cast<double>(scale), DType::f32, dev);
   }
-  const Tensor dx = want_dx ? Tensor::empty({N, C}, x.dtype(), dev) : Tensor();  // (N, C), every row written
-  const Tensor dw = want_dw ? zeros({V, C}, DType::f32, dev) : Tensor();          // (V, C), accumulated
-  const Tensor db = want_db ? zeros({V}, DType::f32, dev) : Tensor();             // (V), accumulated
-  fused_backward_walk(dx, dw, db, dloss, x, w, b, t, lse, ignore_index, chunk_rows);
-  std::vector<Tensor> grads{dx, dw};
-  if (s.bias.defined()) grads.push_back(db);
-  return grads;
+  // Meta reads zeros for every value: its run stands for the seeded backward the forward prepared.
+  const bool seeded = s.made && (g.device().is_meta() || static_cast<float>(g.item()) == s.seed);
+  if (seeded) {
+    grads = std::move(*s.made);
+    s.made.reset();
+  } else {
+    s.made.reset();  // the forward's gradients were for another seed: recompute
+    ++t_recomputes;
+    const Tensor w = s.weight.unpack(), t = s.targets.unpack(), lse = s.lse.unpack();
+    const Tensor b = s.bias.defined() ? s.bias.unpack() : Tensor();
+    const Device dev = x.device();
+    const Tensor dloss = s.reduction == Reduction::none
+                             ? g.detach().to(DType::f32).contiguous()
+                             : reduced_dloss(static_cast<float>(g.item()), s.reduction, s.count, dev);
+    grads = allocate_grads(x, w.size(0), s.want_dx, s.want_dw, s.want_db);
+    Tensor gemm_w = w;
+    if (s.gemm_dtype != DType::f32) {
+      const CategoryGuard scratch(MemoryCategory::workspace);
+      gemm_w = w.detach().to(s.gemm_dtype);  // the same rounding the forward's cast made
+    }
+    const ChunkWalk walk(x, gemm_w, b, t, s.chunk_rows, grads);
+    if (walk.chunk() > 0) recompute_walk(walk, dloss, lse, s.ignore_index, grads);
+  }
+  std::vector<Tensor> out{grads.dx, grads.dw};
+  if (s.bias.defined()) out.push_back(grads.db);
+  return out;
 }
 
 }  // namespace
+
+LossGradientSeed::LossGradientSeed(double seed) : previous_(t_seed), had_previous_(t_has_seed) {
+  t_seed = seed;
+  t_has_seed = true;
+}
+
+LossGradientSeed::~LossGradientSeed() {
+  t_seed = previous_;
+  t_has_seed = had_previous_;
+}
+
+std::int64_t fused_head_recomputes() { return t_recomputes; }
 
 Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& targets,
                                   Reduction reduction, std::int64_t ignore_index, std::int64_t chunk_rows) {
@@ -226,12 +326,31 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
            shape_str(x.shape()), shape_str(targets.shape()));
   MT_CHECK(chunk_rows > 0, kOp, "chunk_rows must be positive, got {}", chunk_rows);
 
-  const std::int64_t N = x.size(0);
+  const std::int64_t N = x.size(0), V = weight.size(0);
   const Device dev = x.device();
   const Tensor losses = Tensor::empty({N}, DType::f32, dev), lse = Tensor::empty({N}, DType::f32, dev);  // (N) each
   const Tensor t = dense(targets);
-  const std::int64_t count = count_targets(t, weight.size(0), ignore_index);
-  fused_forward(losses, lse, x, weight, bias, t, ignore_index, chunk_rows);
+  const std::int64_t count = count_targets(t, V, ignore_index);
+  const bool needs_grad = autograd::needs_grad({&x, &weight, &bias});
+  auto s = std::make_shared<Saved>();
+  s->reduction = reduction;
+  s->ignore_index = ignore_index;
+  s->count = count;
+  s->chunk_rows = chunk_rows;
+  s->want_dx = x.requires_grad();
+  s->want_dw = weight.requires_grad();
+  s->want_db = bias.defined() && bias.requires_grad();
+  const Tensor gemm_w = gemm_weight_for(x, weight);
+  s->gemm_dtype = gemm_w.dtype();
+  // With the loss's gradient declared, the forward makes the gradients (Grads) as it goes.
+  Tensor dloss;
+  if (needs_grad && t_has_seed && reduction != Reduction::none) {
+    s->seed = static_cast<float>(t_seed);
+    s->made = allocate_grads(x, V, s->want_dx, s->want_dw, s->want_db);
+    dloss = reduced_dloss(s->seed, reduction, count, dev);
+  }
+  const ChunkWalk walk(x, gemm_w, bias, t, chunk_rows, s->made ? *s->made : Grads{});
+  forward_walk(losses, lse, walk, ignore_index, dloss, s->made ? *s->made : Grads{});
 
   Tensor out;
   if (reduction == Reduction::none) {
@@ -247,19 +366,15 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
     out = full({}, v, DType::f32, dev);
   }
 
-  if (autograd::needs_grad({&x, &weight, &bias})) {
-    Saved s{SavedTensor(x), SavedTensor(weight), bias.defined() ? SavedTensor(bias) : SavedTensor(),
-            SavedTensor(targets.detach()), SavedTensor(lse)};
-    const bool want_dx = x.requires_grad(), want_dw = weight.requires_grad();
-    const bool want_db = bias.defined() && bias.requires_grad();
+  if (needs_grad) {
+    s->x = SavedTensor(x);
+    s->weight = SavedTensor(weight);
+    if (bias.defined()) s->bias = SavedTensor(bias);
+    s->targets = SavedTensor(targets.detach());
+    s->lse = SavedTensor(lse);
     std::vector<Tensor> inputs{x, weight};
     if (bias.defined()) inputs.push_back(bias);
-    autograd::record(kOp, inputs, {out},
-                     [s, reduction, ignore_index, count, chunk_rows, want_dx, want_dw,
-                      want_db](const std::vector<Tensor>& g) {
-                       return fused_backward(g[0], s, reduction, ignore_index, count, chunk_rows, want_dx, want_dw,
-                                             want_db);
-                     });
+    autograd::record(kOp, inputs, {out}, [s](const std::vector<Tensor>& g) { return fused_backward(g[0], *s); });
   }
   return out;
 }

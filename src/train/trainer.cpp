@@ -12,6 +12,7 @@
 #include "core/phase_marks.h"
 #include "io/atomic_file.h"
 #include "memtrain/ops/elementwise.h"
+#include "memtrain/ops/fused_loss.h"
 #include "memtrain/optim/adafactor.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
@@ -531,23 +532,27 @@ StepMetrics Trainer::train_step() {
     }
     Tensor loss;
     mark(batches.size() > 1 ? fmt::format("forward {}/{}", i + 1, batches.size()) : std::string("forward"));
+    const double weight = static_cast<double>(batch.targets_count) / static_cast<double>(total);
+    const double seed = scaler_ ? weight * scaler_->scale() : weight;  // the backward's seed, known already
     {
       // What the forward pass allocates (and keeps for backward) is activation memory.
       autograd::EnableGradGuard grad_on;
       CategoryGuard category(MemoryCategory::activations);
       amp::Autocast autocast(autocast_mode());
+      // A fused loss head makes its gradients during the forward for this seed (ops/fused_loss.h).
+      std::optional<ops::LossGradientSeed> declared;
+      if (config_.head_gradients_in_forward) declared.emplace(seed);
       loss = loss_fn_(batch);
     }
     MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",
              loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
     MT_CHECK(loss.requires_grad(), where, "the loss of micro-batch {} does not require grad (no parameter took part?)",
              i);
-    const double weight = static_cast<double>(batch.targets_count) / static_cast<double>(total);
     weighted_losses[i] = loss.item() * weight;
     Tensor seed_grad;
     {
       CategoryGuard category(MemoryCategory::gradients);
-      seed_grad = full(loss.shape(), scaler_ ? weight * scaler_->scale() : weight, loss.dtype(), loss.device());
+      seed_grad = full(loss.shape(), seed, loss.dtype(), loss.device());
     }
     // Alone, the hooks of the last backward step each parameter (completing its canonical sum first when the
     // last backward is the tree's last leaf; otherwise the step waits for the tree).

@@ -88,6 +88,10 @@ struct TrainerConfig {
   // data-parallel run of the same global batch at any world size. Always on when world_size > 1, where it
   // needs grad_accum to be a power of two (a rank's block must be one subtree of the global tree).
   bool canonical_reduction = false;
+  // A fused loss head (GPT's ops::fused_linear_cross_entropy) makes its gradients during the forward, for the
+  // backward's seed (micro-batch weight x loss scale) declared by ops::LossGradientSeed, instead of recomputing
+  // every logit in the backward: the same bits, a third fewer head FLOPs. false: the recompute, for comparison.
+  bool head_gradients_in_forward = true;
   // Where the model trains (JSON: "cpu", "cuda" = cuda:0, "cuda:N"). The Trainer moves the model there
   // (nn::Module::to) and each batch as it comes; it throws naming CUDA when the device is not usable.
   Device device = Device::cpu();
