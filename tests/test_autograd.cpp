@@ -218,4 +218,47 @@ TEST(Autograd, BatchedMatmulAndLinearShapes) {
   EXPECT_THROW(matmul(randn({2, 3}), randn({3, 2}, DType::f64)), Error);
 }
 
+// A node whose backward ignores its output's gradient and hands `grad_of_input` to its one input x.
+Tensor constant_grad_node(const char* name, const Tensor& x, const std::function<Tensor()>& grad_of_input) {
+  Tensor out = zeros({});
+  autograd::record(name, {x}, {out}, [grad_of_input](const std::vector<Tensor>&) {
+    return std::vector<Tensor>{grad_of_input()};
+  });
+  return out;
+}
+
+TEST(Autograd, ASecondContributionIsAddedIntoTheFirstInPlace) {
+  // x gets two full-size gradients (a tied weight's head and embedding): the engine adds the second into the
+  // first, so at most two such tensors are alive during backward, not the two plus their sum.
+  const std::int64_t n = 1 << 16;
+  const std::size_t bytes = n * sizeof(float);
+  Tensor x = zeros({n}).set_requires_grad();
+  const Tensor a = constant_grad_node("a", x, [n] { return full({n}, 1.0); });
+  const Tensor b = constant_grad_node("b", x, [n] { return full({n}, 2.0); });
+  Allocator& cpu = Allocator::get(Device::cpu());
+  const std::size_t before = cpu.stats()[MemoryCategory::gradients].live_bytes;
+  cpu.reset_peak();
+  autograd::backward({a, b}, {full({}, 1.0), full({}, 1.0)});
+  const std::size_t peak = cpu.stats()[MemoryCategory::gradients].peak_bytes - before;
+  EXPECT_LE(peak, 2 * bytes + 1024) << "a third full gradient was alive";
+  EXPECT_EQ(values(x.grad()), std::vector<double>(n, 3.0));
+}
+
+TEST(Autograd, AGradientHandedToTwoInputsIsNeverChangedInPlace) {
+  // "both" hands one tensor to x and to "pass" (which hands it on to y); "more" adds into x's gradient before
+  // "pass" runs, and that must not show up in y's.
+  Tensor x = zeros({4}).set_requires_grad(), y = zeros({4}).set_requires_grad();
+  Tensor passed = zeros({4});
+  autograd::record("pass", {y}, {passed}, [](const std::vector<Tensor>& g) { return g; });
+  const Tensor more = constant_grad_node("more", x, [] { return full({4}, 5.0); });
+  Tensor both = zeros({});
+  autograd::record("both", {x, passed}, {both}, [](const std::vector<Tensor>&) {
+    const Tensor shared = full({4}, 1.0);
+    return std::vector<Tensor>{shared, shared};
+  });
+  autograd::backward({more, both}, {full({}, 1.0), full({}, 1.0)});  // newest first: both, more, pass
+  EXPECT_EQ(values(x.grad()), std::vector<double>(4, 6.0));
+  EXPECT_EQ(values(y.grad()), std::vector<double>(4, 1.0));
+}
+
 }  // namespace
