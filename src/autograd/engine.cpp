@@ -86,7 +86,21 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     // Keep the edges' targets alive while we hand them gradients, even if release() drops the last owner.
     const std::vector<Edge> edges = node->next_edges;
-    std::vector<Tensor> outputs = node->apply(std::move(inputs));
+    std::vector<Tensor> outputs;
+    if (node->adds_into()) {
+      // Offer each input's gradient gathered so far, where nothing else sees it, for the node to add into.
+      std::vector<Tensor> into(edges.size());
+      for (std::size_t i = 0; i < edges.size(); ++i) {
+        if (!edges[i].valid()) continue;
+        const auto found = buffers.find(edges[i].node.get());
+        if (found == buffers.end() || found->second.size() <= edges[i].input_nr) continue;
+        const Tensor& slot = found->second[edges[i].input_nr];
+        if (slot.defined() && sole_owner(slot)) into[i] = slot;
+      }
+      outputs = node->apply_into(std::move(inputs), into);
+    } else {
+      outputs = node->apply(std::move(inputs));
+    }
     inputs.clear();
     if (!retain_graph) node->release();
     MT_CHECK(outputs.size() == edges.size() || edges.empty(), node->name(),

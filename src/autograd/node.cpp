@@ -28,10 +28,14 @@ std::shared_ptr<Node> grad_accumulator(const std::shared_ptr<TensorImpl>& leaf) 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
-  MT_CHECK(fn_ != nullptr, name_,
+  return apply_into(std::move(grads), std::vector<Tensor>(next_edges.size()));
+}
+
+std::vector<Tensor> FunctionNode::apply_into(std::vector<Tensor>&& grads, const std::vector<Tensor>& into) {
+  MT_CHECK(fn_ != nullptr || into_fn_ != nullptr, name_,
            "backward through the graph a second time: its saved tensors were freed; pass retain_graph=true to "
            "the first backward");
-  return fn_(grads);
+  return fn_ ? fn_(grads) : into_fn_(grads, into);
 }
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
@@ -90,12 +94,10 @@ void count_as_activations(const std::vector<Tensor>& inputs, const std::vector<T
   }
 }
 
-}  // namespace
-
-std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                             BackwardFn fn) {
+// Wires a new node to its inputs' gradient edges and marks `outputs` as its results.
+std::shared_ptr<Node> connect(std::shared_ptr<FunctionNode> node, const std::vector<Tensor>& inputs,
+                              const std::vector<Tensor>& outputs) {
   count_as_activations(inputs, outputs);
-  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(fn));
   node->next_edges.reserve(inputs.size());
   for (const Tensor& in : inputs) node->next_edges.push_back(in.requires_grad() ? gradient_edge(in) : Edge{});
   for (std::uint32_t i = 0; i < outputs.size(); ++i) {
@@ -107,6 +109,18 @@ std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs
     meta.output_nr = i;
   }
   return node;
+}
+
+}  // namespace
+
+std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             BackwardFn fn) {
+  return connect(std::make_shared<FunctionNode>(std::move(name), std::move(fn)), inputs, outputs);
+}
+
+std::shared_ptr<Node> record_into(std::string name, const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& outputs, BackwardIntoFn fn) {
+  return connect(std::make_shared<FunctionNode>(std::move(name), std::move(fn)), inputs, outputs);
 }
 
 }  // namespace memtrain::autograd

@@ -59,11 +59,14 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& weight, cons
   finish_result(out, y);
 }
 
-void CpuBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const {
+void CpuBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices,
+                                    bool accumulate) const {
   const Tensor g = compute_operand(dout);
   const Tensor idx = indices.is_contiguous() ? indices.detach() : indices.detach().contiguous();
   const Tensor dw = compute_result(dweight, g.dtype());
-  fill(dw, 0.0);  // the kernel accumulates into it
+  // The kernel adds into dw: it starts from dweight's values (accumulate) or from zero.
+  if (!accumulate) fill(dw, 0.0);
+  else if (!dw.shares_storage_with(dweight)) copy(dw, dweight);
   if (runs_kernels()) {
     dispatch_compute("embedding_backward", g.dtype(), [&](auto zero) {
       using T = decltype(zero);

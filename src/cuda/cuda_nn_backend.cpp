@@ -49,12 +49,13 @@ void CudaBackend::embedding_forward(const Tensor& out, const Tensor& weight, con
                           indices.numel(), V, C, weight.device().index);
 }
 
-void CudaBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices) const {
+void CudaBackend::embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& indices,
+                                     bool accumulate) const {
   const char* op = "embedding_backward";
   MT_CHECK(dout.dtype() == dweight.dtype(), op, "output gradient {} {} on {} is not supported yet: expected {}",
            dtype_name(dout.dtype()), shape_str(dout.shape()), dout.device().str(), dtype_name(dweight.dtype()));
   nd::check_cuda_data(op, "output gradient", dout);
-  fill(dweight, 0.0);  // the kernel accumulates into it
+  if (!accumulate) fill(dweight, 0.0);  // the kernel adds into it
   cuda::embedding_backward(dweight.data_ptr(), dout.data_ptr(), indices.data_ptr(), dweight.dtype(), indices.dtype(),
                            indices.numel(), dweight.size(0), dweight.size(1), dout.device().index);
 }

@@ -15,7 +15,7 @@ namespace {
 Tensor embedding_backward(const Tensor& dout, const Tensor& indices, const Shape& weight_shape, DType weight_dtype) {
   detail::check_same_device("embedding_backward", "indices", indices, "output gradient", dout);
   const Tensor dw = Tensor::empty(weight_shape, weight_dtype, dout.device());
-  ::memtrain::detail::backend_for(dout.device()).embedding_backward(dw, dout, indices);
+  ::memtrain::detail::backend_for(dout.device()).embedding_backward(dw, dout, indices, false);
   return dw;
 }
 
@@ -34,10 +34,18 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   ::memtrain::detail::backend_for(weight.device()).embedding_forward(out, weight, idx);
   if (autograd::needs_grad({&weight})) {
     autograd::SavedTensor sidx(idx);
-    autograd::record(op, {weight}, {out},
-                     [sidx, wshape = weight.shape(), wdtype = weight.dtype()](const std::vector<Tensor>& g) {
-                       return std::vector<Tensor>{embedding_backward(g[0], sidx.unpack(), wshape, wdtype)};
-                     });
+    // A tied weight (GPT's wte and head) has its other gradient gathered already: the rows are scattered into it.
+    autograd::record_into(op, {weight}, {out},
+                          [sidx, wshape = weight.shape(), wdtype = weight.dtype()](const std::vector<Tensor>& g,
+                                                                                   const std::vector<Tensor>& into) {
+                            const Tensor& gathered = into[0];
+                            if (gathered.defined() && gathered.dtype() == wdtype) {
+                              ::memtrain::detail::backend_for(g[0].device())
+                                  .embedding_backward(gathered, g[0], sidx.unpack(), true);
+                              return std::vector<Tensor>{Tensor()};
+                            }
+                            return std::vector<Tensor>{embedding_backward(g[0], sidx.unpack(), wshape, wdtype)};
+                          });
   }
   // Under autocast the lookup stays exact and its output is stored in the compute dtype (amp/autocast.h).
   if (auto c = detail::cast_mode_to_compute(out)) return (*c)[0];

@@ -37,6 +37,14 @@ class Node {
   // grads[i]: gradient of output i (the engine passes zeros for outputs that received none).
   // Returns one gradient per entry of next_edges (undefined where the edge is invalid).
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  // The engine's offer, for nodes that take it (adds_into() true): into[i] (one per next_edges entry) is the
+  // gradient already gathered for input i where one exists and nothing else sees it, else undefined. The node
+  // may add its gradient for input i into into[i] and return an undefined tensor for i instead.
+  virtual bool adds_into() const { return false; }
+  virtual std::vector<Tensor> apply_into(std::vector<Tensor>&& grads, const std::vector<Tensor>& into) {
+    (void)into;
+    return apply(std::move(grads));
+  }
   // Drops what the node saved for backward (called right after apply unless retain_graph).
   virtual void release() {}
 
@@ -48,17 +56,29 @@ class Node {
 // Gradient rule written with ops, given the output gradients.
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
 
+// A gradient rule that may add its gradient for input i into into[i] (Node::apply_into) and return an undefined
+// tensor for i: an embedding scatters its rows into the tied head's gradient instead of making a dense one.
+using BackwardIntoFn =
+    std::function<std::vector<Tensor>(const std::vector<Tensor>& grads, const std::vector<Tensor>& into)>;
+
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  FunctionNode(std::string name, BackwardIntoFn fn) : name_(std::move(name)), into_fn_(std::move(fn)) {}
   std::string_view name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  bool adds_into() const override { return into_fn_ != nullptr; }
+  std::vector<Tensor> apply_into(std::vector<Tensor>&& grads, const std::vector<Tensor>& into) override;
   // Destroying the closure frees every SavedTensor it captured.
-  void release() override { fn_ = nullptr; }
+  void release() override {
+    fn_ = nullptr;
+    into_fn_ = nullptr;
+  }
 
  private:
   std::string name_;
-  BackwardFn fn_;
+  BackwardFn fn_;            // one of the two is set
+  BackwardIntoFn into_fn_;
 };
 
 class AccumulateGrad final : public Node {
@@ -88,6 +108,9 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // needs_grad(inputs). Returns the node.
 std::shared_ptr<Node> record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                              BackwardFn fn);
+// The same, with a rule that may add into the engine's offered gradients (BackwardIntoFn).
+std::shared_ptr<Node> record_into(std::string name, const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& outputs, BackwardIntoFn fn);
 
 // The edge that a gradient for `t` flows into (its grad_fn, its accumulator, or none).
 Edge gradient_edge(const Tensor& t);
