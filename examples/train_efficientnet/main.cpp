@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   std::string data_dir = "/usr/share/datasets/fashion-mnist", optimizer = "adamw", out_dir = "runs/efficientnet";
   std::string checkpoint = "none", progressive = "20,24,28", silu = "input";
   std::int64_t epochs = 3, batch = 64, max_steps = 0, min_feature = nn::EfficientNetConfig{}.min_feature_size;
-  double lr = 3e-3, width = 0.5, depth = 0.5;
+  double lr = 3e-3, width = 0.5, depth = 0.5, dropout = nn::EfficientNetConfig{}.dropout;
   std::uint64_t seed = 1;
   bool plan_only = false;
   std::string summary_json;
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor")->capture_default_str();
   app.add_option("--width", width, "width multiplier of B0's channels")->capture_default_str();
   app.add_option("--depth", depth, "depth multiplier of B0's repeats")->capture_default_str();
+  app.add_option("--dropout", dropout, "dropout before the classifier")->capture_default_str();
   app.add_option("--min-feature", min_feature, "a stage's stride 2 is dropped where it would take the feature map "
                  "below this side")->capture_default_str();
   app.add_option("--progressive", progressive,
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
     net.width_mult = width;
     net.depth_mult = depth;
     net.min_feature_size = min_feature;
+    net.dropout = dropout;
     net.silu = nn::silu_kind_from_name(silu);
     net.validate();
     MT_CHECK(batch >= 1 && epochs >= 1 && max_steps >= 0, "train_efficientnet",
