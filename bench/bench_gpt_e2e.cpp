@@ -7,7 +7,7 @@
 //                      [--threads P] [--checkpoint none|full|every:K|selective|budget:SIZE]
 //                      [--precision fp32|bf16|fp16|fp8] [--fp8-scaling blockwise|delayed]
 //                      [--device cpu|cuda|cuda:N] [--optimizer adamw|adamw8bit] [--galore-rank R]
-//                      [--galore-gap N] [--head-grads forward|recompute]
+//                      [--galore-gap N] [--head-grads forward|recompute] [--head-gemm f32|compute]
 // Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
 // memtrain's allocator peaks over the timed steps: all categories, and activations alone (the forward runs
 // under CategoryGuard(activations), as train::Trainer runs it, so that category is what the forward allocated
@@ -23,7 +23,9 @@
 // MLP weights in GaLore's rank-R space (as train::Trainer builds it, base rule --optimizer). --head-grads
 // forward (the default, as train::Trainer runs) declares the backward's seed (ops::LossGradientSeed) so the
 // fused LM head makes its gradients in the forward; recompute leaves it undeclared, and the head's backward
-// recomputes the logits. The last line is machine-readable ("RESULT ...").
+// recomputes the logits. --head-gemm compute runs the head's GEMMs in the autocast dtype
+// (ops::HeadGemmsInComputeDtype; TrainerConfig.head_gemms_in_compute_dtype). The last line is machine-readable
+// ("RESULT ...").
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/loss_scaler.h"
@@ -75,6 +77,7 @@ struct Args {
   std::int64_t galore_rank = 0;
   std::int64_t galore_gap = 200;
   std::string head_grads = "forward";
+  std::string head_gemm = "f32";
 };
 
 Device parse_device(const std::string& name) {
@@ -106,9 +109,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--galore-rank") a.galore_rank = std::stoll(v);
     else if (k == "--galore-gap") a.galore_gap = std::stoll(v);
     else if (k == "--head-grads") a.head_grads = v;
+    else if (k == "--head-gemm") a.head_gemm = v;
     else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
                   "--threads --checkpoint --precision --fp8-scaling --device --optimizer --galore-rank "
-                  "--galore-gap --head-grads)", k);
+                  "--galore-gap --head-grads --head-gemm)", k);
   }
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
@@ -116,6 +120,8 @@ Args parse(int argc, char** argv) {
            "--optimizer {}: expected adamw or adamw8bit", a.optimizer);
   MT_CHECK(a.head_grads == "forward" || a.head_grads == "recompute", "bench_gpt_e2e",
            "--head-grads {}: expected forward or recompute", a.head_grads);
+  MT_CHECK(a.head_gemm == "f32" || a.head_gemm == "compute", "bench_gpt_e2e",
+           "--head-gemm {}: expected f32 or compute", a.head_gemm);
   MT_CHECK(a.galore_rank >= 0 && a.galore_gap >= 1, "bench_gpt_e2e", "need galore-rank >= 0 and galore-gap >= 1");
   return a;
 }
@@ -184,6 +190,8 @@ int main(int argc, char** argv) try {
       amp::Autocast autocast(mode);
       std::optional<ops::LossGradientSeed> declared;
       if (a.head_grads == "forward") declared.emplace(seed);
+      std::optional<ops::HeadGemmsInComputeDtype> narrow_head;
+      if (a.head_gemm == "compute") narrow_head.emplace();
       loss = model.loss(idx, targets);
     }
     autograd::backward({loss}, {full({}, seed, loss.dtype(), loss.device())});
@@ -225,11 +233,11 @@ int main(int argc, char** argv) try {
   fmt::print("RESULT impl=memtrain model={} B={} T={} threads={} step_ms={:.1f} cpu_ms={:.1f} tok_s={:.0f} "
              "rss_mib={:.0f} alloc_mib={:.0f} policy={} act_peak_bytes={} act_at_peak_bytes={} total_peak_bytes={} "
              "plan_kept_bytes={} precision={} weight_copies_peak_bytes={} loss={:.4f} device={} optimizer={} "
-             "galore_rank={} optim_state_bytes={} host_peak_bytes={} head_grads={}\n",
+             "galore_rank={} optim_state_bytes={} host_peak_bytes={} head_grads={} head_gemm={}\n",
              a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib,
              checkpointer.policy().to_string(), act.peak_bytes, act.at_total_peak, mem.peak_bytes,
              plan ? plan->kept_bytes : std::size_t{0}, precision_label, copies.peak_bytes, last_loss, device.str(),
-             a.optimizer, a.galore_rank, opt->state_bytes(), host.stats().peak_bytes, a.head_grads);
+             a.optimizer, a.galore_rank, opt->state_bytes(), host.stats().peak_bytes, a.head_grads, a.head_gemm);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());  // memtrain::Error names the op already

@@ -5,7 +5,9 @@
 # program's median step ms per round ("591 / 562" for 2 rounds) and the ratios of the medians over rounds.
 #
 # The programs (all run with the same --model --seq-len --batch --steps --warmup --threads):
-#   memtrain  $MEMTRAIN_BUILD_DIR/bench/bench_gpt_e2e --precision fp32|bf16 (bf16 = amp::Autocast)
+#   memtrain  $MEMTRAIN_BUILD_DIR/bench/bench_gpt_e2e --precision fp32|bf16 (bf16 = amp::Autocast, with the LM
+#             head's GEMMs in bf16 too: --head-gemm $MT_BF16_HEAD_GEMM, default compute; f32 is the Trainer's
+#             memory-first default)
 #   libtorch  bench/torch_peer/gpt_step_torch.cpp, libtorch 1.13.1 from Debian (fp32 only: "-" in bf16 rows)
 #   pytorch2  bench/torch_peer/gpt_step_pytorch.py --precision fp32|bf16 (bf16 = torch.autocast("cpu",
 #             dtype=torch.bfloat16) around forward + loss), PyTorch 2.x defaults: eager, no torch.compile
@@ -158,7 +160,10 @@ run_one() {        # run_one IMPL CONFIG PRECISION ROUND
     --threads "$threads")
   local cmd
   case $impl in
-    memtrain) cmd=("$mt_bin" "${args[@]}" --precision "$prec") ;;
+    memtrain)
+      cmd=("$mt_bin" "${args[@]}" --precision "$prec")
+      if [[ $prec == bf16 ]]; then cmd+=(--head-gemm "${MT_BF16_HEAD_GEMM:-compute}"); fi
+      ;;
     libtorch) cmd=(env "${peer_env[@]}" "$peer_bin" "${args[@]}") ;;
     pytorch2) cmd=("$torch2_python" "$pt2_script" "${args[@]}" --precision "$prec") ;;
   esac

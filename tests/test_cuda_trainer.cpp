@@ -302,7 +302,11 @@ TEST(CudaTrainer, FusedHeadGradientsInTheForwardMatchTheRecomputeAndTheCpu) {
       Tensor loss;
       {
         std::optional<mt::amp::Autocast> cast;
-        if (xdtype != mt::DType::f32) cast.emplace(xdtype);
+        std::optional<mt::ops::HeadGemmsInComputeDtype> narrow_gemms;
+        if (xdtype != mt::DType::f32) {
+          cast.emplace(xdtype);
+          narrow_gemms.emplace();
+        }
         std::optional<mt::ops::LossGradientSeed> seed;
         if (declared) seed.emplace(0.5);
         loss = mt::ops::fused_linear_cross_entropy(xl, wl, Tensor(), t.to(device), mt::ops::Reduction::mean, -100,

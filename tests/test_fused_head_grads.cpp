@@ -59,16 +59,20 @@ struct Result {
 };
 
 // The head on fresh leaves; `seed` declared (or not) around the forward; `then` maps the loss to what is
-// backwarded (the identity when the loss is the last op); backward seeded with `up`.
+// backwarded (the identity when the loss is the last op); backward seeded with `up`. With `autocast` bf16/f16
+// the forward runs under amp::Autocast, with the head's GEMMs in that dtype when `narrow_gemms`.
 Result run(const Case& c, Reduction r, std::int64_t chunk, std::optional<double> seed, double up,
-           const std::function<Tensor(const Tensor&)>& then = nullptr, DType autocast = DType::f32) {
+           const std::function<Tensor(const Tensor&)>& then = nullptr, DType autocast = DType::f32,
+           bool narrow_gemms = true) {
   Tensor xl = c.x.detach().clone().set_requires_grad(true);
   Tensor wl = c.w.detach().clone().set_requires_grad(true);
   Tensor bl = c.b.defined() ? c.b.detach().clone().set_requires_grad(true) : Tensor();
   Tensor loss, out;
   {
     std::optional<amp::Autocast> cast;
+    std::optional<ops::HeadGemmsInComputeDtype> narrow;
     if (autocast != DType::f32) cast.emplace(autocast);
+    if (autocast != DType::f32 && narrow_gemms) narrow.emplace();
     std::optional<ops::LossGradientSeed> declared;
     if (seed) declared.emplace(*seed);
     loss = ops::fused_linear_cross_entropy(xl, wl, bl, c.t, r, kIgnore, chunk);
@@ -225,6 +229,8 @@ TEST(FusedHeadGrads, Bf16AutocastRunsTheGemmsInBf16) {
   EXPECT_EQ(in_forward.dx.dtype(), DType::bf16);
   EXPECT_EQ(in_forward.dw.dtype(), DType::f32);
   EXPECT_NE(values_of(in_forward.dw), values_of(f32_gemms.dw)) << "the head's GEMMs did not run in bf16";
+  // Without HeadGemmsInComputeDtype autocast leaves the head's GEMMs in f32.
+  expect_same_bits(run(c, Reduction::mean, 16, 1.0, 1.0, nullptr, DType::bf16, false), f32_gemms);
   expect_near_reference(in_forward, ref, 2e-2);
   expect_near_reference(f32_gemms, ref, 1e-2);
 }
@@ -299,8 +305,10 @@ TEST(FusedHeadGrads, TrainerRunsTrainToTheSameBitsEitherWay) {
     const char* name;
     amp::Precision precision;
     const char* checkpoint;
+    bool head_gemms_in_bf16 = false;
   };
   for (const Variant& v : {Variant{"fp32", amp::Precision::fp32, "none"}, Variant{"bf16", amp::Precision::bf16, "none"},
+                           Variant{"bf16 head GEMMs", amp::Precision::bf16, "none", true},
                            Variant{"fp16", amp::Precision::fp16, "none"},
                            Variant{"fp32 full checkpointing", amp::Precision::fp32, "full"}}) {
     SCOPED_TRACE(v.name);
@@ -314,6 +322,7 @@ TEST(FusedHeadGrads, TrainerRunsTrainToTheSameBitsEitherWay) {
     c.schedule.decay = train::LrDecay::constant;
     c.precision = v.precision;
     c.activation_checkpointing = ckpt::Policy::parse(v.checkpoint);
+    c.head_gemms_in_compute_dtype = v.head_gemms_in_bf16;
     c.optimizer = optim::Spec::adamw({.lr = 3e-3, .weight_decay = 0.1});
     c.head_gradients_in_forward = true;
     const auto in_forward = train_tiny(c);

@@ -224,11 +224,15 @@ void recompute_walk(const ChunkWalk& walk, const Tensor& dloss, const Tensor& ls
   }
 }
 
-// The weight the GEMMs read: the f32 weight, or, when a CastMode (autocast) casts it to x's narrow dtype and the
-// backend multiplies that dtype natively, the narrow copy (data only: the gradient goes to the f32 weight).
+thread_local bool t_narrow_gemms = false;  // a HeadGemmsInComputeDtype guard is alive
+
+// The weight the GEMMs read: the f32 weight, or, under HeadGemmsInComputeDtype when a CastMode (autocast) casts
+// it to x's narrow dtype and the backend multiplies that dtype natively, the narrow copy (data only: the
+// gradient goes to the f32 weight).
+
 Tensor gemm_weight_for(const Tensor& x, const Tensor& weight) {
   const DType dt = x.dtype();
-  if (dt == DType::f32 || !::memtrain::detail::backend_for(x.device()).gemm_narrow_native(dt)) return weight;
+  if (!t_narrow_gemms || dt == DType::f32 || !::memtrain::detail::backend_for(x.device()).gemm_narrow_native(dt)) return weight;
   const auto cast = detail::cast_mode_to_compute(x, weight);
   if (!cast || (*cast)[1].dtype() != dt) return weight;
   return (*cast)[1].detach();
@@ -302,6 +306,10 @@ LossGradientSeed::~LossGradientSeed() {
   t_seed = previous_;
   t_has_seed = had_previous_;
 }
+
+HeadGemmsInComputeDtype::HeadGemmsInComputeDtype() : previous_(t_narrow_gemms) { t_narrow_gemms = true; }
+
+HeadGemmsInComputeDtype::~HeadGemmsInComputeDtype() { t_narrow_gemms = previous_; }
 
 std::int64_t fused_head_recomputes() { return t_recomputes; }
 

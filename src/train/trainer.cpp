@@ -542,6 +542,8 @@ StepMetrics Trainer::train_step() {
       // A fused loss head makes its gradients during the forward for this seed (ops/fused_loss.h).
       std::optional<ops::LossGradientSeed> declared;
       if (config_.head_gradients_in_forward) declared.emplace(seed);
+      std::optional<ops::HeadGemmsInComputeDtype> narrow_head;
+      if (config_.head_gemms_in_compute_dtype) narrow_head.emplace();
       loss = loss_fn_(batch);
     }
     MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",

@@ -93,6 +93,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("grad_compression", c.grad_compression);
   v.field("canonical_reduction", c.canonical_reduction);
   v.field("head_gradients_in_forward", c.head_gradients_in_forward);
+  v.field("head_gemms_in_compute_dtype", c.head_gemms_in_compute_dtype);
   v.named("device", c.device, [](Device d) { return d.str(); },
           [](const std::string& n) { return device_from_name(n, kWhere); });
   v.named("precision", c.precision, amp::precision_name, amp::parse_precision);

@@ -11,7 +11,7 @@
 //                  activation saved for backward after it, is stored in the compute dtype.
 //   f32            softmax, log_softmax, cross_entropy: inputs are cast up to f32 (a loss in bf16 would lose
 //                  the small differences training follows). fused_linear_cross_entropy computes the loss in
-//                  f32 but runs its GEMMs in the compute dtype where the backend has them (ops/fused_loss.h).
+//                  f32; under ops::HeadGemmsInComputeDtype its GEMMs run in the compute dtype (ops/fused_loss.h).
 //   f32 inside     layer_norm, rms_norm: statistics and arithmetic in f32, output in the input's dtype; their
 //                  f32 weights are used as they are.
 //   promoted       add, sub, mul, div (with broadcasting) of a tensor in the compute dtype and an f32 tensor
