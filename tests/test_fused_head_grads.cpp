@@ -15,6 +15,7 @@
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/train/train.h"
 
+#include "tiny_lm.h"
 #include "token_dataset.h"
 
 #include <gtest/gtest.h>
@@ -269,17 +270,6 @@ TEST(FusedHeadGrads, BackendGemmTakesNarrowOperandsIntoF32) {
 
 // ---- through the Trainer ----
 
-std::shared_ptr<nn::GPT> make_gpt() {
-  manual_seed(7);
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  return std::make_shared<nn::GPT>(c);
-}
-
 struct TinyRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> params;  // after the steps
@@ -288,10 +278,10 @@ struct TinyRun {
 
 // 3 steps of `config` on the tiny GPT.
 TinyRun train_tiny(const train::TrainerConfig& config) {
-  auto gpt = make_gpt();
-  auto data = std::make_shared<test_support::TokenDataset>(32, 16, 64);
-  train::Trainer trainer(config, gpt, [gpt](const data::Batch& b) { return gpt->loss(b.inputs, b.targets); }, data,
-                         nullptr);
+  manual_seed(7);
+  const auto gpt = test_support::make_tiny_lm(false);
+  auto data = std::make_shared<test_support::TokenDataset>(32, test_support::kTinyWindow, test_support::kTinyVocab);
+  train::Trainer trainer(config, gpt, test_support::tiny_lm_loss(gpt, false), data, nullptr);
   TinyRun run;
   const std::int64_t before = ops::fused_head_recomputes();
   for (int s = 0; s < 3; ++s) run.losses.push_back(trainer.train_step().loss);
@@ -312,14 +302,10 @@ TEST(FusedHeadGrads, TrainerRunsTrainToTheSameBitsEitherWay) {
                            Variant{"fp16", amp::Precision::fp16, "none"},
                            Variant{"fp32 full checkpointing", amp::Precision::fp32, "full"}}) {
     SCOPED_TRACE(v.name);
-    train::TrainerConfig c;
+    train::TrainerConfig c = test_support::short_run_config();
     c.micro_batch = 3;  // 32 windows: the last micro-batch of an epoch differs, so accumulation weights vary
     c.grad_accum = 3;
     c.max_steps = 3;
-    c.eval_interval = 0;
-    c.log_interval = 1000;
-    c.data.prefetch = 0;
-    c.schedule.decay = train::LrDecay::constant;
     c.precision = v.precision;
     c.activation_checkpointing = ckpt::Policy::parse(v.checkpoint);
     c.head_gemms_in_compute_dtype = v.head_gemms_in_bf16;

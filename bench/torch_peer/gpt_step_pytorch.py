@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch 2.x eager peer of bench/bench_gpt_e2e.cpp (and of gpt_step_torch.cpp, its libtorch 1.13 peer).
 
-The same GPT-2 as gpt_step_torch.cpp: pre-LN blocks, tanh GELU, learned positions, head tied to wte, causal
-attention, dropout 0, GPT-2 init (weights N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 L)), biases 0,
+The same GPT-2 as gpt_step_torch.cpp, built by scripts/device/gpt_peer.py (the GPU peer): pre-LN blocks, tanh
+GELU, learned positions, head tied to wte, causal attention, dropout 0, GPT-2 init (weights N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 L)), biases 0,
 LayerNorm weight 1); AdamW (lr 3e-4) with the same two decay groups (weight decay 0.1 on rank >= 2 parameters,
 0 on biases and LayerNorm gains); the same step loop:
     loss = cross_entropy(model(idx), targets); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
@@ -26,15 +26,13 @@ Run: python gpt_step_pytorch.py [--model small|gpt2-124M|tiny] [--seq-len T] [--
 """
 
 import argparse
-import math
 import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 
 def rss_mib():
@@ -52,64 +50,9 @@ def rss_mib():
 # What importing torch alone keeps resident (its libraries): part of every peak RSS below, printed beside it.
 BASE_RSS_MIB = rss_mib()
 
-PRESETS = {  # vocab_size, block_size, n_layer, n_head, n_embd: as gpt_step_torch.cpp and memtrain's presets
-    "tiny": (512, 64, 2, 2, 64),
-    "small": (8192, 256, 6, 6, 384),
-    "gpt2-124M": (50257, 1024, 12, 12, 768),
-}
-
-
-def linear(n_in, n_out, std):
-    lin = nn.Linear(n_in, n_out, bias=True)
-    nn.init.normal_(lin.weight, 0.0, std)
-    nn.init.zeros_(lin.bias)
-    return lin
-
-
-class Block(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd):
-        super().__init__()
-        proj_std = 0.02 / math.sqrt(2.0 * n_layer)
-        self.n_head = n_head
-        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.c_attn = linear(n_embd, 3 * n_embd, 0.02)
-        self.attn_proj = linear(n_embd, n_embd, proj_std)
-        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.c_fc = linear(n_embd, 4 * n_embd, 0.02)
-        self.mlp_proj = linear(4 * n_embd, n_embd, proj_std)
-
-    def attn(self, x):
-        B, T, C = x.shape
-        H = self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=-1)
-        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B,H,T,D)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
-        return self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-    def forward(self, x):
-        h = x + self.attn(self.ln_1(x))
-        return h + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(h)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(block_size, n_embd)
-        nn.init.normal_(self.wte.weight, 0.0, 0.02)
-        nn.init.normal_(self.wpe.weight, 0.0, 0.02)
-        self.h = nn.ModuleList(Block(n_layer, n_head, n_embd) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
-
-    def loss(self, idx, targets):
-        T = idx.size(1)
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.h:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B,T,V), head tied to wte
-        return F.cross_entropy(logits.view(-1, self.vocab_size), targets.view(-1))
+# The model is scripts/device/gpt_peer.py's (the GPU peer's): one PyTorch 2.x GPT for both peers.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "device"))
+from gpt_peer import PRESETS, build  # noqa: E402
 
 
 def main():
@@ -130,7 +73,7 @@ def main():
     if a.seq_len > cfg[1]:
         sys.exit("gpt_step_pytorch: seq-len exceeds block_size")
     torch.manual_seed(1337)
-    model = GPT(*cfg)
+    model = build(torch, *cfg)
 
     # The two decay groups of optim::decay_groups: rank >= 2 decays, rank 0/1 (biases, LN gains) does not.
     params = list(model.parameters())

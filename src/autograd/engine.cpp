@@ -17,12 +17,6 @@ struct NewestFirst {
   bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
 };
 
-// True when nothing but `t` can see its bytes: its own handle, a storage of its own, dense over all of it.
-bool sole_owner(const Tensor& t) {
-  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous() && t.offset() == 0 &&
-         t.nbytes() == t.storage()->nbytes();
-}
-
 // Adds g into slot, taking it over when the slot is empty. A slot no one else sees gets g added in place, so a
 // second contribution (a tied weight's head and embedding gradients) never makes a third full tensor.
 void accumulate(Tensor& slot, const Tensor& g) {

@@ -38,6 +38,11 @@ std::vector<Tensor> FunctionNode::apply_into(std::vector<Tensor>&& grads, const 
   return fn_ ? fn_(grads) : into_fn_(grads, into);
 }
 
+bool sole_owner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous() && t.offset() == 0 &&
+         t.nbytes() == t.storage()->nbytes();
+}
+
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor& g = grads.at(0);
   AutogradMeta& meta = meta_of(*leaf_);
@@ -46,9 +51,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   if (g.dtype() != leaf_->dtype) g = g.to(leaf_->dtype);
   if (!meta.grad.defined()) {
     // Take the gradient over when nothing else can see its storage; otherwise own a copy.
-    const bool exclusive = g.is_contiguous() && g.storage().use_count() == 1 && g.impl_ptr().use_count() == 1 &&
-                           g.offset() == 0 && g.nbytes() == g.storage()->nbytes();
-    meta.grad = exclusive ? g.detach() : g.detach().clone();
+    meta.grad = sole_owner(g) ? g.detach() : g.detach().clone();
   } else {
     ops::add_(meta.grad, g);
   }

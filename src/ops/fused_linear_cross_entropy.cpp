@@ -267,8 +267,10 @@ std::vector<Tensor> fused_backward(const Tensor& g, Saved& s) {
   } else {
     MT_CHECK(g.numel() == 1, kOp, "loss gradient {} is not a scalar", shape_str(g.shape()));
   }
-  // Meta reads zeros for every value: its run stands for the seeded backward the forward prepared.
-  const bool seeded = s.made && (g.device().is_meta() || static_cast<float>(g.item()) == s.seed);
+  // A mean's or sum's gradient, read once (a host sync off the CPU). Meta reads zeros for every value: its run
+  // stands for the seeded backward the forward prepared.
+  const float g_scale = s.reduction == Reduction::none ? 0.0f : static_cast<float>(g.item());
+  const bool seeded = s.made && (g.device().is_meta() || g_scale == s.seed);
   if (seeded) {
     grads = std::move(*s.made);
     s.made.reset();
@@ -280,7 +282,7 @@ std::vector<Tensor> fused_backward(const Tensor& g, Saved& s) {
     const Device dev = x.device();
     const Tensor dloss = s.reduction == Reduction::none
                              ? g.detach().to(DType::f32).contiguous()
-                             : reduced_dloss(static_cast<float>(g.item()), s.reduction, s.count, dev);
+                             : reduced_dloss(g_scale, s.reduction, s.count, dev);
     grads = allocate_grads(x, w.size(0), s.want_dx, s.want_dw, s.want_db);
     Tensor gemm_w = w;
     if (s.gemm_dtype != DType::f32) {

@@ -12,11 +12,10 @@ namespace memtrain::ops {
 
 namespace {
 
-Tensor embedding_backward(const Tensor& dout, const Tensor& indices, const Shape& weight_shape, DType weight_dtype) {
+// dw (+)= the rows of dout scattered by indices: added to dw's values when `accumulate`.
+void scatter_rows(const Tensor& dw, const Tensor& dout, const Tensor& indices, bool accumulate) {
   detail::check_same_device("embedding_backward", "indices", indices, "output gradient", dout);
-  const Tensor dw = Tensor::empty(weight_shape, weight_dtype, dout.device());
-  ::memtrain::detail::backend_for(dout.device()).embedding_backward(dw, dout, indices, false);
-  return dw;
+  ::memtrain::detail::backend_for(dout.device()).embedding_backward(dw, dout, indices, accumulate);
 }
 
 }  // namespace
@@ -40,11 +39,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                                                                                    const std::vector<Tensor>& into) {
                             const Tensor& gathered = into[0];
                             if (gathered.defined() && gathered.dtype() == wdtype) {
-                              ::memtrain::detail::backend_for(g[0].device())
-                                  .embedding_backward(gathered, g[0], sidx.unpack(), true);
+                              scatter_rows(gathered, g[0], sidx.unpack(), true);
                               return std::vector<Tensor>{Tensor()};
                             }
-                            return std::vector<Tensor>{embedding_backward(g[0], sidx.unpack(), wshape, wdtype)};
+                            const Tensor dw = Tensor::empty(wshape, wdtype, g[0].device());
+                            scatter_rows(dw, g[0], sidx.unpack(), false);
+                            return std::vector<Tensor>{dw};
                           });
   }
   // Under autocast the lookup stays exact and its output is stored in the compute dtype (amp/autocast.h).

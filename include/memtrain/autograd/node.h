@@ -100,6 +100,10 @@ struct AutogradMeta {
   std::vector<std::function<void(Tensor&)>> grad_ready_hooks;
 };
 
+// True when nothing but `t` can see its bytes (its own handle, a storage of its own, dense over all of it), so a
+// gradient may be taken over or added into in place.
+bool sole_owner(const Tensor& t);
+
 // True when grad mode is on and any input requires grad: then the op must call record().
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
