@@ -5,6 +5,7 @@
 // allocates that copy as the CPU does, and runs its kernel only under runs_kernels().
 #include "cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -84,6 +85,19 @@ void CpuBackend::lion_step(const Tensor& param, const Tensor& grad, const Tensor
 bool CpuBackend::all_finite(const Tensor& g) const {
   const Tensor f = g.to(DType::f32).contiguous();
   return runs_kernels() ? all_finite_kernel(f.data<float>(), f.numel()) : true;
+}
+
+void CpuBackend::block_sums_of_squares(const Tensor& x, double* out) const {
+  if (!runs_kernels()) return;
+  constexpr std::int64_t kBlock = 256;
+  const float* g = x.data<float>();
+  const std::int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 64 * kBlock)
+  for (std::int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+    double sum = 0.0;
+    for (std::int64_t j = b * kBlock; j < std::min(n, (b + 1) * kBlock); ++j) sum += static_cast<double>(g[j]) * g[j];
+    out[b] = sum;
+  }
 }
 
 double CpuBackend::sum_of_squares(const std::vector<Tensor>& tensors) const {

@@ -6,6 +6,7 @@
 #include "cuda/optim.h"
 #include "cuda/reduce.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace memtrain::cuda {
@@ -73,6 +74,17 @@ double CudaBackend::sum_of_squares(const std::vector<Tensor>& tensors) const {
   double total = 0.0;
   for (std::size_t i = 0; i < nonempty.size(); ++i) total += host.data<double>()[i];
   return total;
+}
+
+// The blocks reduced on the device, then read back in one copy.
+void CudaBackend::block_sums_of_squares(const Tensor& x, double* out) const {
+  constexpr std::int64_t kBlock = 256;
+  if (x.numel() == 0) return;
+  const Tensor sums = Tensor::empty({(x.numel() + kBlock - 1) / kBlock}, DType::f64, x.device());
+  cuda::block_sums_of_squares(x.data_ptr(), x.dtype(), static_cast<std::size_t>(x.numel()), kBlock,
+                              sums.data<double>(), x.device().index);
+  const Tensor host = sums.to(Device::cpu());
+  std::copy(host.data<double>(), host.data<double>() + host.numel(), out);
 }
 
 }  // namespace memtrain::cuda

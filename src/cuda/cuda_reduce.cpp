@@ -86,6 +86,21 @@ void sum_of_squares(const void* src, DType dtype, std::size_t n, double* out, in
   sum_impl(op, src, dtype, out, DType::f64, true, 1, static_cast<std::int64_t>(n), 1, device);
 }
 
+void block_sums_of_squares(const void* src, DType dtype, std::size_t n, std::size_t block, double* out, int device) {
+  constexpr const char* op = "cuda::block_sums_of_squares";
+  check_dtype(op, dtype);
+  MT_CHECK(block > 0, op, "block size 0 for {} elements", n);
+  MT_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max() / 8), op, "{} elements is too many",
+           n);
+  // The whole blocks as one [blocks, block] reduction, then the short last block on its own.
+  const auto whole = static_cast<std::int64_t>(n / block), tail = static_cast<std::int64_t>(n % block);
+  const auto width = static_cast<std::int64_t>(block);
+  sum_impl(op, src, dtype, out, DType::f64, true, whole, width, 1, device);
+  if (tail == 0) return;
+  const auto* last = static_cast<const char*>(src) + static_cast<std::size_t>(whole * width) * dtype_size(dtype);
+  sum_impl(op, last, dtype, out + whole, DType::f64, true, 1, tail, 1, device);
+}
+
 void max_dim(const void* src, void* values, std::int64_t* indices, DType dtype, std::int64_t outer,
              std::int64_t reduce, std::int64_t inner, int device) {
   constexpr const char* op = "cuda::max_dim";

@@ -23,6 +23,10 @@ void sum_dim(const void* src, void* out, DType dtype, std::int64_t outer, std::i
 // *out (one f64 in device memory) = sum of src[i]^2 over n elements, in f64: the CPU's gradient-norm sum.
 void sum_of_squares(const void* src, DType dtype, std::size_t n, double* out, int device);
 
+// out[b] (f64, device memory) = sum of src[i]^2 over i in [block b, block (b + 1)) of n elements, in f64, for
+// every b < ceil(n / block): the blocks of the canonical gradient norm.
+void block_sums_of_squares(const void* src, DType dtype, std::size_t n, std::size_t block, double* out, int device);
+
 // values (outer, inner), dtype, and indices (outer, inner), i64: the maximum over r and its first
 // position, as the CPU's ops::max / argmax (a NaN beats every number; the first NaN wins). Either output
 // may be null (not both). reduce must be > 0.

@@ -268,14 +268,12 @@ void DataParallel::shard_norms(Bucket& b, const Tensor& mine) {
   std::vector<double> blocks(first.back(), 0.0);
   MT_CHECK(b.dtype == DType::f32, "DataParallel", "layer-wise updates at ZeRO-2 need f32 gradients, got {}",
            dtype_name(b.dtype));
-  if (mine.device().is_cpu()) {
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      const std::int64_t begin = b.shard_bounds[i * (ranks + 1) + r];
-      const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - begin;
-      train::detail::block_squares(mine.data<float>() + offset, n, blocks.data() + first[i] + begin / 256);
-      offset += n;
-    }
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    const std::int64_t begin = b.shard_bounds[i * (ranks + 1) + r];
+    const std::int64_t n = b.shard_bounds[i * (ranks + 1) + r + 1] - begin;
+    train::detail::block_squares(mine.narrow(0, offset, n), blocks.data() + first[i] + begin / 256);
+    offset += n;
   }
   const std::vector<double> all = comm_->all_gather_f64(blocks);
   b.norms.assign(b.params.size(), 0.0);

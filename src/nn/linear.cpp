@@ -28,7 +28,7 @@ ops::Nf4Weight Linear::nf4_weight() const {
   q.codes = weight_;
   q.absmax_codes = nf4_absmax_;
   q.absmax_scales = nf4_scales_;
-  q.absmax_mean = nf4_offset_.device().is_meta() ? 0.0f : nf4_offset_.to(Device::cpu()).item<float>();
+  q.absmax_mean = nf4_offset_.item<float>();  // meta reads 0
   q.shape = {out_features_, in_features_};
   return q;
 }

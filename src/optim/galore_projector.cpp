@@ -24,8 +24,8 @@ constexpr const char* kWhere = "GaLoreProjector";
 // Decided on the host (r signs from a rare refresh); meta holds no data to decide.
 void apply_canonical_signs(Tensor& basis, const Tensor& previous) {
   if (basis.device().is_meta()) return;
-  const Tensor b = basis.device().is_cpu() ? basis : basis.to(Device::cpu());
-  const Tensor p = !previous.defined() ? Tensor() : previous.device().is_cpu() ? previous : previous.to(Device::cpu());
+  const Tensor b = basis.to(Device::cpu());  // itself when already there
+  const Tensor p = previous.defined() ? previous.to(Device::cpu()) : Tensor();
   const std::int64_t rows = b.size(0), r = b.size(1);
   const float* x = b.data<float>();
   std::vector<float> sign(static_cast<std::size_t>(r), 1.0f);

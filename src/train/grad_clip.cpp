@@ -37,25 +37,17 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
   return total;
 }
 
-void block_squares(const float* g, std::int64_t n, double* out) {
-  constexpr std::int64_t kBlock = 256;
-#pragma omp parallel for schedule(static) if (n > 64 * kBlock)
-  for (std::int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-    double sum = 0.0;
-    for (std::int64_t j = b * kBlock; j < std::min(n, (b + 1) * kBlock); ++j) sum += static_cast<double>(g[j]) * g[j];
-    out[b] = sum;
-  }
+void block_squares(const Tensor& g, double* out) {
+  ::memtrain::detail::backend_for(g.device()).block_sums_of_squares(g, out);
 }
 
 double canonical_norm(const Tensor& grad) {
   if (!grad.defined()) return 0.0;
-  if (grad.device().is_cuda()) return std::sqrt(sum_of_squares({grad}));
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::workspace);
   const Tensor g = grad.to(DType::f32).contiguous();
-  if (!g.device().is_cpu()) return 0.0;  // meta: the conversion's bytes, no values
-  std::vector<double> blocks(static_cast<std::size_t>((g.numel() + 255) / 256));
-  block_squares(g.data<float>(), g.numel(), blocks.data());
+  std::vector<double> blocks(static_cast<std::size_t>((g.numel() + 255) / 256), 0.0);
+  block_squares(g, blocks.data());
   double total = 0.0;
   for (const double b : blocks) total += b;
   return std::sqrt(total);
@@ -69,14 +61,12 @@ double canonical_grad_norm(const std::vector<std::int64_t>& numels, const std::v
     first_block[i + 1] = first_block[i] + static_cast<std::size_t>((numels[i] + kBlock - 1) / kBlock);
   std::vector<double> blocks(first_block.back(), 0.0);
   for (const GradPiece& piece : pieces) {
-    if (!piece.grad.defined() || piece.grad.device().is_meta()) continue;  // meta: no values to square
-    MT_CHECK(piece.grad.device().is_cpu() && piece.grad.dtype() == DType::f32 && piece.grad.is_contiguous() &&
-                 piece.begin % kBlock == 0,
-             "canonical_grad_norm", "parameter {}: a piece must be a contiguous CPU f32 gradient starting on a "
-             "{}-element block (got {} {} from element {})", piece.param, kBlock, piece.grad.device().str(),
-             dtype_name(piece.grad.dtype()), piece.begin);
-    block_squares(piece.grad.data<float>(), piece.grad.numel(),
-                  blocks.data() + first_block[piece.param] + static_cast<std::size_t>(piece.begin / kBlock));
+    if (!piece.grad.defined()) continue;
+    MT_CHECK(piece.grad.dtype() == DType::f32 && piece.grad.is_contiguous() && piece.begin % kBlock == 0,
+             "canonical_grad_norm", "parameter {}: a piece must be a contiguous f32 gradient starting on a "
+             "{}-element block (got {} from element {})", piece.param, kBlock, dtype_name(piece.grad.dtype()),
+             piece.begin);
+    block_squares(piece.grad, blocks.data() + first_block[piece.param] + static_cast<std::size_t>(piece.begin / kBlock));
   }
   if (combine_disjoint) combine_disjoint(blocks);
   double total = 0.0;

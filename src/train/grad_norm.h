@@ -15,12 +15,12 @@ namespace memtrain::train::detail {
 // (see grad_clip.cpp).
 double sum_of_squares(const std::vector<Tensor>& tensors);
 
-// out[b] := the sum of squares of elements [256 b, 256 b + 256) of g (n elements), in double, element by
-// element: the unit every canonical norm is summed from (blocks in parallel; each block's bits do not depend
-// on the threads).
-void block_squares(const float* g, std::int64_t n, double* out);
+// out[b] (host memory) := the sum of squares of elements [256 b, 256 b + 256) of g (contiguous f32), in double:
+// the unit every canonical norm is summed from, computed by g's backend (block_sums_of_squares; on meta nothing
+// is written).
+void block_squares(const Tensor& g, double* out);
 // sqrt of block_squares' blocks summed in order: one tensor's canonical norm, whatever its split into shards
-// (undefined: 0; a CUDA tensor: its device's sum of squares; meta: 0).
+// (undefined: 0; meta: 0).
 double canonical_norm(const Tensor& grad);
 
 // A piece of one parameter's flattened gradient: the whole of it, or a ZeRO shard (first element a multiple of
@@ -28,7 +28,7 @@ double canonical_norm(const Tensor& grad);
 struct GradPiece {
   std::size_t param;   // index into the parameter list the numels describe
   std::int64_t begin;  // its first element
-  Tensor grad;         // CPU, flat, f32 (undefined: zero)
+  Tensor grad;         // flat, contiguous f32, on any device (undefined: zero)
 };
 
 // The global L2 norm in one canonical order, whatever the split of the gradients over ranks: the sum of

@@ -290,9 +290,9 @@ bool Trainer::canonical_reduction_on() const {
 
 double Trainer::clip_gradients(const std::vector<Tensor>& params) {
   const double clip = config_.grad_clip;
-  // The canonical order needs the gradients on the host; a CUDA run keeps its device's reduction. A prediction
-  // (meta) takes the CPU's path, allocating what it allocates.
-  if (!canonical_reduction_on() || !(device_.is_cpu() || device_.is_meta()))
+  // The canonical order: each backend sums its gradients' 256-element blocks (CUDA on the device, reading back
+  // one double per block), the host adds the blocks in order. A prediction (meta) allocates what the CPU does.
+  if (!canonical_reduction_on())
     return clip > 0.0 ? clip_grad_norm(params, clip) : global_grad_norm(params);
   // A norm in one order whatever the split over ranks, so a sharded run clips with the run alone's bits.
   const bool sharded = config_.zero >= 2 && !whole_params_.empty();

@@ -10,6 +10,11 @@
 # Rule 2: the raw CUDA entry points (src/cuda/*.h, private) are included by the CUDA backend only (src/cuda/,
 #         kernels/); the rest reaches CUDA through the backend contract (src/core/backend.h). The public
 #         memtrain/cuda/cuda.h holds only the device queries.
+# Rule 3: outside the backends (src/cpu, src/cuda, src/meta, kernels/) code does not choose its path by device
+#         (is_cpu(), is_cuda(), DeviceType::) except in the files of `device_dispatch` below, each with its
+#         reason: that choice is the backend registry's. A device named inside an MT_CHECK on the same line is a
+#         refusal ("collectives take CPU tensors"), and is_meta() is the meta device's documented data-dependent
+#         branch (bytes, no values); both are counted and reported, not refused.
 # Prints every violation and fails when there is one. tests/layering/fixture holds a tree with known
 # violations, to show the check finds them (the test layering_check_catches_violations).
 cmake_minimum_required(VERSION 3.20)
@@ -43,6 +48,17 @@ set(backends_rank 2)
 set(allowed "")  # none left: every file keeps to its layer
 set(allowed_used "")
 
+# ---- rule 3: the files outside the backends allowed to choose a path by device, "<file regex>|<reason>" ----
+set(device_dispatch
+  "^src/core/backend_registry\\.cpp$|the registry: one backend per device type"
+  "^src/core/allocator\\.cpp$|the allocator's cache policy and memory source per device"
+  "^src/core/tensor\\.cpp$|a copy between devices is run by the backend of the non-CPU side"
+  "^include/memtrain/core/device\\.h$|the Device type itself"
+  "^src/train/predict\\.cpp$|planning: a CPU run's loader batches share the process's memory, a device run's do not")
+set(device_dispatch_files "")
+set(device_refusal_files "")
+set(device_meta_files "")
+
 set(violations "")
 set(checked 0)
 file(GLOB_RECURSE files RELATIVE "${ROOT}" "${ROOT}/src/*" "${ROOT}/include/memtrain/*" "${ROOT}/kernels/*")
@@ -69,6 +85,39 @@ foreach(file IN LISTS files)
   endif()
   set(rank ${rank_${folder}})
   math(EXPR checked "${checked} + 1")
+
+  if(NOT folder MATCHES "^(cpu|cuda|meta|kernels)$")
+    # One list element per line: the code's own semicolons and brackets would split or join CMake list items.
+    file(READ "${ROOT}/${file}" text)
+    string(REGEX REPLACE "[][;]" "," text "${text}")
+    string(REPLACE "\n" ";" device_lines "${text}")
+    foreach(line IN LISTS device_lines)
+      if(NOT line MATCHES "is_cpu\\(\\)|is_cuda\\(\\)|is_meta\\(\\)|DeviceType::")
+        continue()
+      elseif(line MATCHES "^[ \t]*//")
+        continue()  # a comment
+      elseif(line MATCHES "MT_CHECK\\(.*(is_cpu|is_cuda|DeviceType::)")
+        list(APPEND device_refusal_files "${file}")
+      elseif(NOT line MATCHES "is_cpu\\(\\)|is_cuda\\(\\)|DeviceType::")
+        list(APPEND device_meta_files "${file}")
+      else()
+        set(reason "")
+        foreach(entry IN LISTS device_dispatch)
+          string(REPLACE "|" ";" pair "${entry}")
+          list(GET pair 0 file_re)
+          if(file MATCHES "${file_re}")
+            list(GET pair 1 reason)
+          endif()
+        endforeach()
+        if(reason STREQUAL "")
+          string(STRIP "${line}" code)
+          list(APPEND violations "${file} chooses its path by device (\"${code}\"): add a backend entry (src/core/backend_entries.def) instead")
+        else()
+          list(APPEND device_dispatch_files "${file}")
+        endif()
+      endif()
+    endforeach()
+  endif()
 
   file(STRINGS "${ROOT}/${file}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
   foreach(line IN LISTS lines)
@@ -132,3 +181,9 @@ if(count GREATER 0)
   message(FATAL_ERROR "layering: ${count} violations in ${ROOT} (docs/architecture.md):\n  ${text}\n")
 endif()
 message(STATUS "layering: ${checked} files checked, no file includes a header of a layer above its own")
+foreach(kind dispatch refusal meta)
+  list(REMOVE_DUPLICATES device_${kind}_files)
+  list(LENGTH device_${kind}_files n)
+  list(JOIN device_${kind}_files ", " names)
+  message(STATUS "device queries outside the backends, ${kind}: ${n} files (${names})")
+endforeach()
