@@ -51,6 +51,21 @@ void check_index_range(const char* op, const char* what, const I* idx, std::int6
   }
 }
 
+// How many of `host_targets` (integer, contiguous, on the host) are not `ignore`, after checking each against
+// [0, n): an error names the op and the target's position in `shape`, the caller's view of them.
+inline std::int64_t count_checked_targets(const char* op, const Tensor& host_targets, std::int64_t n,
+                                          std::int64_t ignore, const Shape& shape) {
+  const std::int64_t count_in = host_targets.numel();
+  std::int64_t count = 0;
+  dispatch_index(host_targets.dtype(), [&](auto izero) {
+    using I = decltype(izero);
+    const I* tp = host_targets.data<I>();
+    check_index_range(op, "target", tp, count_in, n, true, ignore, shape);
+    for (std::int64_t i = 0; i < count_in; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore;
+  });
+  return count;
+}
+
 // Operands of one op live on one device: a clear error instead of a kernel reading foreign memory.
 inline void check_same_device(const char* op, const char* what_a, const Tensor& a, const char* what_b,
                               const Tensor& b) {

@@ -70,12 +70,10 @@ std::int64_t CpuBackend::cross_entropy_forward(const Tensor& out, const Tensor& 
   std::int64_t count = ignore_index != 0 ? N : 0;
   double total = 0;
   if (runs_kernels()) {
-    count = 0;
+    count = ::memtrain::detail::count_checked_targets(op, t, V, ignore_index, targets.shape());
     ::memtrain::detail::dispatch_index(t.dtype(), [&](auto izero) {
       using I = decltype(izero);
       const I* tp = t.data<I>();
-      ::memtrain::detail::check_index_range(op, "target", tp, N, V, true, ignore_index, targets.shape());
-      for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
       dispatch_compute(op, x.dtype(), [&](auto zero) {
         using T = decltype(zero);
         cpu::cross_entropy_forward<T, I>(losses.data<T>(), lse.data<T>(), x.data<T>(), tp, N, V, ignore_index);

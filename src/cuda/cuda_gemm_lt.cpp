@@ -201,49 +201,49 @@ const DeviceState& state_for(int device) {
 
 // ---- descriptors (RAII) ----
 
-struct MatmulDesc {
-  cublasLtMatmulDesc_t d = nullptr;
-  MatmulDesc(cublasComputeType_t compute, cudaDataType_t scale) {
-    MT_CUBLAS_CHECK(kOp, cublasLtMatmulDescCreate, &d, compute, scale);
+// One cuBLASLt object, destroyed with its owner; not copyable.
+template <typename Handle, cublasStatus_t (*destroy)(Handle)>
+struct LtOwned {
+  Handle h = nullptr;
+  LtOwned() = default;
+  ~LtOwned() {
+    if (h != nullptr) destroy(h);
   }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
-  MatmulDesc(const MatmulDesc&) = delete;
-  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  LtOwned(const LtOwned&) = delete;
+  LtOwned& operator=(const LtOwned&) = delete;
+};
+
+struct MatmulDesc : LtOwned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> {
+  MatmulDesc(cublasComputeType_t compute, cudaDataType_t scale) {
+    MT_CUBLAS_CHECK(kOp, cublasLtMatmulDescCreate, &h, compute, scale);
+  }
   template <typename T>
   void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
-    MT_CUBLAS_CHECK(kOp, cublasLtMatmulDescSetAttribute, d, attr, &value, sizeof(T));
+    MT_CUBLAS_CHECK(kOp, cublasLtMatmulDescSetAttribute, h, attr, &value, sizeof(T));
   }
 };
 
-struct Layout {
-  cublasLtMatrixLayout_t l = nullptr;
+struct Layout : LtOwned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> {
   // A column-major rows x cols matrix with leading dimension ld, `batch` of them `stride` elements apart.
   Layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
          std::int64_t stride) {
-    MT_CUBLAS_CHECK(kOp, cublasLtMatrixLayoutCreate, &l, type, static_cast<std::uint64_t>(rows),
+    MT_CUBLAS_CHECK(kOp, cublasLtMatrixLayoutCreate, &h, type, static_cast<std::uint64_t>(rows),
                     static_cast<std::uint64_t>(cols), ld);
     if (batch > 1) {
       const auto count = static_cast<std::int32_t>(batch);
-      MT_CUBLAS_CHECK(kOp, cublasLtMatrixLayoutSetAttribute, l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+      MT_CUBLAS_CHECK(kOp, cublasLtMatrixLayoutSetAttribute, h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                       sizeof(count));
-      MT_CUBLAS_CHECK(kOp, cublasLtMatrixLayoutSetAttribute, l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+      MT_CUBLAS_CHECK(kOp, cublasLtMatrixLayoutSetAttribute, h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                       sizeof(stride));
     }
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(l); }
-  Layout(const Layout&) = delete;
-  Layout& operator=(const Layout&) = delete;
 };
 
-struct Preference {
-  cublasLtMatmulPreference_t p = nullptr;
-  Preference() { MT_CUBLAS_CHECK(kOp, cublasLtMatmulPreferenceCreate, &p); }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
-  Preference(const Preference&) = delete;
-  Preference& operator=(const Preference&) = delete;
+struct Preference : LtOwned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> {
+  Preference() { MT_CUBLAS_CHECK(kOp, cublasLtMatmulPreferenceCreate, &h); }
   template <typename T>
   void set(cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
-    MT_CUBLAS_CHECK(kOp, cublasLtMatmulPreferenceSetAttribute, p, attr, &value, sizeof(T));
+    MT_CUBLAS_CHECK(kOp, cublasLtMatmulPreferenceSetAttribute, h, attr, &value, sizeof(T));
   }
 };
 
@@ -354,7 +354,7 @@ void gemm_lt(const GemmLtArgs& g, const void* a, const void* b, void* c, int dev
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    MT_CUBLAS_CHECK(kOp, cublasLtMatmulAlgoGetHeuristic, st.handle, desc.d, lt_a.l, lt_b.l, lt_c.l, lt_c.l, pref.p, 1,
+    MT_CUBLAS_CHECK(kOp, cublasLtMatmulAlgoGetHeuristic, st.handle, desc.h, lt_a.h, lt_b.h, lt_c.h, lt_c.h, pref.h, 1,
                     &result, &returned);
     MT_CHECK(returned > 0 && result.state == CUBLAS_STATUS_SUCCESS, kOp,
              "cublasLtMatmulAlgoGetHeuristic found no algorithm for {} x {} -> {} (trans_a={} trans_b={} m={} n={} "
@@ -375,8 +375,8 @@ void gemm_lt(const GemmLtArgs& g, const void* a, const void* b, void* c, int dev
     own.emplace(device, choice.workspace);
     workspace = own->get();
   }
-  MT_CUBLAS_CHECK(kOp, cublasLtMatmul, st.handle, desc.d, &g.alpha, b, lt_a.l, a, lt_b.l, &g.beta, c, lt_c.l, c,
-                  lt_c.l, &choice.algo, workspace, choice.workspace, stream);
+  MT_CUBLAS_CHECK(kOp, cublasLtMatmul, st.handle, desc.h, &g.alpha, b, lt_a.h, a, lt_b.h, &g.beta, c, lt_c.h, c,
+                  lt_c.h, &choice.algo, workspace, choice.workspace, stream);
 }
 
 std::vector<float> time_reps_ms(int device, int reps, const std::function<void(int)>& work) {

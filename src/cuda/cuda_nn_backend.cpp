@@ -217,14 +217,8 @@ std::int64_t CudaBackend::cross_entropy_forward(const Tensor& out, const Tensor&
   nd::check_cuda_data(op, "logits", logits);
   const std::int64_t N = logits.size(0), V = logits.size(1);
   const Tensor t = targets.detach();
-  const Tensor t_host = nd::index_to_host(op, "targets", t);  // checks t is contiguous
-  std::int64_t count = 0;
-  nd::dispatch_index(t_host.dtype(), [&](auto izero) {
-    using I = decltype(izero);
-    const I* tp = t_host.data<I>();
-    nd::check_index_range(op, "target", tp, N, V, true, ignore_index, targets.shape());
-    for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
-  });
+  const std::int64_t count = nd::count_checked_targets(op, nd::index_to_host(op, "targets", t), V, ignore_index,
+                                                       targets.shape());  // index_to_host checks t is contiguous
   const bool per_row = out.dim() == 1;
   const Tensor losses =
       per_row && out.dtype() == DType::f32 ? out : Tensor::empty({N}, DType::f32, logits.device());

@@ -33,6 +33,20 @@ bool finished(cudaError_t err, const char* op, const char* fn) {
   return true;
 }
 
+// synchronize() and query() of a Stream or an Event: the same moved-from check around CUDA's own call, named
+// `fn` in errors. A query's cudaErrorNotReady is an answer (see finished).
+template <typename Handle>
+void host_wait(void* handle, const char* op, const char* what, cudaError_t (*wait)(Handle), const char* fn) {
+  MT_CHECK(handle != nullptr, op, "moved-from {}", what);
+  detail::check_cuda(wait(static_cast<Handle>(handle)), op, fn);
+}
+
+template <typename Handle>
+bool host_query(void* handle, const char* op, const char* what, cudaError_t (*query)(Handle), const char* fn) {
+  MT_CHECK(handle != nullptr, op, "moved-from {}", what);
+  return finished(query(static_cast<Handle>(handle)), op, fn);
+}
+
 }  // namespace
 
 namespace detail {
@@ -98,15 +112,11 @@ void Stream::wait(const Event& event) const {
 }
 
 void Stream::synchronize() const {
-  constexpr const char* op = "cuda::Stream::synchronize";
-  MT_CHECK(handle_ != nullptr, op, "moved-from stream");
-  MT_CUDA_CHECK(op, cudaStreamSynchronize, as_stream(handle_));
+  host_wait(handle_, "cuda::Stream::synchronize", "stream", cudaStreamSynchronize, "cudaStreamSynchronize");
 }
 
 bool Stream::query() const {
-  constexpr const char* op = "cuda::Stream::query";
-  MT_CHECK(handle_ != nullptr, op, "moved-from stream");
-  return finished(cudaStreamQuery(as_stream(handle_)), op, "cudaStreamQuery");
+  return host_query(handle_, "cuda::Stream::query", "stream", cudaStreamQuery, "cudaStreamQuery");
 }
 
 // ---- Event ----
@@ -147,15 +157,11 @@ void Event::record() {
 }
 
 void Event::synchronize() const {
-  constexpr const char* op = "cuda::Event::synchronize";
-  MT_CHECK(handle_ != nullptr, op, "moved-from event");
-  MT_CUDA_CHECK(op, cudaEventSynchronize, as_event(handle_));
+  host_wait(handle_, "cuda::Event::synchronize", "event", cudaEventSynchronize, "cudaEventSynchronize");
 }
 
 bool Event::query() const {
-  constexpr const char* op = "cuda::Event::query";
-  MT_CHECK(handle_ != nullptr, op, "moved-from event");
-  return finished(cudaEventQuery(as_event(handle_)), op, "cudaEventQuery");
+  return host_query(handle_, "cuda::Event::query", "event", cudaEventQuery, "cudaEventQuery");
 }
 
 float Event::elapsed_ms(const Event& start, const Event& end) {

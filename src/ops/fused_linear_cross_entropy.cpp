@@ -56,15 +56,7 @@ void check_f32(const char* what, const Tensor& t, const Tensor& x) {
 // reads zeros: every target is class 0).
 std::int64_t count_targets(const Tensor& targets, std::int64_t V, std::int64_t ignore_index) {
   const Tensor host = targets.to(Device::cpu());  // targets dense; no copy on the CPU
-  const std::int64_t N = host.numel();
-  std::int64_t count = 0;
-  detail::dispatch_index(host.dtype(), [&](auto izero) {
-    using I = decltype(izero);
-    const I* tp = host.data<I>();
-    detail::check_index_range(kOp, "target", tp, N, V, true, ignore_index, targets.shape());
-    for (std::int64_t i = 0; i < N; ++i) count += static_cast<std::int64_t>(tp[i]) != ignore_index;
-  });
-  return count;
+  return ::memtrain::detail::count_checked_targets(kOp, host, V, ignore_index, targets.shape());
 }
 
 // The gradients a walk makes: dx (N, C) like x, dW (V, C) and db (V) f32 (zero-filled: accumulated); each
