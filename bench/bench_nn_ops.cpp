@@ -146,19 +146,14 @@ void depthwise_conv_fwd_bwd(benchmark::State& state) {
   };
   const auto x = randv(s.B * C * HW * HW), w = randv(C * K * K), b = randv(C), dy = randv(s.B * C * s.OH * s.OW);
   std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(b.size());
+  const cpu::ConvPath path = kIm2col ? cpu::ConvPath::im2col : cpu::ConvPath::best;
   const std::int64_t ws =
-      kIm2col ? std::max(cpu::conv2d_im2col_forward_workspace(s, nt), cpu::conv2d_im2col_backward_workspace(s, nt))
-              : std::max(cpu::conv2d_forward_workspace(s, nt), cpu::conv2d_backward_workspace(s, nt));
+      std::max(cpu::conv2d_forward_workspace(s, nt, path), cpu::conv2d_backward_workspace(s, nt, path));
   std::vector<float> work(static_cast<std::size_t>(std::max<std::int64_t>(ws, 1)));
   for (auto _ : state) {
-    if constexpr (kIm2col) {
-      cpu::conv2d_im2col_forward<float>(y.data(), x.data(), w.data(), b.data(), s, work.data(), nt);
-      cpu::conv2d_im2col_backward<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s,
-                                         work.data(), nt);
-    } else {
-      cpu::conv2d_forward<float>(y.data(), x.data(), w.data(), b.data(), s, work.data(), nt);
-      cpu::conv2d_backward<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s, work.data(), nt);
-    }
+    cpu::conv2d_forward<float>(y.data(), x.data(), w.data(), b.data(), s, work.data(), nt, path);
+    cpu::conv2d_backward<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s, work.data(), nt,
+                                path);
     benchmark::DoNotOptimize(dw.data());
     benchmark::ClobberMemory();
   }

@@ -202,14 +202,15 @@ TEST(ConvGrouped, DepthwiseMatchesIm2colPath) {
     const int nt = 2;
     std::vector<double> ws(static_cast<std::size_t>(std::max<std::int64_t>(
         {cpu::conv2d_forward_workspace(s, nt), cpu::conv2d_backward_workspace(s, nt),
-         cpu::conv2d_im2col_forward_workspace(s, nt), cpu::conv2d_im2col_backward_workspace(s, nt), 1})));
+         cpu::conv2d_forward_workspace(s, nt, cpu::ConvPath::im2col),
+         cpu::conv2d_backward_workspace(s, nt, cpu::ConvPath::im2col), 1})));
     std::vector<double> y1(dy.size()), y2(dy.size()), dx1(x.size()), dx2(x.size()), dw1(w.size()), dw2(w.size()),
         db1(b.size()), db2(b.size());
     cpu::conv2d_forward<double>(y1.data(), x.data(), w.data(), b.data(), s, ws.data(), nt);
-    cpu::conv2d_im2col_forward<double>(y2.data(), x.data(), w.data(), b.data(), s, ws.data(), nt);
+    cpu::conv2d_forward<double>(y2.data(), x.data(), w.data(), b.data(), s, ws.data(), nt, cpu::ConvPath::im2col);
     cpu::conv2d_backward<double>(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), s, ws.data(), nt);
-    cpu::conv2d_im2col_backward<double>(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s, ws.data(),
-                                        nt);
+    cpu::conv2d_backward<double>(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s, ws.data(), nt,
+                                 cpu::ConvPath::im2col);
     expect_close(y1, y2, 1e-12, 1e-12, c.name() + " y");
     expect_close(dx1, dx2, 1e-12, 1e-12, c.name() + " dx");
     expect_close(dw1, dw2, 1e-12, 1e-12, c.name() + " dw");
@@ -296,7 +297,8 @@ TEST(ConvGrouped, DepthwiseWorkspaceIsWhatTheSizeFunctionsSay) {
       return static_cast<std::size_t>(std::max<std::int64_t>(elems, 1)) * sizeof(float);
     };
     // Per-thread scratch of a few planes, far below the im2col path's column buffers.
-    EXPECT_LT(cpu::conv2d_forward_workspace(s, nt), cpu::conv2d_im2col_forward_workspace(s, nt)) << c.name();
+    EXPECT_LT(cpu::conv2d_forward_workspace(s, nt), cpu::conv2d_forward_workspace(s, nt, cpu::ConvPath::im2col))
+        << c.name();
     EXPECT_EQ(fwd, bytes(cpu::conv2d_forward_workspace(s, nt))) << c.name();
     EXPECT_EQ(bwd, bytes(cpu::conv2d_backward_workspace(s, nt))) << c.name();
   }

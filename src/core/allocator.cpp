@@ -10,13 +10,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <optional>
 
 namespace memtrain {
 
 namespace {
 
-thread_local MemoryCategory t_category = MemoryCategory::other;
-thread_local int t_guard_depth = 0;  // CategoryGuards alive on this thread
+// The innermost CategoryGuard's category; empty while no guard is alive on this thread.
+thread_local std::optional<MemoryCategory> t_category;
 
 std::string human_bytes(std::size_t b) {
   const double x = static_cast<double>(b);
@@ -42,16 +43,9 @@ std::string_view category_name(MemoryCategory c) {
   return "?";
 }
 
-CategoryGuard::CategoryGuard(MemoryCategory c) : previous_(t_category) {
-  t_category = c;
-  ++t_guard_depth;
-}
-CategoryGuard::~CategoryGuard() {
-  t_category = previous_;
-  --t_guard_depth;
-}
-MemoryCategory current_category() { return t_category; }
-bool category_guard_active() { return t_guard_depth > 0; }
+CategoryGuard::CategoryGuard(MemoryCategory c) : ScopedThreadValue(t_category, c) {}
+MemoryCategory current_category() { return t_category.value_or(MemoryCategory::other); }
+bool category_guard_active() { return t_category.has_value(); }
 
 namespace {
 CachePolicy default_policy(const Device& device) {

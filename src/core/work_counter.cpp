@@ -9,7 +9,6 @@ thread_local WorkCounts* t_counter = nullptr;
 
 WorkCounts* current_work_counter() { return t_counter; }
 
-WorkCounterGuard::WorkCounterGuard(WorkCounts* counter) : previous_(t_counter) { t_counter = counter; }
-WorkCounterGuard::~WorkCounterGuard() { t_counter = previous_; }
+WorkCounterGuard::WorkCounterGuard(WorkCounts* counter) : ScopedThreadValue(t_counter, counter) {}
 
 }  // namespace memtrain::detail

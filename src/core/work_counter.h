@@ -6,6 +6,8 @@
 // its collectives would move. A cost model turns the counts into seconds (train/fit.h).
 #pragma once
 
+#include "memtrain/core/scoped_thread_value.h"
+
 namespace memtrain::detail {
 
 struct WorkCounts {
@@ -26,16 +28,10 @@ struct WorkCounts {
 // The counter of this thread, nullptr when none is installed (counting is then skipped).
 WorkCounts* current_work_counter();
 
-// Installs `counter` (not owned) on this thread until the guard ends.
-class WorkCounterGuard {
+// Installs `counter` (not owned) on this thread until the guard ends, then puts back the one it replaced.
+class WorkCounterGuard : public ScopedThreadValue<WorkCounts*> {
  public:
   explicit WorkCounterGuard(WorkCounts* counter);
-  ~WorkCounterGuard();
-  WorkCounterGuard(const WorkCounterGuard&) = delete;
-  WorkCounterGuard& operator=(const WorkCounterGuard&) = delete;
-
- private:
-  WorkCounts* previous_;
 };
 
 }  // namespace memtrain::detail

@@ -286,25 +286,18 @@ void bias_backward(T* dbias, const T* dout, const Conv2dShape& s, int nthreads) 
   }
 }
 
-}  // namespace
+// The depthwise loops run where the shape is depthwise, unless the general path is asked for.
+bool takes_depthwise(const Conv2dShape& s, ConvPath path) { return path == ConvPath::best && is_depthwise(s); }
 
-int64_t conv2d_im2col_forward_workspace(const Conv2dShape& s, int nthreads) { return nthreads * col_elems(s); }
+int64_t im2col_forward_workspace(const Conv2dShape& s, int nthreads) { return nthreads * col_elems(s); }
 
-int64_t conv2d_im2col_backward_workspace(const Conv2dShape& s, int nthreads) {
+int64_t im2col_backward_workspace(const Conv2dShape& s, int nthreads) {
   // A column buffer (also dcol) per thread, plus per-thread partial dW.
   return nthreads * (col_elems(s) + weight_elems(s));
 }
 
-int64_t conv2d_forward_workspace(const Conv2dShape& s, int nthreads) {
-  return is_depthwise(s) ? nthreads * dw_forward_scratch(s) : conv2d_im2col_forward_workspace(s, nthreads);
-}
-
-int64_t conv2d_backward_workspace(const Conv2dShape& s, int nthreads) {
-  return is_depthwise(s) ? nthreads * dw_backward_scratch(s) : conv2d_im2col_backward_workspace(s, nthreads);
-}
-
 template <typename T>
-void conv2d_im2col_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
+void im2col_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
                     int nthreads) {
   const int64_t G = s.groups, Cin_g = s.Cin / G, Cout_g = s.Cout / G, K = col_rows(s), L = s.OH * s.OW;
   const bool pointwise = is_pointwise(s);
@@ -334,8 +327,8 @@ void conv2d_im2col_forward(T* out, const T* x, const T* weight, const T* bias, c
 }
 
 template <typename T>
-void conv2d_im2col_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
-                            const Conv2dShape& s, T* workspace, int nthreads) {
+void im2col_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight, const Conv2dShape& s,
+                     T* workspace, int nthreads) {
   const int64_t G = s.groups, Cin_g = s.Cin / G, Cout_g = s.Cout / G, K = col_rows(s), L = s.OH * s.OW;
   const bool pointwise = is_pointwise(s);
   const int64_t per_thread = col_elems(s) + weight_elems(s);
@@ -384,28 +377,37 @@ void conv2d_im2col_backward(T* dx, T* dweight, T* dbias, const T* dout, const T*
   if (dbias) bias_backward(dbias, dout, s, nthreads);
 }
 
+}  // namespace
+
+int64_t conv2d_forward_workspace(const Conv2dShape& s, int nthreads, ConvPath path) {
+  return takes_depthwise(s, path) ? nthreads * dw_forward_scratch(s) : im2col_forward_workspace(s, nthreads);
+}
+
+int64_t conv2d_backward_workspace(const Conv2dShape& s, int nthreads, ConvPath path) {
+  return takes_depthwise(s, path) ? nthreads * dw_backward_scratch(s) : im2col_backward_workspace(s, nthreads);
+}
+
 template <typename T>
 void conv2d_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
-                    int nthreads) {
-  if (is_depthwise(s))
+                    int nthreads, ConvPath path) {
+  if (takes_depthwise(s, path))
     dw_forward(out, x, weight, bias, s, workspace, nthreads);
   else
-    conv2d_im2col_forward(out, x, weight, bias, s, workspace, nthreads);
+    im2col_forward(out, x, weight, bias, s, workspace, nthreads);
 }
 
 template <typename T>
 void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight, const Conv2dShape& s,
-                     T* workspace, int nthreads) {
-  if (!is_depthwise(s)) return conv2d_im2col_backward(dx, dweight, dbias, dout, x, weight, s, workspace, nthreads);
+                     T* workspace, int nthreads, ConvPath path) {
+  if (!takes_depthwise(s, path)) return im2col_backward(dx, dweight, dbias, dout, x, weight, s, workspace, nthreads);
   dw_backward(dx, dweight, dout, x, weight, s, workspace, nthreads);
   if (dbias) bias_backward(dbias, dout, s, nthreads);
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                                                  \
-  template void conv2d_forward<T>(T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);               \
-  template void conv2d_backward<T>(T*, T*, T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);      \
-  template void conv2d_im2col_forward<T>(T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);        \
-  template void conv2d_im2col_backward<T>(T*, T*, T*, const T*, const T*, const T*, const Conv2dShape&, T*, int);
+  template void conv2d_forward<T>(T*, const T*, const T*, const T*, const Conv2dShape&, T*, int, ConvPath);     \
+  template void conv2d_backward<T>(T*, T*, T*, const T*, const T*, const T*, const Conv2dShape&, T*, int,       \
+                                   ConvPath);
 MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
 #undef MEMTRAIN_INSTANTIATE
 

@@ -11,7 +11,7 @@
 //    the whole output plane (vectorised; a GEMM there would have a single row and K = KH*KW). Planes, and for dW
 //    output channels, are split across threads, and each output element is summed by one thread in a fixed
 //    order, so results do not depend on the thread count.
-// conv2d_forward / conv2d_backward pick the path. T is float or double.
+// conv2d_forward / conv2d_backward pick the path (or take the general one when asked). T is float or double.
 #pragma once
 
 #include <cstdint>
@@ -30,28 +30,22 @@ inline int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-// Elements of T scratch forward / backward need (exactly what they use: the meta backend predicts from these).
-int64_t conv2d_forward_workspace(const Conv2dShape& s, int nthreads);
-int64_t conv2d_backward_workspace(const Conv2dShape& s, int nthreads);
+// Which path a call takes: the one the shape calls for, or the general one whatever the shape (im2col), so that
+// bench_nn_ops and the tests can measure and check the depthwise loops against it on the same shapes.
+enum class ConvPath { best, im2col };
+
+// Elements of T scratch forward / backward need on `path` (exactly what they use: the meta backend predicts from
+// these).
+int64_t conv2d_forward_workspace(const Conv2dShape& s, int nthreads, ConvPath path = ConvPath::best);
+int64_t conv2d_backward_workspace(const Conv2dShape& s, int nthreads, ConvPath path = ConvPath::best);
 
 // out: (B, Cout, OH, OW); x: (B, Cin, H, W); weight: (Cout, Cin/groups, KH, KW); bias: (Cout) or null.
 template <typename T>
 void conv2d_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
-                    int nthreads);
+                    int nthreads, ConvPath path = ConvPath::best);
 // dx, dweight, dbias overwritten; any may be null (not needed).
 template <typename T>
 void conv2d_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight, const Conv2dShape& s,
-                     T* workspace, int nthreads);
-
-// The general path whatever the shape, with its own workspace sizes; callable so that bench_nn_ops can measure
-// the depthwise loops against it on the same shapes.
-int64_t conv2d_im2col_forward_workspace(const Conv2dShape& s, int nthreads);
-int64_t conv2d_im2col_backward_workspace(const Conv2dShape& s, int nthreads);
-template <typename T>
-void conv2d_im2col_forward(T* out, const T* x, const T* weight, const T* bias, const Conv2dShape& s, T* workspace,
-                           int nthreads);
-template <typename T>
-void conv2d_im2col_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
-                            const Conv2dShape& s, T* workspace, int nthreads);
+                     T* workspace, int nthreads, ConvPath path = ConvPath::best);
 
 }  // namespace memtrain::cpu

@@ -41,68 +41,74 @@ int64_t window_argmax(const T* x, const Pool2dShape& s, int64_t oh, int64_t ow) 
 
 constexpr int64_t kGrain = 1 << 14;
 
+// Runs f(p) for every plane p; planes are split across threads once the input is large enough to pay for them.
+template <typename F>
+void for_each_plane(const Pool2dShape& s, F f) {
+#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
+  for (int64_t p = 0; p < s.planes; ++p) f(p);
+}
+
+// Calls f(oh, ow, oh * OW + ow) for every window of a plane, row by row.
+template <typename F>
+void for_each_window(const Pool2dShape& s, F f) {
+  for (int64_t oh = 0; oh < s.OH; ++oh)
+    for (int64_t ow = 0; ow < s.OW; ++ow) f(oh, ow, oh * s.OW + ow);
+}
+
 }  // namespace
 
 template <typename T>
 void max_pool2d_forward(T* out, const T* x, const Pool2dShape& s) {
-#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
-  for (int64_t p = 0; p < s.planes; ++p) {
+  for_each_plane(s, [&](int64_t p) {
     const T* xp = x + p * s.H * s.W;  // (H, W)
     T* op = out + p * s.OH * s.OW;    // (OH, OW)
-    for (int64_t oh = 0; oh < s.OH; ++oh)
-      for (int64_t ow = 0; ow < s.OW; ++ow) {
-        const int64_t a = window_argmax(xp, s, oh, ow);
-        op[oh * s.OW + ow] = a < 0 ? -std::numeric_limits<T>::infinity() : xp[a];
-      }
-  }
+    for_each_window(s, [&](int64_t oh, int64_t ow, int64_t o) {
+      const int64_t a = window_argmax(xp, s, oh, ow);
+      op[o] = a < 0 ? -std::numeric_limits<T>::infinity() : xp[a];
+    });
+  });
 }
 
 template <typename T>
 void max_pool2d_backward(T* dx, const T* dout, const T* x, const Pool2dShape& s) {
-#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
-  for (int64_t p = 0; p < s.planes; ++p) {
+  for_each_plane(s, [&](int64_t p) {
+    T* dxp = dx + p * s.H * s.W;  // zeroed: the windows add into it
+    std::fill(dxp, dxp + s.H * s.W, T(0));
     const T* xp = x + p * s.H * s.W;
     const T* gp = dout + p * s.OH * s.OW;
-    T* dxp = dx + p * s.H * s.W;
-    std::fill(dxp, dxp + s.H * s.W, T(0));
-    for (int64_t oh = 0; oh < s.OH; ++oh)
-      for (int64_t ow = 0; ow < s.OW; ++ow) {
-        const int64_t a = window_argmax(xp, s, oh, ow);
-        if (a >= 0) dxp[a] += gp[oh * s.OW + ow];
-      }
-  }
+    for_each_window(s, [&](int64_t oh, int64_t ow, int64_t o) {
+      const int64_t a = window_argmax(xp, s, oh, ow);
+      if (a >= 0) dxp[a] += gp[o];
+    });
+  });
 }
 
 template <typename T>
 void avg_pool2d_forward(T* out, const T* x, const Pool2dShape& s) {
   const T inv = T(1) / static_cast<T>(s.kernel * s.kernel);
-#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
-  for (int64_t p = 0; p < s.planes; ++p) {
+  for_each_plane(s, [&](int64_t p) {
     const T* xp = x + p * s.H * s.W;
     T* op = out + p * s.OH * s.OW;
-    for (int64_t oh = 0; oh < s.OH; ++oh)
-      for (int64_t ow = 0; ow < s.OW; ++ow) {
-        T acc = 0;
-        for_each_tap(s, oh, ow, [&](int64_t at) { acc += xp[at]; });
-        op[oh * s.OW + ow] = acc * inv;
-      }
-  }
+    for_each_window(s, [&](int64_t oh, int64_t ow, int64_t o) {
+      T acc = 0;
+      for_each_tap(s, oh, ow, [&](int64_t at) { acc += xp[at]; });
+      op[o] = acc * inv;
+    });
+  });
 }
 
 template <typename T>
 void avg_pool2d_backward(T* dx, const T* dout, const Pool2dShape& s) {
   const T inv = T(1) / static_cast<T>(s.kernel * s.kernel);
-#pragma omp parallel for schedule(static) if (s.planes * s.H * s.W > kGrain)
-  for (int64_t p = 0; p < s.planes; ++p) {
-    const T* gp = dout + p * s.OH * s.OW;
-    T* dxp = dx + p * s.H * s.W;
+  for_each_plane(s, [&](int64_t p) {
+    T* dxp = dx + p * s.H * s.W;  // zeroed: the windows add into it
     std::fill(dxp, dxp + s.H * s.W, T(0));
-    for (int64_t oh = 0; oh < s.OH; ++oh)
-      for (int64_t ow = 0; ow < s.OW; ++ow) {
-        const T g = gp[oh * s.OW + ow] * inv;
-        for_each_tap(s, oh, ow, [&](int64_t at) { dxp[at] += g; });
-      }
-  }
+    const T* gp = dout + p * s.OH * s.OW;
+    for_each_window(s, [&](int64_t oh, int64_t ow, int64_t o) {
+      const T g = gp[o] * inv;
+      for_each_tap(s, oh, ow, [&](int64_t at) { dxp[at] += g; });
+    });
+  });
 }
 
 #define MEMTRAIN_INSTANTIATE(T)                                                              \

@@ -4,6 +4,8 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/nn.h"
 
+#include <string>
+
 namespace memtrain::nn {
 
 void CNNConfig::validate() const {
@@ -15,14 +17,21 @@ void CNNConfig::validate() const {
   MT_CHECK(dropout >= 0.0 && dropout < 1.0, "CNNConfig", "dropout must be in [0, 1), got {}", dropout);
 }
 
+Tensor CNN::ConvStage::forward(const Tensor& x) const {
+  return ops::max_pool2d(ops::relu(bn->forward(conv->forward(x))), 2);
+}
+
 CNN::CNN(const CNNConfig& config, DType dtype) : config_(config) {
   config_.validate();
   const auto& c = config_;
   const std::int64_t side = c.image_size / 4;
-  conv1_ = register_module("conv1", std::make_shared<Conv2d>(c.in_channels, c.conv1_channels, 3, 1, 1, true, dtype));
-  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(c.conv1_channels, 1e-5, 0.1, dtype));
-  conv2_ = register_module("conv2", std::make_shared<Conv2d>(c.conv1_channels, c.conv2_channels, 3, 1, 1, true, dtype));
-  bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(c.conv2_channels, 1e-5, 0.1, dtype));
+  const std::int64_t channels[] = {c.in_channels, c.conv1_channels, c.conv2_channels};
+  for (std::size_t i = 0; i < stages_.size(); ++i) {  // registers conv1, bn1, conv2, bn2 in this order
+    const std::string n = std::to_string(i + 1);
+    stages_[i].conv =
+        register_module("conv" + n, std::make_shared<Conv2d>(channels[i], channels[i + 1], 3, 1, 1, true, dtype));
+    stages_[i].bn = register_module("bn" + n, std::make_shared<BatchNorm2d>(channels[i + 1], 1e-5, 0.1, dtype));
+  }
   fc1_ = register_module("fc1", std::make_shared<Linear>(c.conv2_channels * side * side, c.hidden, true, dtype));
   init_torch_default_(*fc1_);
   dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
@@ -35,10 +44,10 @@ Tensor CNN::forward(const Tensor& x) {
   MT_CHECK(x.dim() == 4 && x.size(1) == c.in_channels && x.size(2) == c.image_size && x.size(3) == c.image_size,
            "nn::CNN", "expected x [B, {}, {}, {}], got {}", c.in_channels, c.image_size, c.image_size,
            shape_str(x.shape()));
-  const auto stage1 = [this](const Tensor& in) { return ops::max_pool2d(ops::relu(bn1_->forward(conv1_->forward(in))), 2); };
-  const auto stage2 = [this](const Tensor& in) { return ops::max_pool2d(ops::relu(bn2_->forward(conv2_->forward(in))), 2); };
-  Tensor h = checkpointer_.run(0, 2, stage1, x);  // (B,C1,S/2,S/2)
-  h = checkpointer_.run(1, 2, stage2, h);         // (B,C2,S/4,S/4)
+  Tensor h = x;
+  const auto n = static_cast<std::int64_t>(stages_.size());
+  for (std::int64_t i = 0; i < n; ++i)  // (B,C1,S/2,S/2), then (B,C2,S/4,S/4)
+    h = run_block(i, n, [&stage = stages_[i]](const Tensor& in) { return stage.forward(in); }, h);
   h = dropout_->forward(ops::relu(fc1_->forward(h.flatten(1))));                // (B,hidden)
   return fc2_->forward(h);                                                      // (B,classes)
 }

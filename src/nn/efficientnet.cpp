@@ -151,7 +151,7 @@ Tensor EfficientNet::forward(const Tensor& x) {
   const std::int64_t n = num_blocks();
   for (std::int64_t i = 0; i < n; ++i) {
     MBConv& block = *blocks_->get<MBConv>(static_cast<std::size_t>(i));
-    h = checkpointer_.run(i, n, [&block](const Tensor& in) { return block.forward(in); }, h);
+    h = run_block(i, n, [&block](const Tensor& in) { return block.forward(in); }, h);
   }
   h = silu(head_bn_->forward(head_->forward(h)), c.silu);
   h = ops::mean(h, {2, 3});  // global average pooling: [B, head_channels]

@@ -34,7 +34,7 @@ Tensor GPT::hidden(const Tensor& idx) const {
   Tensor x = drop_->forward(wte_->forward(idx) + wpe_->forward(pos));           // (B,T,C)
   const auto n = static_cast<std::int64_t>(h_.size());
   for (std::int64_t i = 0; i < n; ++i) {
-    x = checkpointer_.run(i, n, [block = h_[i].get()](const Tensor& in) { return block->forward(in); }, x);
+    x = run_block(i, n, [block = h_[i].get()](const Tensor& in) { return block->forward(in); }, x);
   }
   return ln_f_->forward(x);
 }

@@ -29,7 +29,7 @@ Tensor Llama::forward(const Tensor& idx) const {
   Tensor x = embed_tokens_->forward(idx);  // (B,T,C); positions enter through the rotary q/k rotation
   const auto n = static_cast<std::int64_t>(layers_.size());
   for (std::int64_t i = 0; i < n; ++i) {
-    x = checkpointer_.run(i, n, [layer = layers_[i].get()](const Tensor& in) { return layer->forward(in); }, x);
+    x = run_block(i, n, [layer = layers_[i].get()](const Tensor& in) { return layer->forward(in); }, x);
   }
   return lm_head_->forward(norm_->forward(x));  // (B,T,V)
 }

@@ -29,10 +29,7 @@ Tensor Module::new_parameter(const Shape& shape, DType dtype) {
   return Tensor::empty(shape, dtype, t_parameter_device);
 }
 
-ParameterDeviceGuard::ParameterDeviceGuard(Device device) : previous_(t_parameter_device) {
-  t_parameter_device = device;
-}
-ParameterDeviceGuard::~ParameterDeviceGuard() { t_parameter_device = previous_; }
+ParameterDeviceGuard::ParameterDeviceGuard(Device device) : ScopedThreadValue(t_parameter_device, device) {}
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
   MT_CHECK(t.defined(), "Module::register_parameter", "parameter '{}' is undefined", name);

@@ -22,13 +22,7 @@ RecomputeMode*& current_slot<RecomputeMode>() {
 }  // namespace
 
 template <class Mode>
-ModeGuard<Mode>::ModeGuard(Mode* mode) : previous_(current_slot<Mode>()) {
-  current_slot<Mode>() = mode;
-}
-template <class Mode>
-ModeGuard<Mode>::~ModeGuard() {
-  current_slot<Mode>() = previous_;
-}
+ModeGuard<Mode>::ModeGuard(Mode* mode) : ScopedThreadValue<Mode*>(current_slot<Mode>(), mode) {}
 template class ModeGuard<CastMode>;
 template class ModeGuard<RecomputeMode>;
 

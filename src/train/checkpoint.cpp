@@ -35,21 +35,32 @@ constexpr const char* kAmpPrefix = "amp.";
 constexpr const char* kLossScalerKey = "loss_scaler";
 constexpr const char* kFp8Key = "fp8";  // delayed-scaling state, by weight name
 
-// (step, path) of every checkpoint file in dir, oldest first.
-std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<std::int64_t, std::string>> out;
+// Calls f(number, entry) for each entry of dir whose file name matches `pattern`, number the value of the
+// pattern's one group of digits (a name whose number does not fit is passed over). Nothing when dir is empty
+// or not a directory.
+template <typename F>
+void for_each_numbered_file(const std::string& dir, const std::regex& pattern, F f) {
   std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
-  static const std::regex pattern(R"(ckpt_(\d+)\.safetensors)");
+  if (dir.empty() || !fs::is_directory(dir, ec)) return;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern) || !entry.is_regular_file(ec)) continue;
-    std::int64_t step = 0;
+    if (!std::regex_match(name, m, pattern)) continue;
+    std::int64_t number = 0;
     const std::string digits = m[1].str();
-    if (std::from_chars(digits.data(), digits.data() + digits.size(), step).ec != std::errc()) continue;
-    out.emplace_back(step, entry.path().string());
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), number).ec != std::errc()) continue;
+    f(number, entry);
   }
+}
+
+// (step, path) of every checkpoint file in dir, oldest first.
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  static const std::regex pattern(R"(ckpt_(\d+)\.safetensors)");
+  for_each_numbered_file(dir, pattern, [&](std::int64_t step, const fs::directory_entry& entry) {
+    std::error_code ec;
+    if (entry.is_regular_file(ec)) out.emplace_back(step, entry.path().string());
+  });
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -136,21 +147,14 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t 
 
 std::vector<std::string> remove_stale_checkpoint_temps(const std::string& dir) {
   std::vector<std::string> removed;
-  std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) return removed;
   static const std::regex pattern(R"(ckpt_\d+\.safetensors\.tmp\.(\d+))");
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern)) continue;
-    long long pid = 0;
-    const std::string digits = m[1].str();
-    if (std::from_chars(digits.data(), digits.data() + digits.size(), pid).ec != std::errc()) continue;
+  for_each_numbered_file(dir, pattern, [&](std::int64_t pid, const fs::directory_entry& entry) {
     // A live writer (this process, or another on this machine) may be in the middle of it.
     const bool gone = pid != ::getpid() && (pid > std::numeric_limits<pid_t>::max() ||
                                              (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH));
+    std::error_code ec;
     if (gone && fs::remove(entry.path(), ec)) removed.push_back(entry.path().string());
-  }
+  });
   return removed;
 }
 

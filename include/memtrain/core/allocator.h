@@ -16,6 +16,7 @@
 #pragma once
 
 #include "memtrain/core/device.h"
+#include "memtrain/core/scoped_thread_value.h"
 
 #include <array>
 #include <cstddef>
@@ -50,15 +51,9 @@ inline constexpr int kNumMemoryCategories = 8;
 std::string_view category_name(MemoryCategory c);
 
 // Sets the category of allocations made on this thread while it lives; guards nest.
-class CategoryGuard {
+class CategoryGuard : public ScopedThreadValue<std::optional<MemoryCategory>> {
  public:
   explicit CategoryGuard(MemoryCategory c);
-  ~CategoryGuard();
-  CategoryGuard(const CategoryGuard&) = delete;
-  CategoryGuard& operator=(const CategoryGuard&) = delete;
-
- private:
-  MemoryCategory previous_;
 };
 MemoryCategory current_category();  // MemoryCategory::other when no guard is active
 // Whether a CategoryGuard is active on this thread. With none, an op output that autograd records (a forward

@@ -9,12 +9,13 @@
 // Default sizes: 421,834 parameters (fc1 holds 401,536 of them).
 #pragma once
 
-#include "memtrain/ckpt/policy.h"
 #include "memtrain/nn/batch_norm.h"
+#include "memtrain/nn/block_checkpointed_module.h"
 #include "memtrain/nn/conv2d.h"
 #include "memtrain/nn/dropout.h"
 #include "memtrain/nn/linear.h"
 
+#include <array>
 #include <memory>
 
 namespace memtrain::nn {
@@ -30,7 +31,9 @@ struct CNNConfig {
   void validate() const;
 };
 
-class CNN : public Module {
+// Checkpointable blocks (BlockCheckpointedModule): the two conv stages (conv, batch norm, relu, pool), one
+// region each.
+class CNN : public BlockCheckpointedModule {
  public:
   explicit CNN(const CNNConfig& config = {}, DType dtype = DType::f32);
   // x [B, in_channels, image_size, image_size] -> logits [B, num_classes]. Not const: batch norm updates its
@@ -40,24 +43,16 @@ class CNN : public Module {
   Tensor loss(const Tensor& x, const Tensor& targets);
   const CNNConfig& config() const { return config_; }
 
-  // Activation checkpointing of the two conv stages (conv, batch norm, relu, pool: one region each), set
-  // through Module::set_checkpointing; none by default.
-  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
-
- protected:
-  // Takes every policy: its blocks run through checkpointer_.
-  bool apply_checkpointing(const ckpt::Policy& policy) override {
-    checkpointer_.set_policy(policy);
-    return true;
-  }
-
  private:
+  // conv (3x3, pad 1) -> batch norm -> relu -> max-pool 2, one checkpoint block.
+  struct ConvStage {
+    std::shared_ptr<Conv2d> conv;
+    std::shared_ptr<BatchNorm2d> bn;
+    Tensor forward(const Tensor& x) const;  // [B, Cin, S, S] -> [B, Cout, S/2, S/2]
+  };
+
   CNNConfig config_;
-  ckpt::BlockCheckpointer checkpointer_;
-  std::shared_ptr<Conv2d> conv1_;
-  std::shared_ptr<BatchNorm2d> bn1_;
-  std::shared_ptr<Conv2d> conv2_;
-  std::shared_ptr<BatchNorm2d> bn2_;
+  std::array<ConvStage, 2> stages_;  // conv1 and bn1, conv2 and bn2
   std::shared_ptr<Linear> fc1_;
   std::shared_ptr<Dropout> dropout_;
   std::shared_ptr<Linear> fc2_;

@@ -21,8 +21,8 @@
 // classifier use PyTorch's default init (nn::Conv2d, nn::init_torch_default_).
 #pragma once
 
-#include "memtrain/ckpt/policy.h"
 #include "memtrain/nn/batch_norm.h"
+#include "memtrain/nn/block_checkpointed_module.h"
 #include "memtrain/nn/containers.h"
 #include "memtrain/nn/conv2d.h"
 #include "memtrain/nn/dropout.h"
@@ -100,7 +100,8 @@ class MBConv : public Module {
   std::shared_ptr<BatchNorm2d> project_bn_;
 };
 
-class EfficientNet : public Module {
+// Checkpointable blocks (BlockCheckpointedModule): the MBConv blocks, one region each.
+class EfficientNet : public BlockCheckpointedModule {
  public:
   explicit EfficientNet(const EfficientNetConfig& config = {}, DType dtype = DType::f32);
   // x [B, in_channels, H, W], H and W at least min_feature_size -> logits [B, num_classes].
@@ -110,17 +111,9 @@ class EfficientNet : public Module {
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_->size()); }
   // One line per stage: "stage 2: 2 x MBConv6 k3 s2 16 -> 24, 14x14".
   std::string describe() const;
-  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
-
- protected:
-  bool apply_checkpointing(const ckpt::Policy& policy) override {
-    checkpointer_.set_policy(policy);
-    return true;
-  }
 
  private:
   EfficientNetConfig config_;
-  ckpt::BlockCheckpointer checkpointer_;
   std::shared_ptr<Conv2d> stem_;
   std::shared_ptr<BatchNorm2d> stem_bn_;
   std::shared_ptr<ModuleList> blocks_;

@@ -10,7 +10,7 @@
 // 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1; drawn from the default RNG stream (manual_seed).
 #pragma once
 
-#include "memtrain/ckpt/policy.h"
+#include "memtrain/nn/block_checkpointed_module.h"
 #include "memtrain/nn/dropout.h"
 #include "memtrain/nn/embedding.h"
 #include "memtrain/nn/gpt_config.h"
@@ -18,12 +18,12 @@
 #include "memtrain/nn/transformer_block.h"
 
 #include <memory>
-#include <utility>
 #include <vector>
 
 namespace memtrain::nn {
 
-class GPT : public Module {
+// Checkpointable blocks (BlockCheckpointedModule): the transformer blocks, one region each.
+class GPT : public BlockCheckpointedModule {
  public:
   explicit GPT(const GPTConfig& config, DType dtype = DType::f32);
   // idx [B, T] integer, T <= block_size -> logits [B, T, V].
@@ -35,20 +35,6 @@ class GPT : public Module {
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
 
-  // Activation checkpointing of the transformer blocks (each block is one region), set through
-  // Module::set_checkpointing; none by default.
-  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
-  // Exchanges the model's checkpointer (policy and any budget plan) with `other`: a benchmark that alternates
-  // policies step by step keeps one checkpointer per policy, so a budget plan is made once, not at every switch.
-  void swap_checkpointer(ckpt::BlockCheckpointer& other) { std::swap(checkpointer_, other); }
-
- protected:
-  // Takes every policy: its blocks run through checkpointer_.
-  bool apply_checkpointing(const ckpt::Policy& policy) override {
-    checkpointer_.set_policy(policy);
-    return true;
-  }
-
  private:
   GPTConfig config_;
   std::shared_ptr<Embedding> wte_;
@@ -57,7 +43,6 @@ class GPT : public Module {
   std::vector<std::shared_ptr<TransformerBlock>> h_;
   std::shared_ptr<LayerNorm> ln_f_;
   Tensor hidden(const Tensor& idx) const;  // ln_f output (B,T,C)
-  mutable ckpt::BlockCheckpointer checkpointer_;  // forward is const; the budget policy plans on first use
 };
 
 }  // namespace memtrain::nn

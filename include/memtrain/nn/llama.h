@@ -13,7 +13,7 @@
 // normal(0, 0.02), RMSNorm weights 1; drawn from the default RNG stream (manual_seed).
 #pragma once
 
-#include "memtrain/ckpt/policy.h"
+#include "memtrain/nn/block_checkpointed_module.h"
 #include "memtrain/nn/embedding.h"
 #include "memtrain/nn/linear.h"
 #include "memtrain/nn/llama_config.h"
@@ -26,7 +26,8 @@
 
 namespace memtrain::nn {
 
-class Llama : public Module {
+// Checkpointable blocks (BlockCheckpointedModule): the decoder layers, one region each.
+class Llama : public BlockCheckpointedModule {
  public:
   explicit Llama(const LlamaConfig& config, DType dtype = DType::f32);
   // idx [B, T] integer, T <= block_size -> logits [B, T, V].
@@ -37,17 +38,6 @@ class Llama : public Module {
   const LlamaConfig& config() const { return config_; }
   const RotaryEmbedding& rotary() const { return *rotary_; }
 
-  // Activation checkpointing of the decoder layers (each layer is one region), set through
-  // Module::set_checkpointing; none by default.
-  const ckpt::BlockCheckpointer& checkpointing() const { return checkpointer_; }
-
- protected:
-  // Takes every policy: its blocks run through checkpointer_.
-  bool apply_checkpointing(const ckpt::Policy& policy) override {
-    checkpointer_.set_policy(policy);
-    return true;
-  }
-
  private:
   LlamaConfig config_;
   std::shared_ptr<const RotaryEmbedding> rotary_;
@@ -55,7 +45,6 @@ class Llama : public Module {
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers_;
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<Linear> lm_head_;
-  mutable ckpt::BlockCheckpointer checkpointer_;  // forward is const; the budget policy plans on first use
 };
 
 }  // namespace memtrain::nn

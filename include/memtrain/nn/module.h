@@ -10,6 +10,7 @@
 
 #include "memtrain/ckpt/policy.h"
 #include "memtrain/core/dtype.h"
+#include "memtrain/core/scoped_thread_value.h"
 #include "memtrain/core/tensor.h"
 
 #include <cstdint>
@@ -118,21 +119,15 @@ class Module {
 };
 
 // Initialisers used by the layers (GPT-2 style), in place and not recorded by autograd.
-void init_normal_(Tensor& t, double std);
+void init_normal_(Tensor& t, double std);  // normal(0, std) from the default RNG stream
 
 // Modules built on this thread while the guard lives make their parameters on `device` instead of the CPU.
 // Under ParameterDeviceGuard(Device::meta()) a model costs no memory and no time to build and initialise (the
 // random draws still advance the RNG stream as on the CPU): what train::predict_memory builds. Buffers that a
 // module makes outside new_parameter stay on the CPU until Module::to moves them.
-class ParameterDeviceGuard {
+class ParameterDeviceGuard : public ScopedThreadValue<Device> {
  public:
   explicit ParameterDeviceGuard(Device device);
-  ~ParameterDeviceGuard();
-  ParameterDeviceGuard(const ParameterDeviceGuard&) = delete;
-  ParameterDeviceGuard& operator=(const ParameterDeviceGuard&) = delete;
-
- private:
-  Device previous_;
-};  // normal(0, std) from the default RNG stream
+};
 
 }  // namespace memtrain::nn

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "memtrain/nn/batch_norm.h"
+#include "memtrain/nn/block_checkpointed_module.h"
 #include "memtrain/nn/causal_self_attention.h"
 #include "memtrain/nn/cnn.h"
 #include "memtrain/nn/containers.h"

@@ -18,6 +18,7 @@
 //   RecomputeMode  ckpt::checkpoint (ckpt/checkpoint.h), for a region's forward and for its re-run.
 #pragma once
 
+#include "memtrain/core/scoped_thread_value.h"
 #include "memtrain/core/tensor.h"
 
 #include <functional>
@@ -63,15 +64,9 @@ class RecomputeMode {
 // Installs `mode` (not owned; nullptr suspends that kind of mode) on this thread until the guard ends, then
 // puts back the one it replaced. Mode: CastMode or RecomputeMode (the two instantiations).
 template <class Mode>
-class ModeGuard {
+class ModeGuard : public ScopedThreadValue<Mode*> {
  public:
   explicit ModeGuard(Mode* mode);
-  ~ModeGuard();
-  ModeGuard(const ModeGuard&) = delete;
-  ModeGuard& operator=(const ModeGuard&) = delete;
-
- private:
-  Mode* previous_;
 };
 extern template class ModeGuard<CastMode>;
 extern template class ModeGuard<RecomputeMode>;
