@@ -12,7 +12,8 @@
 //     (skip_nonfinite, on by default, one more read of the gradient). Bytes moved: p, g read, p written
 //     (12 B/param) plus the state read and written (2 x state bytes per param), + 4 B/param for the gate:
 //     adamw 28, adamw8bit 16 + 16/256, lion 20, lion8bit 14 + 8/256.
-//   layer_norm fwd / bwd / fwd+bwd (cuda::layer_norm_*): N=8192, C=768, f32 and bf16, with weight and bias.
+//   layer_norm fwd / bwd / fwd+bwd (the CUDA backend's layer_norm_forward / _backward entries, src/cuda/norm.cu,
+//     on tensors over the same buffers): N=8192, C=768, f32 and bf16, with weight and bias.
 //     Bytes: fwd x read, out written, mean and rstd written; bwd dout, x read, dx written, mean, rstd read
 //     (weight, bias and their gradients counted once).
 //   cross_entropy fwd / bwd / fwd+bwd (cuda::cross_entropy_*): N=8192, V=50304, f32 and bf16, i64 targets,
@@ -27,9 +28,11 @@
 // Without a CUDA device it prints "no CUDA device: <reason>" and exits 0.
 //
 // A plain main(): bench/CMakeLists.txt links Google Benchmark into every bench_*, which is harmless here.
+#include "core/backend.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/core/float_types.h"
+#include "memtrain/core/tensor.h"
 #include "cuda/attention.h"
 #include "cuda/device_ops.h"
 #include "cuda/gemm_lt.h"
@@ -333,32 +336,31 @@ void bench_layer_norm(std::vector<Result>& results, Pad& pad, DType dt) {
   std::vector<Result> planned = {plan("layer_norm_fwd", dn, 0, fwd_bytes), plan("layer_norm_bwd", dn, 0, bwd_bytes),
                                  plan("layer_norm_fwd+bwd", dn, 0, fwd_bytes + bwd_bytes)};
   run_group(results, planned, [&](std::vector<Result>& group) {
-    DeviceMemory mem;
-    const std::size_t nc = N * C, bytes = nc * dtype_size(dt), cb = C * dtype_size(dt);
+    const Device dev = Device::cuda(kDev);
+    const auto& backend = detail::backend_for(dev);
+    const std::size_t nc = N * C, bytes = nc * dtype_size(dt);
     const int sets = buffer_sets(double(4 * bytes + 8 * N));
     struct Set {
-      void *x, *out, *dout, *dx;
-      float *mean, *rstd;
+      Tensor x, out, dout, dx, mean, rstd;
     };
     std::vector<Set> s(sets);
     for (int i = 0; i < sets; ++i) {
-      s[i] = {mem.get(bytes), mem.get(bytes), mem.get(bytes), mem.get(bytes), mem.get_f32(N), mem.get_f32(N)};
-      upload_random(s[i].x, dt, nc, 300 + i, 0.0625f, 2.0f);
-      upload_random(s[i].dout, dt, nc, 400 + i, 0.0625f, 2.0f);
+      s[i] = {Tensor::empty({N, C}, dt, dev), Tensor::empty({N, C}, dt, dev), Tensor::empty({N, C}, dt, dev),
+              Tensor::empty({N, C}, dt, dev), Tensor::empty({N}, DType::f32, dev), Tensor::empty({N}, DType::f32, dev)};
+      upload_random(s[i].x.data_ptr(), dt, nc, 300 + i, 0.0625f, 2.0f);
+      upload_random(s[i].dout.data_ptr(), dt, nc, 400 + i, 0.0625f, 2.0f);
     }
-    void* w = mem.get(cb);
-    void* b = mem.get(cb);
-    void* dw = mem.get(cb);
-    void* db = mem.get(cb);
-    upload_random(w, dt, C, 5, 0.5f, 1.5f);
-    upload_random(b, dt, C, 6, 0.0625f, 0.5f);
+    const Tensor w = Tensor::empty({C}, dt, dev), b = Tensor::empty({C}, dt, dev);
+    const Tensor dw = Tensor::empty({C}, dt, dev), db = Tensor::empty({C}, dt, dev);
+    upload_random(w.data_ptr(), dt, C, 5, 0.5f, 1.5f);
+    upload_random(b.data_ptr(), dt, C, 6, 0.0625f, 0.5f);
     auto fwd = [&](int i) {
       const Set& x = s[i % sets];
-      cuda::layer_norm_forward(x.out, x.mean, x.rstd, x.x, w, b, dt, N, C, 1e-5, kDev);
+      backend.layer_norm_forward(x.out, x.mean, x.rstd, x.x, w, b, 1e-5);
     };
     auto bwd = [&](int i) {
       const Set& x = s[i % sets];
-      cuda::layer_norm_backward(x.dx, dw, db, x.dout, x.x, w, x.mean, x.rstd, dt, N, C, kDev);
+      backend.layer_norm_backward(x.dx, dw, db, x.dout, x.x, w, x.mean, x.rstd);
     };
     for (int i = 0; i < sets; ++i) fwd(i);
     group[0].median_ms = median_ms(pad, fwd);

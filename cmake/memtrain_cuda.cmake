@@ -30,6 +30,24 @@ if(MEMTRAIN_HAVE_CUDA)
   target_link_libraries(memtrain_cuda PUBLIC memtrain
                         PRIVATE Eigen3::Eigen CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::cusolver)
   memtrain_library_flags(memtrain_cuda)
+  # src/cuda/*.cu: backend entries in one file with the kernels they launch (norm.cu), so nvcc compiles host
+  # code that includes memtrain's C++20 headers: an object library of its own, built as CUDA C++20 while the
+  # kernels stay C++17. CMake 3.25 knows no C++20 flag for nvcc (later versions do), so it is told nvcc's.
+  # FMT_USE_CONSTEXPR=1: fmt 9 turns constexpr off under nvcc, and its consteval format-string checks (which
+  # MT_CHECK's messages get) then fail to compile; on, the checks work as in the g++ files.
+  file(GLOB MEMTRAIN_CUDA_HOST_CU CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cuda/*.cu)
+  if(MEMTRAIN_CUDA_HOST_CU)
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    add_library(memtrain_cuda_host_cu OBJECT ${MEMTRAIN_CUDA_HOST_CU})
+    set_target_properties(memtrain_cuda_host_cu PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+    target_compile_definitions(memtrain_cuda_host_cu PRIVATE FMT_USE_CONSTEXPR=1 MEMTRAIN_HAVE_CUDA=1)
+    target_include_directories(memtrain_cuda_host_cu PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
+    target_link_libraries(memtrain_cuda_host_cu PRIVATE memtrain CUDA::cudart)
+    target_sources(memtrain_cuda PRIVATE $<TARGET_OBJECTS:memtrain_cuda_host_cu>)
+  endif()
   # The core says "built without CUDA" rather than "module missing" only in a build that has no module.
   target_compile_definitions(memtrain PRIVATE MEMTRAIN_HAVE_CUDA=1)
   target_compile_definitions(memtrain_cuda PUBLIC MEMTRAIN_HAVE_CUDA=1)

@@ -1,12 +1,13 @@
-// Launchers for the neural-net kernels: norms (nn_norm.cu), softmax and cross entropy (nn_softmax.cu),
-// GELU, dropout and embedding (nn_pointwise.cu). Plain C++-callable: the host backend (src/cuda/cuda_nn.cpp)
-// includes this with the C++ compiler. Each launcher takes raw device pointers, sizes and a stream,
+// Launchers for the neural-net kernels: softmax and cross entropy (nn_softmax.cu), GELU, dropout and
+// embedding (nn_pointwise.cu). Plain C++-callable: the host backend (src/cuda/cuda_nn.cpp) includes this
+// with the C++ compiler. The norms keep their launchers beside their entries (src/cuda/norm.cu), which uses
+// the device helpers at the bottom. Each launcher takes raw device pointers, sizes and a stream,
 // enqueues its kernels (nothing when there is no work) and returns the first error, or
 // cudaGetLastError() after the last launch, so a bad launch is reported at the call that made it.
 //
 // T is float, __half or __nv_bfloat16 (instantiated in the .cu files), I is std::int32_t or std::int64_t.
 // f16 and bf16 data is widened to f32 for all arithmetic and rounded once (nearest even) on the way out; row
-// statistics (mean, rstd, lse) and per-row losses are always f32. Arrays are contiguous, row-major.
+// statistics (lse) and per-row losses are always f32. Arrays are contiguous, row-major.
 // Sizes are checked by the caller: N, C >= 0, N * C fits in int64.
 #pragma once
 
@@ -18,32 +19,6 @@
 #include <cstdint>
 
 namespace memtrain::cuda {
-
-// ---- norms (nn_norm.cu) -------------------------------------------------------------------------
-
-// out (N, C) = (x - mean) * rstd * weight + bias; mean, rstd (N) written when non-null. weight and bias
-// (C) may be null (1 and 0).
-template <typename T>
-cudaError_t launch_layer_norm_forward(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
-                                      std::int64_t N, std::int64_t C, float eps, cudaStream_t stream);
-// dx (N, C) overwritten; dweight, dbias (C) overwritten when non-null, summed over rows through
-// `partials` (norm_backward_partial_floats(N, C, count of non-null dweight/dbias) floats, or null when
-// both are null).
-template <typename T>
-cudaError_t launch_layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
-                                       const float* mean, const float* rstd, std::int64_t N, std::int64_t C,
-                                       float* partials, cudaStream_t stream);
-
-// out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps); rstd (N) written when non-null.
-template <typename T>
-cudaError_t launch_rms_norm_forward(T* out, float* rstd, const T* x, const T* weight, std::int64_t N, std::int64_t C,
-                                    float eps, cudaStream_t stream);
-template <typename T>
-cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight, const float* rstd,
-                                     std::int64_t N, std::int64_t C, float* partials, cudaStream_t stream);
-
-// Scratch floats the norm backwards need for `sums` per-column sums (0, 1 or 2) over N rows of C.
-std::size_t norm_backward_partial_floats(std::int64_t N, std::int64_t C, int sums);
 
 // ---- softmax, cross entropy (nn_softmax.cu) ------------------------------------------------------
 
@@ -99,7 +74,7 @@ cudaError_t embedding_backward_scratch_bytes(std::int64_t N, std::int64_t V, std
 #if defined(__CUDACC__)
 #include "device_math.cuh"
 
-// ---- device helpers shared by the nn_*.cu files (nvcc only) ----------------------------------------
+// ---- device helpers shared by the nn_*.cu files and src/cuda/norm.cu (nvcc only) --------------------
 namespace memtrain::cuda::nn_device {
 
 // Row kernels loop over rows with a grid of at most this many blocks (far below gridDim.x's 2^31 - 1,

@@ -1,6 +1,6 @@
 // The tensor-level nn ops on a CUDA device against the same ops on the CPU, end to end through autograd:
-// layer_norm, rms_norm, softmax, log_softmax, cross_entropy, gelu, dropout, embedding, matmul and
-// scaled_dot_product_attention. Each case builds CPU leaves and cuda:0 copies of them, runs the op on
+// softmax, log_softmax, cross_entropy, gelu, dropout, embedding, matmul and scaled_dot_product_attention
+// (layer_norm and rms_norm: tests/test_norm.cpp). Helpers: tests/cuda_compare.h. Each case builds CPU leaves and cuda:0 copies of them, runs the op on
 // both, calls y.backward(w) with one random w (the gradient of sum(y * w)) and compares the output and
 // every input gradient normwise: ||cuda - cpu|| / ||cpu||, NaN only where the CPU has NaN.
 // Tolerances, and why:
@@ -13,6 +13,8 @@
 // Before each CUDA run the device allocator's cache is filled with 0xFF blocks (NaN in f32, bf16 and f16) of
 // the sizes about to be allocated, so an element a kernel never writes shows up as NaN.
 // Every test needs a device (a CUDA tensor cannot exist without one) and skips cleanly without it.
+#include "cuda_compare.h"
+
 #include "memtrain/autograd/engine.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
@@ -38,36 +40,19 @@ namespace memtrain {
 namespace {
 
 using ops::Reduction;
-
-#define SKIP_WITHOUT_DEVICE()                                       \
-  do {                                                              \
-    if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason(); \
-  } while (0)
-
-const Device kCuda = Device::cuda(0);
+using test_support::compare_with_cpu;
+using test_support::expect_normwise;
+using test_support::host_values;
+using test_support::kCuda;
+using test_support::kDtypes;
+using test_support::name_of;
+using test_support::poison_device_cache;
+using test_support::random_normal;
+using test_support::random_uniform;
+using test_support::tolerance;
+using test_support::Tolerance;
 
 // ---- inputs ----
-
-Tensor from_floats(const std::vector<float>& v, const Shape& shape, DType dtype) {
-  return from_buffer(v.data(), shape, DType::f32, dtype);
-}
-
-// Normal(shift, scale^2) values (rounded to dtype on the CPU), seeded per call.
-Tensor random_normal(const Shape& shape, DType dtype, std::uint64_t seed, float scale = 1.0f, float shift = 0.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(shift, scale);
-  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-  for (float& x : v) x = dist(rng);
-  return from_floats(v, shape, dtype);
-}
-
-Tensor random_uniform(const Shape& shape, DType dtype, std::uint64_t seed, float lo, float hi) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-  for (float& x : v) x = dist(rng);
-  return from_floats(v, shape, dtype);
-}
 
 // Indices in [0, n) (each replaced by `ignore` with probability ignore_p), as i32 or i64.
 Tensor random_indices(const Shape& shape, std::int64_t n, DType dtype, std::uint64_t seed, double ignore_p = 0.0,
@@ -82,45 +67,6 @@ Tensor random_indices(const Shape& shape, std::int64_t n, DType dtype, std::uint
 
 // ---- comparing ----
 
-// Every element of t (CPU, or contiguous on a device) widened to double, row-major.
-std::vector<double> host_values(const Tensor& t) {
-  Tensor h = t.detach();
-  if (h.device().is_cuda()) h = h.to(Device::cpu());
-  h = h.to(DType::f64).contiguous();
-  const double* p = h.data<double>();
-  return std::vector<double>(p, p + h.numel());
-}
-
-// ||got - want|| / max(||want||, floor * sqrt(n)) <= tol over the elements where want is not NaN; got NaN
-// exactly there. The floor (an RMS magnitude) serves results that are tiny differences of large terms,
-// where CPU and CUDA are both only accurate relative to the terms.
-void expect_normwise(const Tensor& got, const Tensor& want, double tol, const std::string& what,
-                     double floor = 0.0) {
-  ASSERT_TRUE(got.defined()) << what << ": no CUDA result";
-  ASSERT_TRUE(want.defined()) << what << ": no CPU result";
-  EXPECT_TRUE(got.device().is_cuda()) << what << " is on " << got.device().str();
-  ASSERT_EQ(shape_str(got.shape()), shape_str(want.shape())) << what;
-  EXPECT_EQ(got.dtype(), want.dtype()) << what;
-  const std::vector<double> g = host_values(got), w = host_values(want);
-  double diff2 = 0, ref2 = 0;
-  std::size_t nan_mismatch = 0, first_bad = g.size();
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(w[i])) {
-      if (!std::isnan(g[i])) ++nan_mismatch, first_bad = std::min(first_bad, i);
-      continue;
-    }
-    if (!std::isfinite(g[i])) ++nan_mismatch, first_bad = std::min(first_bad, i);
-    diff2 += (g[i] - w[i]) * (g[i] - w[i]);
-    ref2 += w[i] * w[i];
-  }
-  EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN/Inf mismatches, first at " << first_bad << " (got "
-                              << (first_bad < g.size() ? g[first_bad] : 0.0) << ", want "
-                              << (first_bad < w.size() ? w[first_bad] : 0.0) << ")";
-  const double scale = std::max(std::sqrt(ref2), floor * std::sqrt(static_cast<double>(g.size())));
-  const double err = scale > 0 ? std::sqrt(diff2) / scale : std::sqrt(diff2);
-  EXPECT_LE(err, tol) << what << ": normwise error over " << g.size() << " elements";
-}
-
 void expect_identical(const Tensor& got, const Tensor& want, const std::string& what) {
   ASSERT_EQ(shape_str(got.shape()), shape_str(want.shape())) << what;
   EXPECT_EQ(got.dtype(), want.dtype()) << what;
@@ -132,71 +78,6 @@ void expect_identical(const Tensor& got, const Tensor& want, const std::string& 
                      << (bad ? w[first] : 0.0) << ")";
 }
 
-// Leaves the next device allocations of these byte sizes 0xFF-filled: allocate, fill, free to the cache.
-void poison_device_cache(const std::vector<std::size_t>& sizes) {
-  std::vector<Tensor> hold;
-  for (std::size_t n : sizes) {
-    if (n == 0) continue;
-    for (int copy = 0; copy < 4; ++copy) {
-      Tensor t = Tensor::empty({static_cast<std::int64_t>(n)}, DType::u8, kCuda);
-      t.fill_(255.0);
-      hold.push_back(t);
-    }
-  }
-}
-
-struct Tolerance {
-  double out, grad;
-  double grad_floor = 0.0;  // see expect_normwise
-};
-Tolerance tolerance(DType dtype) { return dtype == DType::f32 ? Tolerance{2e-5, 1e-4} : Tolerance{1e-2, 1e-2}; }
-
-using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-// Runs f on CPU leaves made from `inputs` (undefined entries stay undefined; entry i requires grad when
-// grad[i]) and on cuda:0 copies of them; compares the outputs, then backward with one random gradient and
-// every requested input gradient.
-void compare_with_cpu(const std::string& what, const std::vector<Tensor>& inputs, const std::vector<bool>& grad,
-                      const OpFn& f, Tolerance tol, std::uint64_t seed) {
-  SCOPED_TRACE(what);
-  ASSERT_EQ(inputs.size(), grad.size());
-  std::vector<Tensor> on_cpu, on_dev;
-  std::vector<std::size_t> sizes;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    Tensor c, d;
-    if (inputs[i].defined()) {
-      c = inputs[i].detach();
-      d = inputs[i].detach().to(kCuda);
-      if (grad[i]) {
-        c.set_requires_grad(true);
-        d.set_requires_grad(true);
-      }
-      sizes.push_back(inputs[i].nbytes());
-    }
-    on_cpu.push_back(c);
-    on_dev.push_back(d);
-  }
-  const Tensor y_cpu = f(on_cpu);
-  sizes.push_back(y_cpu.nbytes());
-  poison_device_cache(sizes);
-  const Tensor y_dev = f(on_dev);
-  expect_normwise(y_dev, y_cpu, tol.out, "output");
-
-  bool any_grad = false;
-  for (bool g : grad) any_grad = any_grad || g;
-  if (!any_grad) return;
-  const Tensor w = random_normal(y_cpu.shape(), y_cpu.dtype(), seed ^ 0x5eed);
-  y_cpu.backward(w);
-  const Tensor w_dev = w.to(kCuda);
-  poison_device_cache(sizes);
-  y_dev.backward(w_dev);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!grad[i] || !inputs[i].defined()) continue;
-    expect_normwise(on_dev[i].grad(), on_cpu[i].grad(), tol.grad, "gradient of input " + std::to_string(i),
-                    tol.grad_floor);
-  }
-}
-
 // Expects f to throw memtrain::Error whose message contains every needle.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
   try {
@@ -205,56 +86,6 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
   } catch (const Error& e) {
     const std::string msg = e.what();
     for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << msg << "' lacks '" << n << "'";
-  }
-}
-
-std::string name_of(DType dtype, const Shape& shape) { return std::string(dtype_name(dtype)) + " " + shape_str(shape); }
-
-const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
-
-// ---- norms ----
-
-const std::vector<Shape> kNormShapes = {{1, 1}, {3, 5}, {127, 33}, {2, 64, 768}, {4097, 3}, {7}};
-
-TEST(CudaOpsNorm, LayerNormMatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
-  std::uint64_t seed = 100;
-  for (DType dtype : kDtypes) {
-    for (const Shape& shape : kNormShapes) {
-      const std::int64_t C = shape.back();
-      const Tensor x = random_normal(shape, dtype, ++seed, 2.0f, 0.5f);
-      const Tensor w = random_uniform({C}, dtype, ++seed, 0.5f, 1.5f);
-      const Tensor b = random_uniform({C}, dtype, ++seed, -0.5f, 0.5f);
-      const OpFn f = [](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], in[1], in[2], 1e-5); };
-      compare_with_cpu("layer_norm affine " + name_of(dtype, shape), {x, w, b}, {true, true, true}, f,
-                       tolerance(dtype), seed);
-      compare_with_cpu("layer_norm weight only " + name_of(dtype, shape), {x, w, Tensor()}, {true, true, false}, f,
-                       tolerance(dtype), seed);
-      compare_with_cpu("layer_norm no affine " + name_of(dtype, shape), {x, Tensor(), Tensor()},
-                       {true, false, false}, f, tolerance(dtype), seed);
-      // Parameters that need no gradient: the kernel skips dweight/dbias.
-      compare_with_cpu("layer_norm frozen affine " + name_of(dtype, shape), {x, w, b}, {true, false, false}, f,
-                       tolerance(dtype), seed);
-    }
-  }
-}
-
-TEST(CudaOpsNorm, RmsNormMatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
-  std::uint64_t seed = 200;
-  for (DType dtype : kDtypes) {
-    for (const Shape& shape : kNormShapes) {
-      const std::int64_t C = shape.back();
-      const Tensor x = random_normal(shape, dtype, ++seed, 2.0f, 0.5f);
-      const Tensor w = random_uniform({C}, dtype, ++seed, 0.5f, 1.5f);
-      const OpFn f = [](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1], 1e-6); };
-      // With C = 1, dx = w rstd (1 - x^2 rstd^2) ~ w eps / |x|^3 is a cancellation: both sides are accurate
-      // only relative to the terms w * rstd * dout (~0.5 here), so the gradient error is measured against that.
-      Tolerance tol = tolerance(dtype);
-      tol.grad_floor = 0.5;
-      compare_with_cpu("rms_norm " + name_of(dtype, shape), {x, w}, {true, true}, f, tol, seed);
-      compare_with_cpu("rms_norm no weight " + name_of(dtype, shape), {x, Tensor()}, {true, false}, f, tol, seed);
-    }
   }
 }
 
@@ -549,34 +380,15 @@ TEST(CudaOpsAttention, FusedQkvProjectionMatchesCpu) {
 TEST(CudaOpsRefusals, UnsupportedCasesThrowClearly) {
   SKIP_WITHOUT_DEVICE();
   const Tensor x = random_normal({4, 6}, DType::f32, 1000).to(kCuda);
-  const Tensor w = random_uniform({6}, DType::f32, 1001, 0.5f, 1.5f);
 
   // dtypes the kernels do not take.
   const Tensor x64 = random_normal({4, 6}, DType::f64, 1002).to(kCuda);
-  expect_error([&] { ops::layer_norm(x64, Tensor(), Tensor()); },
-               {"layer_norm: ", "dtype f64 on cuda:0 is not supported yet"});
   expect_error([&] { ops::gelu(x64); }, {"gelu: ", "dtype f64 on cuda:0 is not supported yet"});
   expect_error([&] { ops::dropout(x64, 0.5); }, {"dropout: ", "dtype f64 on cuda:0 is not supported yet"});
-  // One dtype for x and the affine parameters.
-  const Tensor xb = x.detach().to(Device::cpu()).to(DType::bf16).to(kCuda);
-  expect_error([&] { ops::layer_norm(xb, w.to(kCuda), Tensor()); },
-               {"layer_norm: ", "weight f32", "input bf16", "on cuda:0 is not supported yet"});
-  expect_error([&] { ops::rms_norm(xb, w.to(kCuda)); }, {"rms_norm: ", "on cuda:0 is not supported yet"});
 
   // Non-contiguous inputs (no strided copy on the device yet).
   const Tensor xt = x.t();
-  expect_error([&] { ops::layer_norm(xt, Tensor(), Tensor()); },
-               {"layer_norm: ", "non-contiguous input on cuda:0 is not supported yet"});
   expect_error([&] { ops::gelu(xt); }, {"gelu: ", "non-contiguous input on cuda:0 is not supported yet"});
-
-  // A non-contiguous output gradient reaching a CUDA backward.
-  {
-    Tensor leaf = x.detach();
-    leaf.set_requires_grad(true);
-    const Tensor y = ops::layer_norm(leaf, Tensor(), Tensor());
-    expect_error([&] { y.backward(full({}, 1.0, DType::f32, kCuda).expand({4, 6})); },
-                 {"layer_norm_backward: ", "non-contiguous output gradient on cuda:0 is not supported yet"});
-  }
 
   // tanh-GELU only.
   expect_error([&] { ops::gelu(x, ops::GeluApproximation::none); },
@@ -591,8 +403,6 @@ TEST(CudaOpsRefusals, UnsupportedCasesThrowClearly) {
   const Tensor q = random_normal({1, 2, 5, 32}, DType::f32, 1004);
   expect_error([&] { ops::scaled_dot_product_attention(q.to(kCuda), q, q.to(kCuda)); },
                {"scaled_dot_product_attention: ", "device mismatch"});
-  expect_error([&] { ops::layer_norm(x, w, Tensor()); }, {"layer_norm: ", "cuda:0", "cpu", "one device"});
-  expect_error([&] { ops::rms_norm(x.to(Device::cpu()), w.to(kCuda)); }, {"rms_norm: ", "one device"});
   const Tensor targets = random_indices({4}, 6, DType::i64, 1005);
   expect_error([&] { ops::cross_entropy(x, targets); }, {"cross_entropy: ", "cuda:0", "cpu", "one device"});
   expect_error([&] { ops::cross_entropy(x.to(Device::cpu()), targets.to(kCuda)); },

@@ -1,5 +1,6 @@
 // The meta device: tensors with shape, dtype and accounted storage but no data. What runs on it must
-// allocate, per memory category, exactly what the same code allocates on the CPU (src/meta/).
+// allocate, per memory category, exactly what the same code allocates on the CPU (src/meta/). The ops' cases
+// are in test_meta_*.cpp, the norms' in test_norm.cpp.
 #include <gtest/gtest.h>
 
 #include "meta_footprint.h"
@@ -7,7 +8,6 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/tensor.h"
-#include "memtrain/ops/nn.h"
 #include "memtrain/ops/reduce.h"
 
 #include <array>
@@ -73,48 +73,6 @@ TEST(MetaDevice, TensorCoreMatchesCpuBytes) {
       const Tensor e = ones({2, 3}, DType::i64, dev);
       strided.fill_(1.0);
     });
-  }
-}
-
-TEST(MetaDevice, NormsMatchCpuBytesForwardAndBackward) {
-  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
-    for (const bool affine : {true, false}) {
-      const std::string what = std::string(dtype_name(dtype)) + std::string(affine ? " affine" : " plain");
-      const DType param_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;  // f32 params with narrow x
-      expect_same_footprint("layer_norm " + what, [&](Device dev) {
-        Tensor w, b;
-        {
-          CategoryGuard params(MemoryCategory::parameters);
-          if (affine) {
-            w = randn({48}, param_dtype, dev).set_requires_grad(true);
-            b = randn({48}, param_dtype, dev).set_requires_grad(true);
-          }
-        }
-        CategoryGuard acts(MemoryCategory::activations);
-        // 3 x 4000 x 48 bf16 takes the slab path (more than one slab of 2^19 elements).
-        Tensor x = randn({3, 4000, 48}, dtype, dev).set_requires_grad(true);
-        const Tensor y = ops::layer_norm(x, w, b);
-        {
-          CategoryGuard grads(MemoryCategory::gradients);
-          y.backward(ones(y.shape(), y.dtype(), dev));
-        }
-        EXPECT_TRUE(x.grad().defined());
-        if (affine) EXPECT_EQ(w.grad().dtype(), param_dtype);
-      });
-      expect_same_footprint("rms_norm " + what, [&](Device dev) {
-        Tensor w;
-        {
-          CategoryGuard params(MemoryCategory::parameters);
-          if (affine) w = randn({48}, dtype, dev).set_requires_grad(true);
-        }
-        CategoryGuard acts(MemoryCategory::activations);
-        Tensor x = randn({2, 33, 48}, dtype, dev).set_requires_grad(true);
-        const Tensor y = ops::rms_norm(x.t().t(), w);
-        CategoryGuard grads(MemoryCategory::gradients);
-        y.backward(ones(y.shape(), y.dtype(), dev));
-        EXPECT_EQ(x.grad().dtype(), dtype);
-      });
-    }
   }
 }
 

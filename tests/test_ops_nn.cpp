@@ -1,4 +1,5 @@
-// Tests of the nn ops (softmax, norms, embedding, cross_entropy, dropout, attention, conv2d, pools).
+// Tests of the nn ops (softmax, embedding, cross_entropy, dropout, attention, conv2d, pools; layer_norm and
+// rms_norm: tests/test_norm.cpp).
 // Forward values are compared with naive float64 loops written here (full T x T attention, direct
 // convolution, ...), never with the kernels under test; gradients with central finite differences in
 // float64 (gradcheck.h).
@@ -141,68 +142,6 @@ TEST(NnOpsSoftmax, GradientsMatchFiniteDifferences) {
   expect_gradients_match([](const std::vector<Tensor>& in) { return ops::log_softmax(in[0], -1); }, {x});
   // Through a transposed (non-contiguous) view.
   expect_gradients_match([](const std::vector<Tensor>& in) { return ops::softmax(in[0].transpose(0, 2), 0); }, {x});
-}
-
-// ---- layer_norm / rms_norm --------------------------------------------------------------------------
-
-TEST(NnOpsNorm, LayerNormForwardMatchesNaive) {
-  const std::int64_t N = 6, C = 10;
-  const Tensor x = normal({2, 3, C}, 3), w = normal({C}, 4), b = normal({C}, 5);
-  const std::vector<double> xv = values_of(x), wv = values_of(w), bv = values_of(b);
-  std::vector<double> ref(xv.size()), ref_plain(xv.size());
-  for (std::int64_t n = 0; n < N; ++n) {
-    double m = 0, var = 0;
-    for (std::int64_t c = 0; c < C; ++c) m += xv[n * C + c] / C;
-    for (std::int64_t c = 0; c < C; ++c) var += (xv[n * C + c] - m) * (xv[n * C + c] - m) / C;
-    for (std::int64_t c = 0; c < C; ++c) {
-      const double norm = (xv[n * C + c] - m) / std::sqrt(var + 1e-5);
-      ref[n * C + c] = norm * wv[c] + bv[c];
-      ref_plain[n * C + c] = norm;
-    }
-  }
-  expect_close(values_of(ops::layer_norm(x, w, b)), ref, 1e-12, 1e-12, "layer_norm f64");
-  expect_close(values_of(ops::layer_norm(x, Tensor(), Tensor())), ref_plain, 1e-12, 1e-12, "no affine");
-  const Tensor y32 = ops::layer_norm(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32));
-  expect_close(values_of(y32), ref, 1e-5, 1e-5, "layer_norm f32");
-  // bf16 activations with f32 parameters: result in bf16, within bf16 rounding of the exact value.
-  const Tensor ybf = ops::layer_norm(x.to(DType::bf16), w.to(DType::f32), b.to(DType::f32));
-  EXPECT_EQ(ybf.dtype(), DType::bf16);
-  const std::vector<double> ref_from_bf16 = values_of(ops::layer_norm(x.to(DType::bf16).to(DType::f64), w, b));
-  expect_close(values_of(ybf), ref_from_bf16, 1.0 / 128, 1e-2, "layer_norm bf16");
-}
-
-TEST(NnOpsNorm, RmsNormForwardMatchesNaive) {
-  const std::int64_t N = 4, C = 7;
-  const Tensor x = normal({N, C}, 6), w = normal({C}, 7);
-  const std::vector<double> xv = values_of(x), wv = values_of(w);
-  std::vector<double> ref(xv.size());
-  for (std::int64_t n = 0; n < N; ++n) {
-    double ss = 0;
-    for (std::int64_t c = 0; c < C; ++c) ss += xv[n * C + c] * xv[n * C + c] / C;
-    for (std::int64_t c = 0; c < C; ++c) ref[n * C + c] = xv[n * C + c] / std::sqrt(ss + 1e-6) * wv[c];
-  }
-  expect_close(values_of(ops::rms_norm(x, w)), ref, 1e-12, 1e-12, "rms_norm f64");
-  expect_close(values_of(ops::rms_norm(x.to(DType::f32), w.to(DType::f32))), ref, 1e-5, 1e-5, "rms_norm f32");
-}
-
-TEST(NnOpsNorm, GradientsMatchFiniteDifferences) {
-  const Tensor x = normal({3, 2, 5}, 8).set_requires_grad(true);
-  const Tensor w = normal({5}, 9).set_requires_grad(true), b = normal({5}, 10).set_requires_grad(true);
-  expect_gradients_match([](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], in[1], in[2]); },
-                         {x, w, b});
-  expect_gradients_match([](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], Tensor(), Tensor()); },
-                         {x});
-  expect_gradients_match([](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1]); }, {x, w});
-  // Weight frozen: only x gets a gradient.
-  expect_gradients_match([w](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], w.detach(), Tensor()); },
-                         {x});
-}
-
-TEST(NnOpsNorm, RejectsMismatchedParameters) {
-  const Tensor x = normal({2, 4}, 11, DType::f32);
-  expect_error([&] { ops::layer_norm(x, ones({5}), Tensor()); }, {"layer_norm", "[5]", "[2, 4]"});
-  expect_error([&] { ops::rms_norm(x, ones({4}, DType::f64)); }, {"rms_norm", "f64"});
-  expect_error([&] { ops::layer_norm(int_tensor({1, 2}, {2}), Tensor(), Tensor()); }, {"layer_norm", "i64"});
 }
 
 // ---- embedding --------------------------------------------------------------------------------------

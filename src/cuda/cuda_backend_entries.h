@@ -1,6 +1,6 @@
 // The CUDA backend object: the contract of src/core/backend.h over the raw launchers of src/cuda/ and
 // kernels/. Entries are defined beside their family's host code: cuda_tensor_backend.cpp (memory, the
-// tensor core, normalisation), cuda_elementwise.cpp (elementwise, selection), cuda_reduce.cpp. Each entry checks what its kernels cannot take (dtype set, one dtype for
+// tensor core), norm.cu (normalisation, with its kernels), cuda_elementwise.cpp (elementwise, selection), cuda_reduce.cpp. Each entry checks what its kernels cannot take (dtype set, one dtype for
 // every operand, contiguity), naming the op, then launches on the device's current stream.
 #pragma once
 

@@ -1,6 +1,6 @@
 // CUDA backend, host side of the neural-net kernels (cuda/nn.h): argument checks, dispatch from
-// DType to the launchers in kernels/nn.cuh, and the scratch the norm and embedding backwards need; at the
-// bottom, the contract's normalisation entries, so one file holds a norm's whole host side.
+// DType to the launchers in kernels/nn.cuh, and the scratch the embedding backward needs. The norms have
+// their own file, entries and kernels together (norm.cu).
 //
 // Every entry point checks its arguments first (so a bad call throws without touching a device), then
 // requires the device, makes it current and enqueues on its current stream (cuda/stream.h).
@@ -8,8 +8,6 @@
 // the kernels are enqueued: the cache hands a block only to work enqueued later on the same stream, and
 // cudaFree (empty_cache) waits for the device, so the kernels still using it are never overtaken.
 #include "cuda/nn.h"
-
-#include "cuda/cuda_backend_entries.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
@@ -44,9 +42,6 @@ void check_shape(const char* op, const char* rows_name, std::int64_t rows, const
   MT_CHECK(cols == 0 || rows <= std::numeric_limits<std::int64_t>::max() / cols, op,
            "{}={} x {}={} elements overflow int64", rows_name, rows, cols_name, cols);
 }
-void check_eps(const char* op, double eps) {
-  MT_CHECK(std::isfinite(eps) && eps >= 0.0, op, "eps={} must be finite and >= 0", eps);
-}
 
 // The dtype and size checks of embedding_forward and embedding_backward.
 void check_embedding(const char* op, DType dtype, DType index_dtype, std::int64_t N, std::int64_t V, std::int64_t C) {
@@ -54,18 +49,6 @@ void check_embedding(const char* op, DType dtype, DType index_dtype, std::int64_
   check_index_dtype(op, index_dtype);
   check_shape(op, "N", N, "C", C);
   check_shape(op, "V", V, "C", C);
-}
-
-// The checks of layer_norm_forward and rms_norm_forward; false when there are no rows.
-bool check_norm_forward(const char* op, DType dtype, std::int64_t N, std::int64_t C, double eps, const void* y,
-                        const void* x) {
-  check_float_dtype(op, dtype);
-  check_shape(op, "N", N, "C", C);
-  check_eps(op, eps);
-  if (N == 0) return false;
-  MT_CHECK(C > 0, op, "C is 0: nothing to normalise over in {} rows", N);
-  MT_CHECK(y != nullptr && x != nullptr, op, "null pointer for ({}, {}) elements", N, C);
-  return true;
 }
 
 using detail::Scratch;
@@ -114,78 +97,6 @@ void dropout_impl(const char* op, void* y, const void* x, DType dtype, std::size
 }
 
 }  // namespace
-
-// ---- norms ----
-
-void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const void* weight, const void* bias,
-                        DType dtype, std::int64_t N, std::int64_t C, double eps, int device) {
-  constexpr const char* op = "cuda::layer_norm_forward";
-  if (!check_norm_forward(op, dtype, N, C, eps, y, x)) return;
-  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_layer_norm_forward, out<T>(y), mean, rstd, in<T>(x), in<T>(weight), in<T>(bias), N, C,
-                  static_cast<float>(eps), launch_stream());
-  });
-}
-
-void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout, const void* x, const void* weight,
-                         const float* mean, const float* rstd, DType dtype, std::int64_t N, std::int64_t C,
-                         int device) {
-  constexpr const char* op = "cuda::layer_norm_backward";
-  check_float_dtype(op, dtype);
-  check_shape(op, "N", N, "C", C);
-  if (N == 0 || C == 0) {
-    // No rows: the sums over rows are 0.
-    if (C > 0 && (dweight != nullptr || dbias != nullptr)) {
-      if (dweight != nullptr) fill(dweight, dtype, static_cast<std::size_t>(C), 0.0, device);
-      if (dbias != nullptr) fill(dbias, dtype, static_cast<std::size_t>(C), 0.0, device);
-    }
-    return;
-  }
-  MT_CHECK(dx != nullptr && dout != nullptr && x != nullptr && mean != nullptr && rstd != nullptr, op,
-           "null pointer among dx, dout, x, mean, rstd for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  const int sums = (dweight != nullptr) + (dbias != nullptr);
-  Scratch partials(device, norm_backward_partial_floats(N, C, sums) * sizeof(float));
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_layer_norm_backward, out<T>(dx), out<T>(dweight), out<T>(dbias), in<T>(dout), in<T>(x),
-                  in<T>(weight), mean, rstd, N, C, static_cast<float*>(partials.get()), launch_stream());
-  });
-}
-
-void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, DType dtype, std::int64_t N,
-                      std::int64_t C, double eps, int device) {
-  constexpr const char* op = "cuda::rms_norm_forward";
-  if (!check_norm_forward(op, dtype, N, C, eps, y, x)) return;
-  detail::on_device_with_float_type(op, device, dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_rms_norm_forward, out<T>(y), rstd, in<T>(x), in<T>(weight), N, C,
-                  static_cast<float>(eps), launch_stream());
-  });
-}
-
-void rms_norm_backward(void* dx, void* dweight, const void* dout, const void* x, const void* weight,
-                       const float* rstd, DType dtype, std::int64_t N, std::int64_t C, int device) {
-  constexpr const char* op = "cuda::rms_norm_backward";
-  check_float_dtype(op, dtype);
-  check_shape(op, "N", N, "C", C);
-  if (N == 0 || C == 0) {
-    if (C > 0 && dweight != nullptr) fill(dweight, dtype, static_cast<std::size_t>(C), 0.0, device);
-    return;
-  }
-  MT_CHECK(dx != nullptr && dout != nullptr && x != nullptr && rstd != nullptr, op,
-           "null pointer among dx, dout, x, rstd for ({}, {}) elements", N, C);
-  detail::require_device(op, device);
-  Scratch partials(device, norm_backward_partial_floats(N, C, dweight != nullptr ? 1 : 0) * sizeof(float));
-  detail::DeviceGuard guard(device, op);
-  with_float_type(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    MT_CUDA_CHECK(op, launch_rms_norm_backward, out<T>(dx), out<T>(dweight), in<T>(dout), in<T>(x), in<T>(weight),
-                  rstd, N, C, static_cast<float*>(partials.get()), launch_stream());
-  });
-}
 
 // ---- softmax ----
 
@@ -318,45 +229,6 @@ void embedding_backward(void* dweight, const void* dout, const void* indices, DT
     MT_CUDA_CHECK(op, launch_embedding_backward, out<T>(dweight), in<T>(dout), in<I>(indices), N, V, C,
                   scratch.get(), scratch.size(), launch_stream());
   });
-}
-
-// ---- the backend contract's normalisation entries (src/core/backend.h), beside the launchers they call: f32,
-// bf16 or f16, one dtype for x, weight and bias, contiguous; stats in f32 ----
-
-DType CudaBackend::norm_stats_dtype(DType) const { return DType::f32; }
-
-void CudaBackend::layer_norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                                     const Tensor& weight, const Tensor& bias, double eps) const {
-  check_nn_operands("layer_norm", x, {{"weight", &weight}, {"bias", &bias}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::layer_norm_forward(out.data_ptr(), mean.data<float>(), rstd.data<float>(), x.data_ptr(), ptr_or_null(weight),
-                           ptr_or_null(bias), x.dtype(), N, C, eps, x.device().index);
-}
-
-void CudaBackend::layer_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
-                                      const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                      const Tensor& rstd) const {
-  check_nn_operands("layer_norm_backward", x, {{"output gradient", &dout}, {"weight", &weight}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::layer_norm_backward(dx.data_ptr(), out_or_null(dw), out_or_null(db), dout.data_ptr(), x.data_ptr(),
-                            ptr_or_null(weight), mean.data<float>(), rstd.data<float>(), x.dtype(), N, C,
-                            x.device().index);
-}
-
-void CudaBackend::rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                                   double eps) const {
-  check_nn_operands("rms_norm", x, {{"weight", &weight}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::rms_norm_forward(out.data_ptr(), rstd.data<float>(), x.data_ptr(), ptr_or_null(weight), x.dtype(), N, C, eps,
-                         x.device().index);
-}
-
-void CudaBackend::rms_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
-                                    const Tensor& weight, const Tensor& rstd) const {
-  check_nn_operands("rms_norm_backward", x, {{"output gradient", &dout}, {"weight", &weight}});
-  const std::int64_t C = x.size(-1), N = x.numel() / C;
-  cuda::rms_norm_backward(dx.data_ptr(), out_or_null(dw), dout.data_ptr(), x.data_ptr(), ptr_or_null(weight),
-                          rstd.data<float>(), x.dtype(), N, C, x.device().index);
 }
 
 }  // namespace memtrain::cuda

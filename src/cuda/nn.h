@@ -1,15 +1,16 @@
 // CUDA kernels of the neural-net ops, forward and backward, as raw-pointer entry points on contiguous
-// row-major device buffers: layer norm, RMS norm, softmax and log-softmax over the last dim, fused cross
-// entropy, GELU (tanh), dropout and embedding. Each matches the CPU kernel of the same name in src/cpu/
-// (the reference its tests compare with). Conventions are those of memtrain/cuda/cuda.h: work goes to
-// the device's current stream (stream.h) in call order, a launch returns before the kernel finishes,
-// errors throw memtrain::Error("cuda::<name>: ..."); argument errors throw before the device is touched.
+// row-major device buffers: softmax and log-softmax over the last dim, fused cross entropy, GELU (tanh),
+// dropout and embedding. Each matches the CPU kernel of the same name in src/cpu/ (the reference its tests
+// compare with). Conventions are those of memtrain/cuda/cuda.h: work goes to the device's current stream
+// (stream.h) in call order, a launch returns before the kernel finishes, errors throw
+// memtrain::Error("cuda::<name>: ..."); argument errors throw before the device is touched. (layer_norm and
+// rms_norm have no raw entry: the backend's entries launch their kernels directly, src/cuda/norm.cu.)
 //
-// dtype is the dtype of every data array (x, out, weight, bias, dout, dx, dweight, dbias, logits,
-// dlogits): f32, or bf16 / f16 (widened to f32 for all arithmetic, rounded once to nearest even on output;
-// f16 overflows to Inf, as on the CPU). Dropout takes the same three. Row statistics (mean, rstd, lse), per-row losses and dloss are always
-// f32. Index arrays (targets, indices) are i32 or i64 (index_dtype). Norm backwards and the embedding
-// backward take their scratch from Allocator::get(Device::cuda(device)) (category workspace).
+// dtype is the dtype of every data array (x, out, dout, dx, dweight, logits, dlogits): f32, or bf16 / f16
+// (widened to f32 for all arithmetic, rounded once to nearest even on output; f16 overflows to Inf, as on the
+// CPU). Dropout takes the same three. Row statistics (lse), per-row losses and dloss are always f32. Index
+// arrays (targets, indices) are i32 or i64 (index_dtype). The embedding backward takes its scratch from
+// Allocator::get(Device::cuda(device)) (category workspace).
 // Results are deterministic: no float atomics; a rerun on the same device gives the same bits.
 #pragma once
 
@@ -20,24 +21,6 @@
 #include <cstdint>
 
 namespace memtrain::cuda {
-
-// ---- norms over the last dim of (N, C) ----
-
-// out (N, C) = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps) (biased variance). mean,
-// rstd (N, f32) are written when non-null; weight, bias (C) may be null (1 and 0).
-void layer_norm_forward(void* out, float* mean, float* rstd, const void* x, const void* weight, const void* bias,
-                        DType dtype, std::int64_t N, std::int64_t C, double eps, int device);
-// dx (N, C) overwritten; dweight, dbias (C) overwritten with the sums over rows, skipped when null.
-// mean, rstd: the forward's.
-void layer_norm_backward(void* dx, void* dweight, void* dbias, const void* dout, const void* x, const void* weight,
-                         const float* mean, const float* rstd, DType dtype, std::int64_t N, std::int64_t C,
-                         int device);
-
-// out (N, C) = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps); rstd (N, f32) written when non-null.
-void rms_norm_forward(void* out, float* rstd, const void* x, const void* weight, DType dtype, std::int64_t N,
-                      std::int64_t C, double eps, int device);
-void rms_norm_backward(void* dx, void* dweight, const void* dout, const void* x, const void* weight,
-                       const float* rstd, DType dtype, std::int64_t N, std::int64_t C, int device);
 
 // ---- softmax over the last dim of (N, C) (cpu/softmax.h with inner == 1) ----
 

@@ -1,7 +1,7 @@
 // layer_norm and rms_norm over the last dim. The forward saves x, the affine weight and the per-row
 // statistics (layer_norm: mean, rstd; rms_norm: rstd), not the normalised output; the backward ops
 // recompute x_hat from them. The front-ends check shapes and dtypes, allocate the results on x's device and
-// call that device's backend (src/core/backend.h; kernels in src/cpu/norm.cpp and kernels/nn_norm.cu), which
+// call that device's backend (src/core/backend.h; kernels in src/cpu/norm.cpp and src/cuda/norm.cu), which
 // keeps the statistics in its own dtype (CPU: the compute dtype, CUDA: f32).
 // batch_norm (NCHW, per channel; the rule of nn::BatchNorm2d): a backend with fused kernels (CUDA) gets the
 // batch_norm_forward / batch_norm_backward entries; elsewhere (CPU, meta) the composition of differentiable ops

@@ -1,9 +1,11 @@
-// Layer norm and RMS norm over the last dim of (N, C), forward and backward (reference: src/cpu/norm.cpp).
+// layer_norm and rms_norm on CUDA: the CUDA backend's normalisation entries (src/core/backend_entries.def) at
+// the bottom, and the kernels they launch above them, so one file holds a norm's whole CUDA side (reference:
+// src/cpu/norm.cpp). Host code compiled by nvcc as C++20 (cmake/memtrain_cuda.cmake says why and how).
 //
-// Algorithm: one block per row (blocks loop over rows, row = blockIdx.x, += gridDim.x). Forward: two-pass
-// statistics in f32 (sum -> mean, then sum of squared deviations; RMS: sum of squares), each a block
-// reduction (warp shuffles, then one warp over the per-warp sums), then one pass writing the output.
-// Backward: per row, one pass for the two (layer norm) or one (RMS) row sums dx needs, then one pass
+// Algorithm: one block per row of x viewed as (N, C) (blocks loop over rows, row = blockIdx.x, += gridDim.x).
+// Forward: two-pass statistics in f32 (sum -> mean, then sum of squared deviations; RMS: sum of squares),
+// each a block reduction (warp shuffles, then one warp over the per-warp sums), then one pass writing the
+// output. Backward: per row, one pass for the two (layer norm) or one (RMS) row sums dx needs, then one pass
 // writing dx; x is read again instead of a saved normalised copy, as in llm.c.
 // dweight / dbias, deterministically: the backward runs G = norm_partial_blocks(N, C) blocks; thread t of
 // block b owns columns t, t + blockDim, ... of its block's accumulator row (in shared memory when the
@@ -15,13 +17,24 @@
 // rounds once to T. G depends only on (N, C), not on the device, so a rerun gives the same bits.
 // Thread mapping: thread t of a row block handles columns t, t + blockDim, ...: each warp reads 32
 // consecutive elements per step (coalesced).
-#include "nn.cuh"
+#include "cuda/cuda_backend_entries.h"
+#include "cuda/cuda_common.h"
+#include "cuda/device_ops.h"
+#include "cuda/type_dispatch.h"
+#include "kernels/nn.cuh"
+#include "memtrain/core/error.h"
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 namespace memtrain::cuda {
 
+namespace {
+
 using namespace nn_device;
 
-namespace {
+// ---- kernels ----
 
 // Blocks of the backward when it sums dweight/dbias: about 256K threads in flight, at least 128 blocks
 // and at most 1024 (the partials then take ~8 MiB for two sums at C = 4096), never more than N.
@@ -29,6 +42,12 @@ std::int64_t norm_partial_blocks(std::int64_t N, std::int64_t C) {
   const std::int64_t target = 262144 / static_cast<std::int64_t>(nn_row_threads(C));
   const std::int64_t g = target < 128 ? 128 : (target > 1024 ? 1024 : target);
   return N < g ? (N < 1 ? 1 : N) : g;
+}
+
+// Scratch floats the backwards need for `sums` per-column sums (0, 1 or 2) over N rows of C.
+std::size_t norm_backward_partial_floats(std::int64_t N, std::int64_t C, int sums) {
+  if (N <= 0 || C <= 0 || sums <= 0) return 0;
+  return static_cast<std::size_t>(norm_partial_blocks(N, C) * C * sums);
 }
 
 // Shared memory a backward block may use for its dweight/dbias accumulators: C <= 4096 for two sums, 8192
@@ -46,29 +65,38 @@ __device__ __forceinline__ float weight_at(const T* w, std::int64_t c) {
   return w != nullptr ? to_f32(w[c]) : 1.0f;
 }
 
-template <typename T>
-__global__ void layer_norm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* weight,
-                                          const T* bias, std::int64_t N, std::int64_t C, float eps) {
+// Both forwards, one kernel: layer norm (kCentre) centres each row on its mean and adds the bias; RMS norm
+// scales the raw values (no mean, no bias). mean and rstd (N) are written when non-null.
+template <typename T, bool kCentre>
+__global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
+                                    std::int64_t N, std::int64_t C, float eps) {
   __shared__ float red[32];
   const float inv_c = 1.0f / static_cast<float>(C);
   for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const T* xr = x + row * C;  // (C)
     T* yr = out + row * C;
-    float s = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) s += to_f32(xr[c]);
-    const float m = block_sum(s, red) * inv_c;
-    float v = 0.0f;
+    float m = 0.0f;
+    if constexpr (kCentre) {
+      float s = 0.0f;
+      for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) s += to_f32(xr[c]);
+      m = block_sum(s, red) * inv_c;
+    }
+    float v = 0.0f;  // sum of squares of the centred (layer norm) or raw (RMS) values
     for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float d = to_f32(xr[c]) - m;
+      const float d = kCentre ? to_f32(xr[c]) - m : to_f32(xr[c]);
       v += d * d;
     }
     const float r = 1.0f / sqrtf(block_sum(v, red) * inv_c + eps);
     for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float norm = (to_f32(xr[c]) - m) * r;
-      yr[c] = from_f32<T>(norm * weight_at(weight, c) + (bias != nullptr ? to_f32(bias[c]) : 0.0f));
+      if constexpr (kCentre) {
+        const float norm = (to_f32(xr[c]) - m) * r;
+        yr[c] = from_f32<T>(norm * weight_at(weight, c) + (bias != nullptr ? to_f32(bias[c]) : 0.0f));
+      } else {
+        yr[c] = from_f32<T>(to_f32(xr[c]) * r * weight_at(weight, c));
+      }
     }
     if (threadIdx.x == 0) {
-      if (mean != nullptr) mean[row] = m;
+      if (kCentre && mean != nullptr) mean[row] = m;
       if (rstd != nullptr) rstd[row] = r;
     }
   }
@@ -121,27 +149,6 @@ __global__ void layer_norm_backward_kernel(T* dx, float* dw_part, float* db_part
       if (dw_out != nullptr) dw_out[c] = dw[c];
       if (db_out != nullptr) db_out[c] = db[c];
     }
-  }
-}
-
-template <typename T>
-__global__ void rms_norm_forward_kernel(T* out, float* rstd, const T* x, const T* weight, std::int64_t N,
-                                        std::int64_t C, float eps) {
-  __shared__ float red[32];
-  const float inv_c = 1.0f / static_cast<float>(C);
-  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    const T* xr = x + row * C;  // (C)
-    T* yr = out + row * C;
-    float ss = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float v = to_f32(xr[c]);
-      ss += v * v;
-    }
-    const float r = 1.0f / sqrtf(block_sum(ss, red) * inv_c + eps);
-    for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      yr[c] = from_f32<T>(to_f32(xr[c]) * r * weight_at(weight, c));
-    }
-    if (threadIdx.x == 0 && rstd != nullptr) rstd[row] = r;
   }
 }
 
@@ -212,6 +219,8 @@ __global__ void column_sum_kernel(T* dst0, T* dst1, const float* partials, std::
   }
 }
 
+// ---- launchers: enqueue on `stream` (N, C > 0, checked by the entries) and return the launch's error ----
+
 // Sums `sums` (1 or 2) consecutive (G, C) partial blocks into dst0 and (when sums == 2) dst1.
 template <typename T>
 cudaError_t launch_column_sum(T* dst0, T* dst1, const float* partials, int sums, std::int64_t G, std::int64_t C,
@@ -222,27 +231,28 @@ cudaError_t launch_column_sum(T* dst0, T* dst1, const float* partials, int sums,
   return cudaGetLastError();
 }
 
-}  // namespace
-
-std::size_t norm_backward_partial_floats(std::int64_t N, std::int64_t C, int sums) {
-  if (N <= 0 || C <= 0 || sums <= 0) return 0;
-  return static_cast<std::size_t>(norm_partial_blocks(N, C) * C * sums);
-}
-
 template <typename T>
 cudaError_t launch_layer_norm_forward(T* out, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                                       std::int64_t N, std::int64_t C, float eps, cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return cudaSuccess;
-  layer_norm_forward_kernel<T><<<nn_row_blocks(N), nn_row_threads(C), 0, stream>>>(out, mean, rstd, x, weight, bias,
-                                                                                   N, C, eps);
+  norm_forward_kernel<T, true>
+      <<<nn_row_blocks(N), nn_row_threads(C), 0, stream>>>(out, mean, rstd, x, weight, bias, N, C, eps);
   return cudaGetLastError();
 }
 
 template <typename T>
+cudaError_t launch_rms_norm_forward(T* out, float* rstd, const T* x, const T* weight, std::int64_t N, std::int64_t C,
+                                    float eps, cudaStream_t stream) {
+  norm_forward_kernel<T, false>
+      <<<nn_row_blocks(N), nn_row_threads(C), 0, stream>>>(out, nullptr, rstd, x, weight, nullptr, N, C, eps);
+  return cudaGetLastError();
+}
+
+// dweight, dbias (C) overwritten when non-null, summed over rows through `partials`
+// (norm_backward_partial_floats(N, C, count of non-null dweight/dbias) floats, or null when both are null).
+template <typename T>
 cudaError_t launch_layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
                                        const float* mean, const float* rstd, std::int64_t N, std::int64_t C,
                                        float* partials, cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return cudaSuccess;
   const bool sums = dweight != nullptr || dbias != nullptr;
   const std::int64_t G = sums ? norm_partial_blocks(N, C) : nn_row_blocks(N);
   float* dw_part = dweight != nullptr ? partials : nullptr;
@@ -258,17 +268,8 @@ cudaError_t launch_layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dou
 }
 
 template <typename T>
-cudaError_t launch_rms_norm_forward(T* out, float* rstd, const T* x, const T* weight, std::int64_t N, std::int64_t C,
-                                    float eps, cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return cudaSuccess;
-  rms_norm_forward_kernel<T><<<nn_row_blocks(N), nn_row_threads(C), 0, stream>>>(out, rstd, x, weight, N, C, eps);
-  return cudaGetLastError();
-}
-
-template <typename T>
 cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight, const float* rstd,
                                      std::int64_t N, std::int64_t C, float* partials, cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return cudaSuccess;
   const std::int64_t G = dweight != nullptr ? norm_partial_blocks(N, C) : nn_row_blocks(N);
   float* dw_part = dweight != nullptr ? partials : nullptr;
   const std::size_t smem = dweight != nullptr ? norm_smem_bytes(C, 1) : 0;
@@ -279,17 +280,113 @@ cudaError_t launch_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* 
   return cudaSuccess;
 }
 
-#define MEMTRAIN_INSTANTIATE(T)                                                                                   \
-  template cudaError_t launch_layer_norm_forward<T>(T*, float*, float*, const T*, const T*, const T*, std::int64_t, \
-                                                    std::int64_t, float, cudaStream_t);                           \
-  template cudaError_t launch_layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const float*,      \
-                                                     const float*, std::int64_t, std::int64_t, float*,            \
-                                                     cudaStream_t);                                               \
-  template cudaError_t launch_rms_norm_forward<T>(T*, float*, const T*, const T*, std::int64_t, std::int64_t,     \
-                                                  float, cudaStream_t);                                           \
-  template cudaError_t launch_rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const float*,            \
-                                                   std::int64_t, std::int64_t, float*, cudaStream_t);
-MEMTRAIN_NN_FOR_FLOAT_TYPES(MEMTRAIN_INSTANTIATE)
-#undef MEMTRAIN_INSTANTIATE
+// ---- the entries' checks ----
+
+using detail::launch_stream;
+using detail::Scratch;
+
+// The kernels' typed view of a tensor's data; null for an undefined (not wanted) tensor.
+template <typename T>
+T* data_of(const Tensor& t) {
+  return static_cast<T*>(out_or_null(t));
+}
+
+// x [..., C] as the kernels' (N, C) rows; x has at least one dim (the front-end's check).
+struct Rows {
+  std::int64_t N, C;
+};
+Rows rows_of(const Tensor& x) {
+  const std::int64_t C = x.size(-1);
+  std::int64_t N = 1;
+  for (std::int64_t d = 0; d + 1 < x.dim(); ++d) N *= x.size(d);
+  return {N, C};
+}
+
+// What the forward kernels cannot take beyond check_nn_operands; false when there are no rows.
+bool check_forward(const char* op, Rows rows, double eps) {
+  MT_CHECK(std::isfinite(eps) && eps >= 0.0, op, "eps={} must be finite and >= 0", eps);
+  if (rows.N == 0) return false;
+  MT_CHECK(rows.C > 0, op, "C is 0: nothing to normalise over in {} rows", rows.N);
+  return true;
+}
+
+// A backward over no rows (or rows of no columns) launches nothing: the wanted sums over rows are 0.
+void zero_sums(const Tensor& x, Rows rows, std::initializer_list<const Tensor*> sums) {
+  if (rows.C == 0) return;
+  for (const Tensor* s : sums) {
+    if (s->defined()) fill(s->data_ptr(), x.dtype(), static_cast<std::size_t>(rows.C), 0.0, x.device().index);
+  }
+}
+
+}  // namespace
+
+// ---- the backend contract's normalisation entries: f32, bf16 or f16, one dtype for x, weight and bias,
+// contiguous; stats in f32 ----
+
+DType CudaBackend::norm_stats_dtype(DType) const { return DType::f32; }
+
+void CudaBackend::layer_norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                     const Tensor& weight, const Tensor& bias, double eps) const {
+  constexpr const char* op = "layer_norm";
+  check_nn_operands(op, x, {{"weight", &weight}, {"bias", &bias}});
+  const Rows rows = rows_of(x);
+  if (!check_forward(op, rows, eps)) return;
+  detail::on_device_with_float_type(op, x.device().index, x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_layer_norm_forward<T>, data_of<T>(out), mean.data<float>(), rstd.data<float>(),
+                  data_of<T>(x), data_of<T>(weight), data_of<T>(bias), rows.N, rows.C, static_cast<float>(eps),
+                  launch_stream());
+  });
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                      const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd) const {
+  constexpr const char* op = "layer_norm_backward";
+  check_nn_operands(op, x, {{"output gradient", &dout}, {"weight", &weight}});
+  const Rows rows = rows_of(x);
+  const int device = x.device().index;
+  if (rows.N == 0 || rows.C == 0) return zero_sums(x, rows, {&dw, &db});
+  detail::require_device(op, device);
+  const int sums = dw.defined() + db.defined();
+  Scratch partials(device, norm_backward_partial_floats(rows.N, rows.C, sums) * sizeof(float));
+  detail::DeviceGuard guard(device, op);
+  detail::with_float_type(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_layer_norm_backward<T>, data_of<T>(dx), data_of<T>(dw), data_of<T>(db), data_of<T>(dout),
+                  data_of<T>(x), data_of<T>(weight), mean.data<float>(), rstd.data<float>(), rows.N, rows.C,
+                  partials.as<float>(), launch_stream());
+  });
+}
+
+void CudaBackend::rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                                   double eps) const {
+  constexpr const char* op = "rms_norm";
+  check_nn_operands(op, x, {{"weight", &weight}});
+  const Rows rows = rows_of(x);
+  if (!check_forward(op, rows, eps)) return;
+  detail::on_device_with_float_type(op, x.device().index, x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_rms_norm_forward<T>, data_of<T>(out), rstd.data<float>(), data_of<T>(x),
+                  data_of<T>(weight), rows.N, rows.C, static_cast<float>(eps), launch_stream());
+  });
+}
+
+void CudaBackend::rms_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                                    const Tensor& weight, const Tensor& rstd) const {
+  constexpr const char* op = "rms_norm_backward";
+  check_nn_operands(op, x, {{"output gradient", &dout}, {"weight", &weight}});
+  const Rows rows = rows_of(x);
+  const int device = x.device().index;
+  if (rows.N == 0 || rows.C == 0) return zero_sums(x, rows, {&dw});
+  detail::require_device(op, device);
+  Scratch partials(device, norm_backward_partial_floats(rows.N, rows.C, dw.defined() ? 1 : 0) * sizeof(float));
+  detail::DeviceGuard guard(device, op);
+  detail::with_float_type(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    MT_CUDA_CHECK(op, launch_rms_norm_backward<T>, data_of<T>(dx), data_of<T>(dw), data_of<T>(dout), data_of<T>(x),
+                  data_of<T>(weight), rstd.data<float>(), rows.N, rows.C, partials.as<float>(), launch_stream());
+  });
+}
 
 }  // namespace memtrain::cuda
