@@ -4,7 +4,7 @@
 //            float64 (gradcheck.h), bad parameters refused naming the op;
 //   meta     forward and backward account the same bytes per category as on the CPU;
 //   CUDA     the ops end to end through autograd against the same ops on the CPU (normwise, tolerances in
-//            cuda_compare.h), and the backend's entries against the CPU kernels element by element on fresh
+//            cuda_compare.h), and the backend's entries against the CPU's entries element by element on fresh
 //            random inputs (tolerances and why beside each check), deterministic parameter gradients, and what
 //            the CUDA side refuses.
 // Outputs of the CUDA entries are NaN-filled before each call, so an element a kernel never writes fails.
@@ -17,7 +17,6 @@
 #include "op_test_util.h"
 
 #include "core/backend.h"
-#include "cpu/norm.h"
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
@@ -216,7 +215,7 @@ TEST(CudaOpsNorm, RmsNormMatchesCpu) {
   }
 }
 
-// ---- CUDA: the backend's entries against the CPU kernels ------------------------------------------------
+// ---- CUDA: the backend's entries against the CPU's ----------------------------------------------------
 
 const ::memtrain::detail::Backend& cuda_backend() { return ::memtrain::detail::backend_for(kCuda); }
 
@@ -231,6 +230,11 @@ Tensor poisoned(const Shape& shape, DType dtype) {
   t.fill_(std::nan(""));
   return t;
 }
+
+// The reference the CUDA entries are held to: the CPU backend's same entries, in f32.
+const ::memtrain::detail::Backend& cpu_reference() { return ::memtrain::detail::backend_for(Device::cpu()); }
+Tensor on_host(const std::vector<float>& v, const Shape& shape) { return from_floats(v, shape, DType::f32); }
+Tensor host_output(const Shape& shape) { return Tensor::empty(shape, DType::f32, Device::cpu()); }
 
 std::vector<float> host_floats(const Tensor& t) {
   const Tensor h = t.to(Device::cpu()).to(DType::f32).contiguous();
@@ -295,13 +299,16 @@ void check_layer_norm(DType dtype, Shape2 s, bool affine) {
   const auto dout = random_values(dtype, nc, -1.f, 1.f, seed + 3);
   const double eps = 1e-5;
 
-  // CPU reference in f32 on the same values.
-  std::vector<float> out_ref(nc), mean_ref(N), rstd_ref(N), dx_ref(nc), dw_ref(C), db_ref(C);
-  const float* wp = affine ? w.data() : nullptr;
-  const float* bp = affine ? b.data() : nullptr;
-  cpu::layer_norm_forward<float>(out_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), wp, bp, N, C, eps);
-  cpu::layer_norm_backward<float>(dx_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), x.data(), wp,
-                                  mean_ref.data(), rstd_ref.data(), N, C);
+  // CPU reference: the CPU backend's entries in f32 on the same values (dweight and dbias asked for even
+  // without the affine parameters, as the CUDA entries are below).
+  const Tensor hx = on_host(x, {N, C});
+  const Tensor hw = affine ? on_host(w, {C}) : Tensor(), hb = affine ? on_host(b, {C}) : Tensor();
+  const Tensor hy = host_output({N, C}), hmean = host_output({N}), hrstd = host_output({N});
+  cpu_reference().layer_norm_forward(hy, hmean, hrstd, hx, hw, hb, eps);
+  const Tensor hdx = host_output({N, C}), hdw = host_output({C}), hdb = host_output({C});
+  cpu_reference().layer_norm_backward(hdx, hdw, hdb, on_host(dout, {N, C}), hx, hw, hmean, hrstd);
+  const std::vector<float> out_ref = host_floats(hy), mean_ref = host_floats(hmean), rstd_ref = host_floats(hrstd);
+  const std::vector<float> dx_ref = host_floats(hdx), dw_ref = host_floats(hdw), db_ref = host_floats(hdb);
 
   const Tensor dx_in = on_device(x, {N, C}, dtype);
   const Tensor dw = affine ? on_device(w, {C}, dtype) : Tensor(), db = affine ? on_device(b, {C}, dtype) : Tensor();
@@ -369,10 +376,12 @@ void check_rms_norm(DType dtype, Shape2 s, bool affine) {
   const auto w = random_values(dtype, static_cast<std::size_t>(C), 0.5f, 1.5f, seed + 1);
   const auto dout = random_values(dtype, nc, -1.f, 1.f, seed + 2);
   const double eps = 1e-6;
-  std::vector<float> out_ref(nc), rstd_ref(N), dx_ref(nc), dw_ref(C);
-  const float* wp = affine ? w.data() : nullptr;
-  cpu::rms_norm_forward<float>(out_ref.data(), rstd_ref.data(), x.data(), wp, N, C, eps);
-  cpu::rms_norm_backward<float>(dx_ref.data(), dw_ref.data(), dout.data(), x.data(), wp, rstd_ref.data(), N, C);
+  const Tensor hx = on_host(x, {N, C}), hw = affine ? on_host(w, {C}) : Tensor();
+  const Tensor hy = host_output({N, C}), hrstd = host_output({N}), hdx = host_output({N, C}), hdw = host_output({C});
+  cpu_reference().rms_norm_forward(hy, hrstd, hx, hw, eps);
+  cpu_reference().rms_norm_backward(hdx, hdw, on_host(dout, {N, C}), hx, hw, hrstd);
+  const std::vector<float> out_ref = host_floats(hy), rstd_ref = host_floats(hrstd);
+  const std::vector<float> dx_ref = host_floats(hdx), dw_ref = host_floats(hdw);
 
   const Tensor dx_in = on_device(x, {N, C}, dtype), dw = affine ? on_device(w, {C}, dtype) : Tensor();
   const Tensor dy = poisoned({N, C}, dtype), drstd = poisoned({N}, DType::f32);

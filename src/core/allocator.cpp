@@ -7,8 +7,10 @@
 #include "memtrain/core/error.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <optional>
 
@@ -47,15 +49,8 @@ CategoryGuard::CategoryGuard(MemoryCategory c) : ScopedThreadValue(t_category, c
 MemoryCategory current_category() { return t_category.value_or(MemoryCategory::other); }
 bool category_guard_active() { return t_category.has_value(); }
 
-namespace {
-CachePolicy default_policy(const Device& device) {
-  // Meta models the CPU's allocations, so it caches like the CPU too.
-  return device.is_cuda() ? CachePolicy::segments : CachePolicy::size_classes;
-}
-}  // namespace
-
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source)
-    : Allocator(device, std::move(source), default_policy(device)) {}
+    : Allocator(device, std::move(source), detail::backend_for(device).cache_policy()) {}
 
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy)
     : device_(device),
@@ -70,26 +65,23 @@ Allocator::~Allocator() {
 }
 
 Allocator& Allocator::get(Device device) {
-  // Leaked on purpose: tensors in other static objects may be freed after these would be destroyed.
-  if (device.is_cpu()) {
-    static Allocator* cpu = new Allocator(device, detail::backend_for(device).make_memory_source(0));
-    return *cpu;
-  }
-  if (device.is_meta()) {
-    static Allocator* meta = new Allocator(device, detail::backend_for(device).make_memory_source(0));
-    return *meta;
-  }
-  constexpr int kMaxCudaDevices = 64;
-  MT_CHECK(device.index >= 0 && device.index < kMaxCudaDevices, "Allocator::get", "bad device index {}",
-           device.index);
+  // One allocator per device, made on first use with its backend's memory source and cache policy; leaked on
+  // purpose: tensors in other static objects may be freed after these would be destroyed. The slot is read
+  // without the lock, since every allocation asks for its allocator.
+  constexpr int kMaxDevices = 64;
+  MT_CHECK(static_cast<int>(device.type) < kNumDeviceTypes && device.index >= 0 && device.index < kMaxDevices,
+           "Allocator::get", "bad device {}", device.str());
+  static std::atomic<Allocator*> allocators[kNumDeviceTypes][kMaxDevices] = {};
+  std::atomic<Allocator*>& slot = allocators[static_cast<int>(device.type)][device.index];
+  if (Allocator* made = slot.load(std::memory_order_acquire)) return *made;
   static std::mutex mutex;
-  static Allocator* cuda_allocators[kMaxCudaDevices] = {};
   std::lock_guard lock(mutex);
-  if (cuda_allocators[device.index] == nullptr) {
+  if (slot.load(std::memory_order_relaxed) == nullptr) {
     const detail::Backend& backend = detail::backend_for(device);  // throws: no CUDA, or no usable device
-    cuda_allocators[device.index] = new Allocator(device, backend.make_memory_source(device.index));
+    slot.store(new Allocator(device, backend.make_memory_source(device.index), backend.cache_policy()),
+               std::memory_order_release);
   }
-  return *cuda_allocators[device.index];
+  return *slot.load(std::memory_order_relaxed);
 }
 
 std::size_t Allocator::size_class(std::size_t nbytes) {

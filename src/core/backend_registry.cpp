@@ -34,4 +34,9 @@ const Backend& backend_for(Device device) {
   return backend;
 }
 
+const Backend& backend_for_transfer(Device dst, Device src) {
+  if (src.is_meta() || dst.is_meta()) return meta_backend();
+  return backend_for(dst.is_cpu() ? src : dst);
+}
+
 }  // namespace memtrain::detail

@@ -113,7 +113,7 @@ Tensor& Tensor::fill_(double value) {
 }
 
 // Across devices one side is the CPU (or both are CUDA devices): the bytes move in the destination's
-// dtype, contiguous, and the backend of the side that is not the CPU moves them.
+// dtype, contiguous, and the backend of the side that is not the CPU moves them (detail::backend_for_transfer).
 static void copy_across_devices(Tensor& dst, const Tensor& src) {
   if (!dst.is_contiguous()) {
     Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), dst.device());
@@ -122,9 +122,7 @@ static void copy_across_devices(Tensor& dst, const Tensor& src) {
     return;
   }
   const Tensor moved = src.to(dst.dtype()).contiguous();  // converted where the source is
-  const Device other = dst.device().is_cpu() ? moved.device() : dst.device();
-  const Device meta = Device::meta();
-  detail::backend_for(moved.device() == meta ? meta : other).transfer(dst, moved);
+  detail::backend_for_transfer(dst.device(), moved.device()).transfer(dst, moved);
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {

@@ -1,9 +1,10 @@
-// Normalisation kernels, and the CPU backend's entries that run them (bottom). Row statistics accumulate in
-// double (a row of C floats summed in float loses digits for C in the thousands); per-element math stays in T.
-#include "cpu/norm.h"
-
+// Layer norm and RMS norm on the CPU: the kernels, and the CPU backend's entries that run them (bottom).
+// The kernels work over the last dim of a contiguous (N, C) array, llm.c style: the forward writes the per-row
+// statistics the backward needs (mean, rstd), the backward reads x again instead of a saved normalised copy.
+// Row statistics accumulate in double (a row of C floats summed in float loses digits for C in the thousands);
+// per-element math stays in T. Rows are split across OpenMP threads; dweight/dbias are summed per thread and
+// then reduced in thread order (deterministic for a given thread count). weight/bias may be null (no affine).
 #include "cpu/cpu_backend.h"
-#include "cpu/instantiate.h"
 
 #include <algorithm>
 
@@ -26,7 +27,6 @@ void reduce_partials(T* dst, const std::vector<T>& partial, int nthreads, int64_
     dst[c] = s;
   }
 }
-}  // namespace
 
 template <typename T>
 void layer_norm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t N, int64_t C,
@@ -134,14 +134,7 @@ void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* we
   if (dweight) reduce_partials(dweight, dw_part, nthreads, C);
 }
 
-#define MEMTRAIN_INSTANTIATE(T)                                                                                  \
-  template void layer_norm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, double);       \
-  template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t,     \
-                                       int64_t);                                                                 \
-  template void rms_norm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);                       \
-  template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t);
-MEMTRAIN_CPU_FOR_COMPUTE_TYPES(MEMTRAIN_INSTANTIATE)
-#undef MEMTRAIN_INSTANTIATE
+}  // namespace
 
 // ---- the CPU backend's entries (src/core/backend.h) ----
 

@@ -50,9 +50,7 @@ set(allowed_used "")
 
 # ---- rule 3: the files outside the backends allowed to choose a path by device, "<file regex>|<reason>" ----
 set(device_dispatch
-  "^src/core/backend_registry\\.cpp$|the registry: one backend per device type"
-  "^src/core/allocator\\.cpp$|the allocator's cache policy and memory source per device"
-  "^src/core/tensor\\.cpp$|a copy between devices is run by the backend of the non-CPU side"
+  "^src/core/backend_registry\\.cpp$|the registry: one backend per device type, and the one that moves bytes between two"
   "^include/memtrain/core/device\\.h$|the Device type itself"
   "^src/train/predict\\.cpp$|planning: a CPU run's loader batches share the process's memory, a device run's do not")
 set(device_dispatch_files "")

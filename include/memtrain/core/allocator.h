@@ -108,7 +108,8 @@ struct Block {
 
 class Allocator {
  public:
-  // The policy defaults to the device's: size classes for the CPU, segments for anything else.
+  // The policy defaults to the device's backend's (Backend::cache_policy): size classes on the CPU and meta,
+  // segments on CUDA.
   Allocator(Device device, std::unique_ptr<MemorySource> source);
   Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy);
   ~Allocator();

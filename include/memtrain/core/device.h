@@ -9,6 +9,7 @@
 namespace memtrain {
 
 enum class DeviceType : unsigned char { cpu, cuda, meta };
+inline constexpr int kNumDeviceTypes = 3;
 
 struct Device {
   DeviceType type = DeviceType::cpu;
@@ -21,9 +22,13 @@ struct Device {
   bool is_cuda() const { return type == DeviceType::cuda; }
   bool is_meta() const { return type == DeviceType::meta; }
   bool operator==(const Device&) const = default;
+  // "cpu", "meta", or the kind and index of an accelerator ("cuda:1").
   std::string str() const {
-    if (is_cpu()) return "cpu";
-    if (is_meta()) return "meta";
+    switch (type) {
+      case DeviceType::cpu: return "cpu";
+      case DeviceType::meta: return "meta";
+      case DeviceType::cuda: break;
+    }
     return fmt::format("cuda:{}", index);
   }
 };
