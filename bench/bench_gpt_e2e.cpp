@@ -8,6 +8,7 @@
 //                      [--precision fp32|bf16|fp16|fp8] [--fp8-scaling blockwise|delayed]
 //                      [--device cpu|cuda|cuda:N] [--optimizer adamw|adamw8bit] [--galore-rank R]
 //                      [--galore-gap N] [--head-grads forward|recompute] [--head-gemm f32|compute]
+//                      [--reserve-limit R|none]
 // Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
 // memtrain's allocator peaks over the timed steps: all categories, and activations alone (the forward runs
 // under CategoryGuard(activations), as train::Trainer runs it, so that category is what the forward allocated
@@ -24,8 +25,9 @@
 // forward (the default, as train::Trainer runs) declares the backward's seed (ops::LossGradientSeed) so the
 // fused LM head makes its gradients in the forward; recompute leaves it undeclared, and the head's backward
 // recomputes the logits. --head-gemm compute runs the head's GEMMs in the autocast dtype
-// (ops::HeadGemmsInComputeDtype; TrainerConfig.head_gemms_in_compute_dtype). The last line is machine-readable
-// ("RESULT ...").
+// (ops::HeadGemmsInComputeDtype; TrainerConfig.head_gemms_in_compute_dtype). --reserve-limit sets the device
+// allocator's Allocator::set_reserve_limit (none: the cache keeps every freed block; default: the allocator's),
+// and the peak reserved bytes are printed beside the live peak. The last line is machine-readable ("RESULT ...").
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/loss_scaler.h"
@@ -78,6 +80,7 @@ struct Args {
   std::int64_t galore_gap = 200;
   std::string head_grads = "forward";
   std::string head_gemm = "f32";
+  std::string reserve_limit;  // empty: the allocator's default
 };
 
 Device parse_device(const std::string& name) {
@@ -110,9 +113,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--galore-gap") a.galore_gap = std::stoll(v);
     else if (k == "--head-grads") a.head_grads = v;
     else if (k == "--head-gemm") a.head_gemm = v;
+    else if (k == "--reserve-limit") a.reserve_limit = v;
     else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
                   "--threads --checkpoint --precision --fp8-scaling --device --optimizer --galore-rank "
-                  "--galore-gap --head-grads --head-gemm)", k);
+                  "--galore-gap --head-grads --head-gemm --reserve-limit)", k);
   }
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
@@ -172,6 +176,8 @@ int main(int argc, char** argv) try {
              opt->name(), a.galore_rank > 0 ? fmt::format(" (rank {})", a.galore_rank) : std::string());
   Allocator& allocator = Allocator::get(device);
   Allocator& host = Allocator::get(Device::cpu());
+  if (a.reserve_limit == "none") allocator.set_reserve_limit(std::nullopt);
+  else if (!a.reserve_limit.empty()) allocator.set_reserve_limit(std::stod(a.reserve_limit));
   std::vector<double> ms, cpu_ms;
   const std::string precision_label = fp8 ? "fp8-" + a.fp8_scaling : a.precision;
   double last_loss = 0.0;
@@ -225,19 +231,23 @@ int main(int argc, char** argv) try {
   fmt::print("{}\n", checkpointer.describe(cfg.n_layer));
   if (scaler) fmt::print("fp16: {} of {} steps skipped, final loss scale {}\n", skipped, a.warmup + a.steps, scaler->scale());
   fmt::print("median step {:.1f} ms (cpu {:.1f} ms), {:.0f} tokens/s, peak RSS {:.0f} MiB, {} allocator peak {:.0f} MiB "
-             "(activations: peak {:.1f} MiB, {:.1f} MiB at the total peak; optimizer state {:.1f} MiB)\n",
+             "(activations: peak {:.1f} MiB, {:.1f} MiB at the total peak; optimizer state {:.1f} MiB), peak reserved "
+             "{:.0f} MiB = {:.3f}x the peak\n",
              median, cpu_median, tok_s, rss_mib, device.str(), alloc_mib, mib(act.peak_bytes), mib(act.at_total_peak),
-             mib(opt->state_bytes()));
+             mib(opt->state_bytes()), mib(mem.reserved_peak_bytes),
+             static_cast<double>(mem.reserved_peak_bytes) / static_cast<double>(mem.peak_bytes));
   if (device.is_cuda()) fmt::print("host allocator peak {:.1f} MiB\n", mib(host.stats().peak_bytes));
   // plan_kept_bytes: what the budget plan keeps in the blocks (its bound), 0 without a plan.
   fmt::print("RESULT impl=memtrain model={} B={} T={} threads={} step_ms={:.1f} cpu_ms={:.1f} tok_s={:.0f} "
              "rss_mib={:.0f} alloc_mib={:.0f} policy={} act_peak_bytes={} act_at_peak_bytes={} total_peak_bytes={} "
              "plan_kept_bytes={} precision={} weight_copies_peak_bytes={} loss={:.4f} device={} optimizer={} "
-             "galore_rank={} optim_state_bytes={} host_peak_bytes={} head_grads={} head_gemm={}\n",
+             "galore_rank={} optim_state_bytes={} host_peak_bytes={} head_grads={} head_gemm={} "
+             "reserved_peak_bytes={}\n",
              a.model, a.batch, a.seq_len, omp_get_max_threads(), median, cpu_median, tok_s, rss_mib, alloc_mib,
              checkpointer.policy().to_string(), act.peak_bytes, act.at_total_peak, mem.peak_bytes,
              plan ? plan->kept_bytes : std::size_t{0}, precision_label, copies.peak_bytes, last_loss, device.str(),
-             a.optimizer, a.galore_rank, opt->state_bytes(), host.stats().peak_bytes, a.head_grads, a.head_gemm);
+             a.optimizer, a.galore_rank, opt->state_bytes(), host.stats().peak_bytes, a.head_grads, a.head_gemm,
+             mem.reserved_peak_bytes);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());  // memtrain::Error names the op already

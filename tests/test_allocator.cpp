@@ -1,10 +1,16 @@
 // Memory accounting: exact byte counts per category, peaks, the snapshot at the peak, the budget error,
-// alignment and cache reuse.
+// alignment, cache reuse, and the reserve limit (cached blocks handed back so reserved stays near the peak).
 #include "memtrain/memtrain.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <vector>
 
 using namespace memtrain;
 
@@ -123,6 +129,148 @@ TEST(Allocator, ReportListsEveryCategory) {
   for (int i = 0; i < kNumMemoryCategories; ++i)
     EXPECT_NE(report.find(category_name(static_cast<MemoryCategory>(i))), std::string::npos) << report;
   EXPECT_NE(report.find("reserved"), std::string::npos);
+}
+
+// Host memory that remembers what it handed out and what came back.
+struct HostLedger {
+  std::map<void*, std::size_t> held;
+  std::vector<std::size_t> freed;  // sizes, in the order they came back
+};
+
+class LedgerSource final : public MemorySource {
+ public:
+  explicit LedgerSource(HostLedger* ledger) : ledger_(ledger) {}
+  void* raw_allocate(std::size_t nbytes) override {
+    void* p = std::aligned_alloc(256, (nbytes + 255) / 256 * 256);  // what either cache policy asks
+    if (p == nullptr) throw Error("LedgerSource: out of host memory");
+    ledger_->held[p] = nbytes;
+    return p;
+  }
+  void raw_free(void* ptr, std::size_t nbytes) override {
+    EXPECT_EQ(ledger_->held.at(ptr), nbytes);
+    ledger_->held.erase(ptr);
+    ledger_->freed.push_back(nbytes);
+    std::free(ptr);
+  }
+
+ private:
+  HostLedger* ledger_;
+};
+
+std::size_t ledger_bytes(const HostLedger& ledger) {
+  std::size_t total = 0;
+  for (const auto& [ptr, bytes] : ledger.held) total += bytes;
+  return total;
+}
+
+// What a training step's allocations look like to the allocator: blocks of many sizes (1 KiB .. 8 MiB,
+// log-uniform), each freed after a random number of later allocations, the live set growing and shrinking.
+// Runs `ops` allocations with the given limit and returns the largest reserved / live-peak ratio seen and
+// the cache hits; checks after every operation that reserved is within the limit of the peak, unless the
+// cache is empty (blocks in use keep their size-class rounding).
+struct TraceResult {
+  double max_ratio = 0;
+  std::size_t hits = 0;
+};
+
+TraceResult replay_trace(std::optional<double> limit, int ops) {
+  HostLedger ledger;
+  Allocator alloc(Device::cpu(), std::make_unique<LedgerSource>(&ledger), CachePolicy::size_classes);
+  alloc.set_reserve_limit(limit);
+  std::mt19937_64 rng(29);
+  std::uniform_real_distribution<double> log_size(10.0, 23.0);
+  std::vector<std::pair<Block, int>> live;  // block, allocations left before it is freed
+  TraceResult result;
+  auto check = [&](const char* after) {
+    const MemoryStats s = alloc.stats();
+    ASSERT_EQ(ledger_bytes(ledger), s.reserved_bytes) << after;
+    const double ratio = static_cast<double>(s.reserved_bytes) / static_cast<double>(s.peak_bytes);
+    result.max_ratio = std::max(result.max_ratio, ratio);
+    if (limit && s.cached_bytes > 0)
+      ASSERT_LE(static_cast<double>(s.reserved_bytes), *limit * static_cast<double>(s.peak_bytes) + 1) << after;
+  };
+  for (int op = 0; op < ops; ++op) {
+    const auto bytes = static_cast<std::size_t>(std::exp2(log_size(rng)));
+    // Lifetimes cycle between short and long, so the live set rises to a peak and falls again.
+    const int lifetime = 1 + static_cast<int>(rng() % (op % 200 < 100 ? 8 : 64));
+    live.emplace_back(alloc.allocate(bytes, MemoryCategory::activations), lifetime);
+    check("an allocation");
+    for (auto it = live.begin(); it != live.end();) {
+      if (--it->second > 0) {
+        ++it;
+        continue;
+      }
+      alloc.deallocate(it->first);
+      it = live.erase(it);
+      check("a free");
+    }
+  }
+  for (auto& [block, left] : live) alloc.deallocate(block);
+  result.hits = alloc.stats().cache_hits;
+  alloc.empty_cache();
+  EXPECT_TRUE(ledger.held.empty());
+  return result;
+}
+
+TEST(Allocator, ReserveLimitHoldsReservedNearTheLivePeakOnATrace) {
+  const TraceResult unlimited = replay_trace(std::nullopt, 2000);
+  const TraceResult limited = replay_trace(Allocator::kHostReserveLimit, 2000);
+  // Without the limit the size classes' cache holds far more than is ever live at once; with it, at most
+  // 10% more, plus size-class rounding when nothing is cached to hand back.
+  EXPECT_GT(unlimited.max_ratio, 1.5);
+  std::printf("reserved / live peak at most: %.3f without a limit, %.3f with %.2f; cache hits %zu and %zu\n",
+              unlimited.max_ratio, limited.max_ratio, Allocator::kHostReserveLimit, unlimited.hits, limited.hits);
+  EXPECT_LE(limited.max_ratio, 1.13);
+  // The cache still serves most requests it served before.
+  EXPECT_GT(limited.hits, unlimited.hits / 2);
+}
+
+TEST(Allocator, ReserveLimitHandsBackTheLargestCachedBlocksFirst) {
+  HostLedger ledger;
+  Allocator alloc(Device::cpu(), std::make_unique<LedgerSource>(&ledger), CachePolicy::size_classes);
+  const std::size_t small = 64 << 10, middle = 1 << 20, large = 4 << 20;
+  alloc.set_reserve_limit(std::nullopt);  // cache all three
+  for (std::size_t bytes : {small, middle, large}) alloc.deallocate(alloc.allocate(bytes, MemoryCategory::other));
+  alloc.set_reserve_limit(Allocator::kHostReserveLimit);
+  alloc.reset_peak();  // nothing live: the limit is now 1.1 x the next request
+  const MemoryStats before = alloc.stats();
+  ASSERT_EQ(before.cached_bytes, small + middle + large);
+  ASSERT_TRUE(ledger.freed.empty());
+
+  // 2 MiB misses every cached class; within 1.1 x 2 MiB only the 64 KiB block may stay cached.
+  const Block two = alloc.allocate(2 << 20, MemoryCategory::other);
+  EXPECT_EQ(ledger.freed, (std::vector<std::size_t>{large, middle}));
+  const MemoryStats after = alloc.stats();
+  EXPECT_EQ(after.cached_bytes, small);
+  EXPECT_EQ(after.reserved_bytes, small + (2 << 20));
+  const Block hit = alloc.allocate(small, MemoryCategory::other);
+  EXPECT_EQ(alloc.stats().cache_hits, before.cache_hits + 1);
+  alloc.deallocate(hit);
+  alloc.deallocate(two);
+  alloc.empty_cache();
+}
+
+TEST(Allocator, ReserveLimitDefaultsFollowTheCachePolicy) {
+  HostLedger host, device;
+  Allocator sized(Device::cpu(), std::make_unique<LedgerSource>(&host), CachePolicy::size_classes);
+  Allocator pooled(Device::cpu(), std::make_unique<LedgerSource>(&device), CachePolicy::segments);
+  EXPECT_EQ(sized.reserve_limit(), Allocator::kHostReserveLimit);
+  EXPECT_EQ(pooled.reserve_limit(), std::nullopt);
+  EXPECT_EQ(Allocator::get(Device::cpu()).reserve_limit(), Allocator::kHostReserveLimit);
+  EXPECT_EQ(Allocator::get(Device::meta()).reserve_limit(), Allocator::kHostReserveLimit);  // meta models the CPU
+  EXPECT_THROW(sized.set_reserve_limit(0.9), Error);
+
+  // Under segments with a limit set, whole free segments go back largest first too: a 20 MiB request fits
+  // neither cached segment (8 and 16 MiB), and 2 x 20 MiB leaves room to keep the smaller one.
+  const std::size_t large = 8 << 20, larger = 16 << 20, request = 20 << 20;
+  for (std::size_t bytes : {large, larger}) pooled.deallocate(pooled.allocate(bytes, MemoryCategory::other));
+  pooled.set_reserve_limit(2.0);
+  pooled.reset_peak();
+  const Block b = pooled.allocate(request, MemoryCategory::other);
+  EXPECT_EQ(device.freed, (std::vector<std::size_t>{larger}));
+  EXPECT_EQ(pooled.stats().reserved_bytes, large + request);
+  pooled.deallocate(b);
+  pooled.empty_cache();
 }
 
 TEST(Allocator, CudaAllocatorIsUnavailableWithoutADevice) {

@@ -55,6 +55,7 @@ Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source)
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy)
     : device_(device),
       source_(std::move(source)),
+      reserve_limit_(policy == CachePolicy::size_classes ? std::optional<double>(kHostReserveLimit) : std::nullopt),
       cache_(policy == CachePolicy::segments ? detail::make_segment_pool() : detail::make_size_class_cache()) {
   MT_CHECK(source_ != nullptr, "Allocator", "no memory source for {}", device_.str());
 }
@@ -111,11 +112,14 @@ Block Allocator::allocate(std::size_t nbytes, MemoryCategory category) {
     ++stats_.cache_hits;
   } else {
     const std::size_t segment_bytes = cache_->segment_bytes(nbytes);
-    lock.unlock();  // the OS/driver call may be slow; accounting below happens under the lock again
+    const std::vector<detail::Segment> trimmed = trim_cache_locked(segment_bytes, nbytes);
+    lock.unlock();  // the OS/driver calls may be slow; accounting below happens under the lock again
+    free_segments(trimmed);
     void* segment = allocate_segment(segment_bytes, nbytes, category);
     lock.lock();
     block = cache_->add_segment(segment, segment_bytes, nbytes, stream);
     stats_.reserved_bytes += segment_bytes;
+    stats_.reserved_peak_bytes = std::max(stats_.reserved_peak_bytes, stats_.reserved_bytes);
     stats_.cached_bytes += segment_bytes - block.bytes;  // the segment's tail, if split off, is free cache
   }
   ++stats_.num_allocs;
@@ -228,19 +232,29 @@ MemoryStats Allocator::stats() const {
 void Allocator::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_bytes = stats_.live_bytes;
+  stats_.reserved_peak_bytes = stats_.reserved_bytes;
   for (auto& c : stats_.by_category) {
     c.peak_bytes = c.live_bytes;
     c.at_total_peak = c.live_bytes;
   }
 }
 
-std::vector<detail::Segment> Allocator::release_free_segments_locked() {
-  std::vector<detail::Segment> segments = cache_->release_free_segments();
+std::vector<detail::Segment> Allocator::release_free_segments_locked(std::size_t at_least) {
+  std::vector<detail::Segment> segments = cache_->release_free_segments(at_least);
   for (const auto& s : segments) {
     stats_.reserved_bytes -= s.bytes;
     stats_.cached_bytes -= s.bytes;
   }
   return segments;
+}
+
+std::vector<detail::Segment> Allocator::trim_cache_locked(std::size_t segment_bytes, std::size_t nbytes) {
+  if (!reserve_limit_ || stats_.cached_bytes == 0) return {};
+  const double peak = static_cast<double>(std::max(stats_.peak_bytes, stats_.live_bytes + nbytes));
+  const auto limit = static_cast<std::size_t>(*reserve_limit_ * peak);
+  const std::size_t wanted = stats_.reserved_bytes + segment_bytes;
+  if (wanted <= limit) return {};
+  return release_free_segments_locked(wanted - limit);
 }
 
 void Allocator::free_segments(const std::vector<detail::Segment>& segments) {
@@ -264,6 +278,19 @@ void Allocator::set_budget(std::optional<std::size_t> bytes) {
 std::optional<std::size_t> Allocator::budget() const {
   std::lock_guard lock(mutex_);
   return budget_;
+}
+
+void Allocator::set_reserve_limit(std::optional<double> ratio_of_live_peak) {
+  MT_CHECK(!ratio_of_live_peak || *ratio_of_live_peak >= 1.0, "Allocator::set_reserve_limit",
+           "allocator({}): the reserve limit is a multiple of the live peak, >= 1; got {}", device_.str(),
+           ratio_of_live_peak.value_or(0.0));
+  std::lock_guard lock(mutex_);
+  reserve_limit_ = ratio_of_live_peak;
+}
+
+std::optional<double> Allocator::reserve_limit() const {
+  std::lock_guard lock(mutex_);
+  return reserve_limit_;
 }
 
 std::string Allocator::report() const {

@@ -48,8 +48,11 @@ class BlockCache {
   // (merged with free neighbours where the policy splits). Throws when ptr/bytes/stream is not a block
   // this cache lent out.
   virtual void give_back(void* ptr, std::size_t bytes, std::uintptr_t stream) = 0;
-  // Removes every segment that has no block in use and returns them, for the caller to free.
-  virtual std::vector<Segment> release_free_segments() = 0;
+  // Removes segments that have no block in use, largest first, until their bytes reach at_least (or none is
+  // left), and returns them for the caller to free.
+  virtual std::vector<Segment> release_free_segments(std::size_t at_least) = 0;
+  // Every segment that has no block in use.
+  std::vector<Segment> release_free_segments() { return release_free_segments(SIZE_MAX); }
 };
 
 std::unique_ptr<BlockCache> make_size_class_cache();

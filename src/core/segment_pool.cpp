@@ -3,6 +3,7 @@
 
 #include "memtrain/core/error.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <tuple>
@@ -89,19 +90,26 @@ void SegmentPool::give_back(void* ptr, std::size_t bytes, std::uintptr_t stream)
   free.insert(free_entry(*it));
 }
 
-std::vector<Segment> SegmentPool::release_free_segments() {
-  std::vector<Segment> out;
-  for (auto seg = segments_.begin(); seg != segments_.end();) {
-    auto it = spans_.find(seg->first);
+std::vector<Segment> SegmentPool::release_free_segments(std::size_t at_least) {
+  std::vector<Segment> free_whole;
+  for (const auto& [base, bytes] : segments_) {
     // Coalescing makes an entirely free segment exactly one free block starting at its base.
-    if (it->second.free && it->second.bytes == seg->second) {
-      free_set(it->second.small).erase(free_entry(*it));
-      spans_.erase(it);
-      out.push_back({seg->first, seg->second});
-      seg = segments_.erase(seg);
-    } else {
-      ++seg;
-    }
+    const auto it = spans_.find(base);
+    if (it->second.free && it->second.bytes == bytes) free_whole.push_back({base, bytes});
+  }
+  std::stable_sort(free_whole.begin(), free_whole.end(),
+                   [](const Segment& a, const Segment& b) { return a.bytes > b.bytes; });
+  std::vector<Segment> out;
+  std::size_t released = 0;
+  for (const Segment& seg : free_whole) {
+    if (released >= at_least) break;
+    char* const base = static_cast<char*>(seg.ptr);
+    const auto it = spans_.find(base);
+    free_set(it->second.small).erase(free_entry(*it));
+    spans_.erase(it);
+    segments_.erase(base);
+    out.push_back(seg);
+    released += seg.bytes;
   }
   return out;
 }

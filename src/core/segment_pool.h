@@ -53,7 +53,8 @@ class SegmentPool final : public BlockCache {
   CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t nbytes,
                           std::uintptr_t stream) override;
   void give_back(void* ptr, std::size_t bytes, std::uintptr_t stream) override;
-  std::vector<Segment> release_free_segments() override;
+  std::vector<Segment> release_free_segments(std::size_t at_least) override;
+  using BlockCache::release_free_segments;
   // The same on the single stream 0 (tests of the pool alone).
   CachedBlock take(std::size_t nbytes) { return take(nbytes, 0); }
   CachedBlock add_segment(void* ptr, std::size_t segment_bytes, std::size_t nbytes) {

@@ -6,6 +6,7 @@
 
 #include "memtrain/core/allocator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -36,13 +37,24 @@ class SizeClassCache final : public BlockCache {
     free_.emplace(std::pair{stream, bytes}, ptr);
   }
 
-  std::vector<Segment> release_free_segments() override {
+  std::vector<Segment> release_free_segments(std::size_t at_least) override {
+    // Largest first: the fewest blocks hand back the bytes, and the small classes, the most often reused, stay.
+    std::vector<std::multimap<std::pair<std::uintptr_t, std::size_t>, void*>::iterator> order;
+    order.reserve(free_.size());
+    for (auto it = free_.begin(); it != free_.end(); ++it) order.push_back(it);
+    std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return a->first.second > b->first.second;
+    });
     std::vector<Segment> out;
-    out.reserve(free_.size());
-    for (const auto& [key, ptr] : free_) out.push_back({ptr, key.second});
-    free_.clear();
+    std::size_t released = 0;
+    for (auto it = order.begin(); it != order.end() && released < at_least; ++it) {
+      out.push_back({(*it)->second, (*it)->first.second});
+      released += (*it)->first.second;
+      free_.erase(*it);
+    }
     return out;
   }
+  using BlockCache::release_free_segments;
 
  private:
   std::multimap<std::pair<std::uintptr_t, std::size_t>, void*> free_;  // (stream, size class) -> free block

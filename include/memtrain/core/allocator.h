@@ -90,6 +90,7 @@ struct MemoryStats {
   std::size_t live_bytes = 0;      // sum of live bytes over categories
   std::size_t peak_bytes = 0;      // peak of that sum
   std::size_t reserved_bytes = 0;  // bytes held from the OS/driver: blocks in use + cache (rounded)
+  std::size_t reserved_peak_bytes = 0;  // peak of reserved_bytes (since reset_peak: from what was reserved then)
   std::size_t cached_bytes = 0;    // reserved bytes in no block in use, ready for reuse
   std::size_t num_allocs = 0;      // allocations served
   std::size_t allocated_bytes = 0;  // bytes they asked for, summed over all of them (what was written, roughly)
@@ -132,10 +133,19 @@ class Allocator {
 
   MemoryStats stats() const;
   const Device& device() const { return device_; }
-  void reset_peak();     // peaks restart from the current live bytes
+  void reset_peak();     // peaks restart from the current live (and reserved) bytes
   void empty_cache();    // hand source allocations with no block in use back to the OS/driver
   void set_budget(std::optional<std::size_t> bytes);  // live-bytes budget; nullopt = unlimited
   std::optional<std::size_t> budget() const;
+  // The most this allocator keeps reserved, as a multiple (>= 1) of the live peak so far (or of the live
+  // bytes after the request, when more): a request that finds nothing cached for it first hands cached blocks
+  // back to the source, largest first, when its new segment would take reserved past that. Without a limit
+  // the cache keeps every freed block until empty_cache(). Default: kHostReserveLimit under size classes (host
+  // memory is quick to ask for again), none under segments (freeing device memory waits for the device).
+  // Size classes round requests up by up to 12.5%, which no limit gives back: blocks in use stay reserved.
+  void set_reserve_limit(std::optional<double> ratio_of_live_peak);
+  std::optional<double> reserve_limit() const;
+  static constexpr double kHostReserveLimit = 1.10;
 
   // Called after every allocation and free with the live bytes of each category then, under the allocator's
   // lock (in allocation order across threads): it must be quick and must not allocate from this allocator.
@@ -155,8 +165,12 @@ class Allocator {
  private:
   std::string report_locked() const;
   void notify_observer_locked() const;
-  // Takes the free segments out of the cache and its accounting (under the lock); the caller frees them.
-  std::vector<detail::Segment> release_free_segments_locked();
+  // Takes free segments out of the cache and its accounting, largest first until their bytes reach at_least
+  // (under the lock); the caller frees them.
+  std::vector<detail::Segment> release_free_segments_locked(std::size_t at_least = SIZE_MAX);
+  // The free segments to hand back before a new segment of segment_bytes for nbytes is asked for, so that
+  // reserved stays within the reserve limit (none when it does already, or there is no limit).
+  std::vector<detail::Segment> trim_cache_locked(std::size_t segment_bytes, std::size_t nbytes);
   void free_segments(const std::vector<detail::Segment>& segments);
   // Asks the source for a segment for nbytes; on failure releases the free segments and retries once.
   void* allocate_segment(std::size_t segment_bytes, std::size_t nbytes, MemoryCategory category);
@@ -166,6 +180,7 @@ class Allocator {
   mutable std::mutex mutex_;
   MemoryStats stats_;
   std::optional<std::size_t> budget_;
+  std::optional<double> reserve_limit_;
   Observer observer_;
   std::unique_ptr<detail::BlockCache> cache_;  // the CachePolicy; touched only under mutex_
 };
