@@ -50,7 +50,7 @@ MemoryCategory current_category() { return t_category.value_or(MemoryCategory::o
 bool category_guard_active() { return t_category.has_value(); }
 
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source)
-    : Allocator(device, std::move(source), detail::backend_for(device).cache_policy()) {}
+    : Allocator(device, std::move(source), detail::cache_policy_for(device)) {}
 
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy)
     : device_(device),
@@ -66,7 +66,7 @@ Allocator::~Allocator() {
 }
 
 Allocator& Allocator::get(Device device) {
-  // One allocator per device, made on first use with its backend's memory source and cache policy; leaked on
+  // One allocator per device, made on first use over its backend's memory source (cache_policy_for); leaked on
   // purpose: tensors in other static objects may be freed after these would be destroyed. The slot is read
   // without the lock, since every allocation asks for its allocator.
   constexpr int kMaxDevices = 64;
@@ -79,8 +79,7 @@ Allocator& Allocator::get(Device device) {
   std::lock_guard lock(mutex);
   if (slot.load(std::memory_order_relaxed) == nullptr) {
     const detail::Backend& backend = detail::backend_for(device);  // throws: no CUDA, or no usable device
-    slot.store(new Allocator(device, backend.make_memory_source(device.index), backend.cache_policy()),
-               std::memory_order_release);
+    slot.store(new Allocator(device, backend.make_memory_source(device.index)), std::memory_order_release);
   }
   return *slot.load(std::memory_order_relaxed);
 }

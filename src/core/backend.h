@@ -41,9 +41,6 @@ class Backend {
   // Where small host-side values that go with this device's tensors live (fp8_linear's delayed scale): the CPU,
   // except on meta, whose host side is meta itself so a meta run accounts those bytes where the CPU run does.
   virtual Device host_side() const { return Device::cpu(); }
-  // How this device's Allocator caches freed bytes: whole blocks by size class (the CPU's malloc-backed
-  // memory, and meta, which models the CPU's allocations), unless the backend's memory is costly to get.
-  virtual CachePolicy cache_policy() const { return CachePolicy::size_classes; }
 
   // ---- the types the entries name ----
   // The elementwise maps, named since a lambda cannot run on every device. out = f(x; p0, p1); p0/p1
@@ -85,6 +82,10 @@ inline Tensor workspace_on(Device device, std::int64_t elems, DType dtype) {
 // The backend of a device; throws naming the device and why when none can serve it (a build without CUDA,
 // no usable GPU, an index past the machine's devices).
 const Backend& backend_for(Device device);
+
+// How a device's Allocator caches freed bytes. Known from the device kind alone, without its backend, so an
+// allocator can be built over any memory source for a device this machine lacks (the device allocator's tests).
+CachePolicy cache_policy_for(Device device);
 
 // The backend that moves bytes between two devices (its `transfer` entry): with meta on either side meta's,
 // which moves none; otherwise the side that is not the CPU (either one when both are CUDA devices).

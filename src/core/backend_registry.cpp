@@ -34,6 +34,12 @@ const Backend& backend_for(Device device) {
   return backend;
 }
 
+CachePolicy cache_policy_for(Device device) {
+  // cudaMalloc is slow and synchronising: a device carves blocks from segments it splits and merges. Host memory
+  // is quick to get, so the CPU keeps whole blocks by size class, and so does meta, which models the CPU.
+  return device.is_cuda() ? CachePolicy::segments : CachePolicy::size_classes;
+}
+
 const Backend& backend_for_transfer(Device dst, Device src) {
   if (src.is_meta() || dst.is_meta()) return meta_backend();
   return backend_for(dst.is_cpu() ? src : dst);

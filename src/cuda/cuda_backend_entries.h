@@ -14,8 +14,6 @@ namespace memtrain::cuda {
 class CudaBackend final : public ::memtrain::detail::Backend {
  public:
   int device_count() const override;
-  // cudaMalloc is slow and synchronising: the device caches segments it splits and merges (segment_pool.h).
-  CachePolicy cache_policy() const override { return CachePolicy::segments; }
   // Every entry of the contract (core/backend_entries.def), defined in the files named above.
 #define MT_BACKEND_ENTRY(ret, name, params) ret name params const override;
 #include "core/backend_entries.def"

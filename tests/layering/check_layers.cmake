@@ -50,7 +50,7 @@ set(allowed_used "")
 
 # ---- rule 3: the files outside the backends allowed to choose a path by device, "<file regex>|<reason>" ----
 set(device_dispatch
-  "^src/core/backend_registry\\.cpp$|the registry: one backend per device type, and the one that moves bytes between two"
+  "^src/core/backend_registry\\.cpp$|the registry: a backend and a cache policy per device type, and who moves a copy's bytes"
   "^include/memtrain/core/device\\.h$|the Device type itself"
   "^src/train/predict\\.cpp$|planning: a CPU run's loader batches share the process's memory, a device run's do not")
 set(device_dispatch_files "")

@@ -109,8 +109,8 @@ struct Block {
 
 class Allocator {
  public:
-  // The policy defaults to the device's backend's (Backend::cache_policy): size classes on the CPU and meta,
-  // segments on CUDA.
+  // The policy defaults to the device kind's (the registry's detail::cache_policy_for): size classes on the CPU
+  // and meta, segments on CUDA.
   Allocator(Device device, std::unique_ptr<MemorySource> source);
   Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy);
   ~Allocator();
