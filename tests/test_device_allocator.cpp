@@ -598,6 +598,7 @@ TEST(DeviceAllocatorStreams, OutOfMemoryRetryReleasesOtherStreamsCache) {
 TEST(DeviceAllocatorStreams, SizeClassCacheKeepsStreamsApart) {
   KeyedDevice d;
   Allocator alloc(Device::cpu(), std::make_unique<KeyedSource>(d.memory, d.key), CachePolicy::size_classes);
+  alloc.set_reserve_limit(std::nullopt);  // keep every freed block cached: this is about who may reuse one
   *d.key = kStreamB;
   const Block b = alloc.allocate(1000);
   alloc.deallocate(b);
