@@ -105,28 +105,33 @@ TEST(MetaOptim, StepsMatchCpuBytes) {
   }
 }
 
-// Only f32 parameters have a step kernel: a bf16 parameter is refused on meta exactly as on the CPU.
-TEST(MetaOptim, RefusesBf16ParametersAsTheCpuDoes) {
+// A bf16 parameter (no f32 master) steps through an f32 copy and is rounded back (optim::NarrowParams): on meta
+// with the CPU's bytes per category, stochastically or with Kahan's compensation (2 bytes per element of state).
+TEST(MetaOptim, Bf16ParametersStepWithTheCpusBytes) {
   for (const OptimCase& oc : optimizer_cases()) {
-    std::string messages[2];
-    int i = 0;
-    for (const Device dev : {Device::cpu(), Device::meta()}) {
-      Tensor w = randn({8, 4}, DType::bf16, dev).set_requires_grad(true);
-      w.set_grad(randn({8, 4}, DType::bf16, dev));
-      auto opt = oc.make({optim::ParamGroup{{w}}});
-      try {
-        opt->step();
-        ADD_FAILURE() << oc.name << " on " << dev.str() << " must refuse a bf16 parameter";
-      } catch (const Error& e) {
-        messages[i] = e.what();
-      }
-      ++i;
+    for (const bool kahan : {false, true}) {
+      const std::string what = oc.name + (kahan ? " kahan" : " stochastic");
+      const Footprint cpu = expect_same_footprint(what, [&](Device dev) {
+        Tensor w;
+        {
+          CategoryGuard params(MemoryCategory::parameters);
+          w = randn({8, 4}, DType::bf16, dev).set_requires_grad(true);
+        }
+        auto opt = oc.make({optim::ParamGroup{{w}}});
+        opt->set_narrow_params({.seed = 3, .kahan = kahan});
+        for (int step = 0; step < 2; ++step) {
+          CategoryGuard grads(MemoryCategory::gradients);
+          w.set_grad(randn({8, 4}, DType::bf16, dev));
+          EXPECT_EQ(opt->step().updated, 1) << what;
+        }
+        EXPECT_EQ(w.dtype(), DType::bf16) << what;
+        EXPECT_EQ(opt->compensation_bytes(), kahan ? 2u * 32u : 0u) << what;
+      });
+      EXPECT_EQ(at(cpu.peak, MemoryCategory::optimizer_state),
+                (static_cast<std::size_t>(oc.state_per_param) * 4 + (kahan ? 2 : 0)) * 32)
+          << what;
+      EXPECT_GE(at(cpu.peak, MemoryCategory::workspace), 4u * 32u) << what << ": the f32 copy of the parameter";
     }
-    EXPECT_NE(messages[0].find("bf16"), std::string::npos) << messages[0];
-    EXPECT_NE(messages[0].find(std::string(oc.name.substr(0, oc.name.find(' ')))), std::string::npos) << messages[0];
-    // The same message but for the device's name.
-    EXPECT_EQ(messages[1].find("needs contiguous f32 parameters"), messages[0].find("needs contiguous f32 parameters"))
-        << messages[1];
   }
 }
 

@@ -91,7 +91,7 @@ struct TempDir {
 };
 
 std::vector<float> values(const Tensor& t) {
-  Tensor c = t.detach().contiguous();
+  Tensor c = t.detach().to(mt::DType::f32).contiguous();  // exact for bf16
   return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
 }
 
@@ -610,6 +610,27 @@ void expect_resume_bit_identical(const TrainerConfig& c, const TempDir& dir) {
 TEST(TrainerCheckpoint, ResumedRunEqualsUninterruptedBitForBit) {
   TempDir dir("resume");
   expect_resume_bit_identical(resume_config(dir.str()), dir);
+}
+
+// Parameters stored in bf16 (no f32 master): the rounding's stream follows each parameter's saved step count,
+// and Kahan's compensation is saved with the optimizer state, so a resumed run continues bit for bit.
+// With GaLore stepping layer-wise (its own path, keyed by its own step counts) too.
+TEST(TrainerCheckpoint, Bf16ParametersResumeBitForBit) {
+  for (const auto params : {mt::amp::ParamDtype::bf16, mt::amp::ParamDtype::bf16_kahan}) {
+    for (const bool galore : {false, true}) {
+      SCOPED_TRACE(mt::amp::param_dtype_name(params) + (galore ? " + layer-wise GaLore" : ""));
+      TempDir dir("resume_bf16");
+      TrainerConfig c = resume_config(dir.str());
+      c.precision = mt::amp::Precision::bf16;
+      c.param_dtype = params;
+      if (galore) {
+        c.galore_rank = 4;
+        c.galore_update_gap = 2;
+        c.layerwise_update = true;
+      }
+      expect_resume_bit_identical(c, dir);
+    }
+  }
 }
 
 // GaLore from the config: the attention and MLP weights step in the projected space (with a refresh between

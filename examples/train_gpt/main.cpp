@@ -29,7 +29,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
+  std::optional<std::string> model, optimizer, precision, param_dtype, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
       grad_compression, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
       checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
@@ -86,6 +86,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
     c.optimizer = optim::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
                                         f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
   if (f.precision) c.precision = amp::parse_precision(*f.precision);
+  if (f.param_dtype) c.param_dtype = amp::parse_param_dtype(*f.param_dtype);
   if (f.fp8_scaling) c.fp8_scaling = amp::fp8_scaling_from_name(*f.fp8_scaling);
   if (f.checkpoint) c.activation_checkpointing = ckpt::Policy::parse(*f.checkpoint);
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
@@ -262,9 +263,10 @@ void plan_only(const Flags& f, const train::TrainerConfig& config, dist::Communi
   const std::vector<std::int64_t> peaks = world.all_gather_i64({static_cast<std::int64_t>(p.peak_bytes_total)});
   if (world.rank() != 0) return;
   fmt::print("plan: GPT L{} H{} C{} V{}, windows of {} tokens, micro-batch {} x {}, optimizer {}, precision {}, "
-             "checkpointing {}{}\n",
+             "parameters {}, checkpointing {}{}\n",
              g.n_layer, g.n_head, g.n_embd, g.vocab_size, plan.window, config.micro_batch, config.grad_accum,
              config.optimizer.to_string(), amp::precision_name(config.precision),
+             amp::param_dtype_name(config.param_dtype),
              config.activation_checkpointing.to_string(),
              config.world_size > 1 ? fmt::format(", {} ranks at ZeRO {} (rank 0 below)", config.world_size, config.zero)
                                    : std::string());
@@ -395,6 +397,9 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", f.optimizer, "adamw, adamw8bit, lion, lion8bit, sgd, adafactor");
   app.add_option("--precision", f.precision,
                  "fp32, bf16, fp16 or fp8 (f32 master weights; fp16 with loss scaling; fp8: linears in FP8)");
+  app.add_option("--param-dtype", f.param_dtype,
+                 "parameter storage: f32 (default, the master weights), bf16 (no master: stochastic rounding; needs "
+                 "--precision bf16 or fp8) or bf16-kahan (rounded to nearest with a bf16 compensation)");
   app.add_option("--fp8-scaling", f.fp8_scaling, "with --precision fp8: blockwise (default) or delayed");
   app.add_option("--checkpoint", f.checkpoint,
                  "activation checkpointing: none (default), full, every:K, selective[:op1,op2], budget:SIZE (e.g. 64MiB)");

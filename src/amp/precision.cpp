@@ -33,4 +33,23 @@ DType activation_dtype(Precision p) {
   return DType::f32;
 }
 
+ParamDtype parse_param_dtype(std::string_view name) {
+  if (name == "f32") return ParamDtype::f32;
+  if (name == "bf16") return ParamDtype::bf16;
+  if (name == "bf16-kahan") return ParamDtype::bf16_kahan;
+  MT_CHECK(false, "amp::parse_param_dtype", "unknown parameter dtype '{}' (known: f32, bf16, bf16-kahan)", name);
+  return ParamDtype::f32;
+}
+
+std::string param_dtype_name(ParamDtype d) {
+  switch (d) {
+    case ParamDtype::f32: return "f32";
+    case ParamDtype::bf16: return "bf16";
+    case ParamDtype::bf16_kahan: return "bf16-kahan";
+  }
+  return "?";
+}
+
+DType param_storage_dtype(ParamDtype d) { return d == ParamDtype::f32 ? DType::f32 : DType::bf16; }
+
 }  // namespace memtrain::amp

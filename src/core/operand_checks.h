@@ -21,6 +21,22 @@ inline void check_cuda_data(const char* op, const char* what, const Tensor& t) {
            t.device().str(), what, shape_str(t.shape()), shape_str(t.strides()));
 }
 
+// round_into_bf16's operands (core/backend_entries.def): param contiguous bf16, value contiguous f32 and
+// compensation (when defined) contiguous bf16, both of param's numel.
+inline void check_round_into_bf16(const Tensor& param, const Tensor& value, const Tensor& compensation) {
+  constexpr const char* op = "round_into_bf16";
+  MT_CHECK(param.dtype() == DType::bf16 && param.is_contiguous(), op, "param must be contiguous bf16, got {} {}",
+           dtype_name(param.dtype()), shape_str(param.shape()));
+  MT_CHECK(value.dtype() == DType::f32 && value.is_contiguous() && value.numel() == param.numel() &&
+               value.device() == param.device(),
+           op, "value must be contiguous f32 of {} elements on {}, got {} {} on {}", param.numel(),
+           param.device().str(), dtype_name(value.dtype()), shape_str(value.shape()), value.device().str());
+  MT_CHECK(!compensation.defined() || (compensation.dtype() == DType::bf16 && compensation.is_contiguous() &&
+                                       compensation.numel() == param.numel() && compensation.device() == param.device()),
+           op, "compensation must be contiguous bf16 of {} elements on {}, got {} {}", param.numel(),
+           param.device().str(), dtype_name(compensation.dtype()), shape_str(compensation.shape()));
+}
+
 // The CUDA kernels take one dtype for every data array: `t` must have the dtype of `ref`.
 inline void check_cuda_same_dtype(const char* op, const char* what, const Tensor& t, const char* ref_what,
                                   const Tensor& ref) {

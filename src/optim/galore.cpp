@@ -140,8 +140,9 @@ GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t
         ::memtrain::detail::backend_for(p.device());
         MT_CHECK(p.dim() == 2, kWhere, "projected param {} must be a 2-D weight, got shape {}", index,
                  shape_str(p.shape()));
-        MT_CHECK(p.dtype() == DType::f32 && p.is_contiguous(), kWhere,
-                 "projected param {} must be contiguous f32, got {} of shape {}{}", index, dtype_name(p.dtype()),
+        // bf16: stepped through an f32 copy (Optimizer's NarrowParams), so the projection reads f32 there too.
+        MT_CHECK((p.dtype() == DType::f32 || p.dtype() == DType::bf16) && p.is_contiguous(), kWhere,
+                 "projected param {} must be contiguous f32 or bf16, got {} of shape {}{}", index, dtype_name(p.dtype()),
                  shape_str(p.shape()), p.is_contiguous() ? "" : " (non-contiguous)");
         MT_CHECK(galore_.rank <= std::min(p.size(0), p.size(1)), kWhere,
                  "rank {} exceeds min(m, n) = {} of projected param {} (shape {})", galore_.rank,
@@ -234,6 +235,11 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
     entry.projector->project_back_add(delta, param, 1.0f);  // param += project_back(delta), then decays
     if (decay != 1.0f) ops::mul_(param, decay);
   }
+}
+
+std::int64_t GaLore::steps_taken(std::size_t index) const {
+  const Entry& e = entries_.at(index);
+  return e.projector ? e.steps : e.base.step();  // what collect_state saves as "<index>.step"
 }
 
 const ParamGroup& GaLore::group_of(std::size_t index) const {
@@ -355,7 +361,7 @@ bool GaLore::step_projected_gradient(const Tensor& param, const Tensor& R) {
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::workspace);
   Tensor target = param;
-  step_projected(target, R, group_of(index), entry);
+  step_in_f32(index, target, [&] { step_projected(target, R, group_of(index), entry); });
   return true;
 }
 
@@ -389,7 +395,7 @@ StateDict GaLore::collect_state(StateCopy copy) const {
   return out;
 }
 
-void GaLore::load_state_dict(const StateDict& dict) {
+void GaLore::load_rule_state(const StateDict& dict) {
   const std::string where = fmt::format("{}::load_state_dict", name());
   std::set<std::string> used;
   std::vector<Entry> fresh(entries_.size());
@@ -480,6 +486,8 @@ void GaLore::reset_state(const Tensor& param) {
            "lives with a projector that is not rebuilt mid-run", shape_str(param.shape()));
 }
 
-std::size_t GaLore::state_bytes() const { return projected_state_bytes() + projector_bytes() + plain_state_bytes(); }
+std::size_t GaLore::rule_state_bytes() const {
+  return projected_state_bytes() + projector_bytes() + plain_state_bytes();
+}
 
 }  // namespace memtrain::optim

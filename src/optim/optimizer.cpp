@@ -5,6 +5,7 @@
 #include "memtrain/autograd/engine.h"
 #include "memtrain/autograd/grad_mode.h"
 #include "memtrain/core/allocator.h"
+#include "memtrain/ops/elementwise.h"
 
 #include <set>
 #include <string>
@@ -14,6 +15,13 @@ namespace memtrain::optim {
 namespace {
 
 std::string key_of(const std::string& prefix, const std::string& name) { return fmt::format("{}.{}", prefix, name); }
+
+constexpr const char* kCompensation = "kahan";
+
+// The rounding stream of one parameter's step: its index above, its step count below (2^40 steps).
+std::uint64_t rounding_stream(std::size_t index, std::int64_t step) {
+  return (static_cast<std::uint64_t>(index) << 40) | (static_cast<std::uint64_t>(step) & ((std::uint64_t{1} << 40) - 1));
+}
 
 }  // namespace
 
@@ -49,6 +57,25 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
     }
   }
   states_.resize(index);
+  compensations_.resize(index);
+}
+
+void Optimizer::set_narrow_params(NarrowParams rule) {
+  if (rule.kahan != narrow_.kahan) {
+    for (const auto& [impl, slot] : slots_) {
+      MT_CHECK(param_at(slot).dtype() != DType::bf16 || states_[slot.index].step == 0, "Optimizer::set_narrow_params",
+               "bf16 param {} has stepped {} times: Kahan compensation cannot be switched {} mid-run", slot.index,
+               states_[slot.index].step, rule.kahan ? "on" : "off");
+    }
+  }
+  narrow_ = rule;
+}
+
+const Tensor& Optimizer::param_at_index(std::size_t index) const {
+  for (const auto& [impl, slot] : slots_)
+    if (slot.index == index) return groups_[slot.group].params[slot.index_in_group];
+  MT_CHECK(false, name(), "parameter index {} is past the {} parameters", index, states_.size());
+  return groups_.front().params.front();
 }
 
 const Optimizer::Slot& Optimizer::slot_of(const Tensor& param) const {
@@ -68,8 +95,47 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   autograd::NoGradGuard no_grad;
   // The gate runs before any state exists, so a skipped parameter is left exactly as it was.
   if (!is_finite(grad)) return Outcome::nonfinite;
-  apply_rule(param, grad, groups_[slot.group], states_[slot.index]);
+  step_in_f32(slot.index, param, [&] { apply_rule(param, grad, groups_[slot.group], states_[slot.index]); });
   return Outcome::updated;
+}
+
+void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::function<void()>& rule) {
+  if (param.dtype() != DType::bf16) {
+    rule();
+    return;
+  }
+  MT_CHECK(param.is_contiguous(), name(), "param {} is bf16 and non-contiguous (shape {}): a bf16 parameter is "
+           "stepped through an f32 copy and must be contiguous", index, shape_str(param.shape()));
+  MT_CHECK(index < compensations_.size(), name(), "parameter index {} is past the {} parameters", index,
+           compensations_.size());
+  const Tensor grad = param.grad();
+  Tensor& compensation = compensations_[index];
+  if (narrow_.kahan && !compensation.defined()) {
+    CategoryGuard category(MemoryCategory::optimizer_state);
+    compensation = zeros(param.shape(), DType::bf16, param.device());
+  }
+  const Tensor stored = param.detach();  // the bf16 storage the result is rounded into
+  Tensor wide;
+  {
+    CategoryGuard category(MemoryCategory::workspace);
+    wide = stored.to(DType::f32);
+    if (compensation.defined()) ops::add_(wide, compensation.to(DType::f32));
+  }
+  // The rule steps the parameter itself, pointed at the f32 copy: wrappers (GaLore) and hooks keyed on the
+  // tensor find it, and the f32 kernels read it. Its gradient goes with the dtype change and comes back below.
+  param.set_data_and_dtype_(wide);
+  try {
+    rule();
+  } catch (...) {
+    param.set_data_and_dtype_(stored);
+    param.set_grad(grad);
+    throw;
+  }
+  const Tensor updated = param.detach();
+  ::memtrain::detail::backend_for(param.device())
+      .round_into_bf16(stored, updated, compensation, narrow_.seed, rounding_stream(index, steps_taken(index)));
+  param.set_data_and_dtype_(stored);
+  param.set_grad(grad);
 }
 
 void Optimizer::ensure_state(const Tensor& target, const ParamGroup& group, ParamState& state) {
@@ -186,7 +252,45 @@ Optimizer::ParamState Optimizer::load_state(const StateDict& dict, const std::st
   return state;
 }
 
+StateDict Optimizer::with_compensations(StateDict state, StateCopy copy) const {
+  for (std::size_t i = 0; i < compensations_.size(); ++i)
+    if (compensations_[i].defined())
+      state.emplace(key_of(std::to_string(i), kCompensation), collected(compensations_[i], copy));
+  return state;
+}
+
 void Optimizer::load_state_dict(const StateDict& dict) {
+  const std::string where = fmt::format("{}::load_state_dict", name());
+  std::vector<Tensor> fresh(compensations_.size());
+  StateDict rest;
+  for (const auto& [key, t] : dict) {
+    const std::size_t dot = key.find('.');
+    if (dot == std::string::npos || key.compare(dot + 1, std::string::npos, kCompensation) != 0) {
+      rest.emplace(key, t);
+      continue;
+    }
+    const std::string number = key.substr(0, dot);
+    MT_CHECK(!number.empty() && number.find_first_not_of("0123456789") == std::string::npos, where,
+             "unexpected key '{}'", key);
+    const std::size_t index = std::stoul(number);
+    MT_CHECK(index < compensations_.size(), where, "unexpected key '{}': this optimizer has {} parameters", key,
+             compensations_.size());
+    MT_CHECK(narrow_.kahan, where, "key '{}' holds a Kahan compensation, but this optimizer rounds bf16 parameters "
+             "stochastically (NarrowParams.kahan false; param_dtype bf16-kahan saved it)", key);
+    const Tensor* param = &param_at_index(index);
+    MT_CHECK(param->dtype() == DType::bf16 && t.dtype() == DType::bf16 && t.shape() == param->shape(), where,
+             "key '{}' has shape {} {} but param {} is {} {} (a compensation is bf16 of a bf16 parameter's shape)",
+             key, shape_str(t.shape()), dtype_name(t.dtype()), index, shape_str(param->shape()),
+             dtype_name(param->dtype()));
+    CategoryGuard category(MemoryCategory::optimizer_state);
+    fresh[index] = Tensor::empty(t.shape(), DType::bf16, param->device());
+    fresh[index].copy_(t);
+  }
+  load_rule_state(rest);
+  compensations_ = std::move(fresh);
+}
+
+void Optimizer::load_rule_state(const StateDict& dict) {
   const std::string where = fmt::format("{}::load_state_dict", name());
   std::vector<ParamState> fresh(states_.size());
   std::set<std::string> used;
@@ -220,9 +324,20 @@ std::size_t Optimizer::ExternalState::bytes() const {
   return total;
 }
 
-void Optimizer::reset_state(const Tensor& param) { states_[slot_of(param).index] = ParamState{}; }
+void Optimizer::reset_state(const Tensor& param) {
+  const std::size_t index = slot_of(param).index;
+  states_[index] = ParamState{};
+  compensations_[index] = Tensor();
+}
 
-std::size_t Optimizer::state_bytes() const {
+std::size_t Optimizer::compensation_bytes() const {
+  std::size_t total = 0;
+  for (const Tensor& t : compensations_)
+    if (t.defined()) total += t.nbytes();
+  return total;
+}
+
+std::size_t Optimizer::rule_state_bytes() const {
   std::size_t total = 0;
   for (const auto& state : states_)
     for (const auto& [name, t] : state.tensors) total += t.nbytes();
@@ -230,8 +345,8 @@ std::size_t Optimizer::state_bytes() const {
 }
 
 void Optimizer::check_f32_contiguous(const Tensor& param, std::string_view who) {
-  MT_CHECK(param.dtype() == DType::f32 && param.is_contiguous(), who,
-           "needs contiguous f32 parameters, got shape {} dtype {} on {}{}", shape_str(param.shape()),
+  MT_CHECK((param.dtype() == DType::f32 || param.dtype() == DType::bf16) && param.is_contiguous(), who,
+           "needs contiguous f32 (or bf16, stepped through f32) parameters, got shape {} dtype {} on {}{}", shape_str(param.shape()),
            dtype_name(param.dtype()), param.device().str(), param.is_contiguous() ? "" : " (non-contiguous)");
   // The step is the device's backend's (meta: the CPU's code without data, so a step there accounts the CPU
   // step's bytes); backend_for throws naming the device when no backend serves it.

@@ -185,12 +185,15 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   MT_CHECK(!named.empty(), "Trainer", "the model has no parameters to train{}",
            all.empty() ? "" : " (every one is frozen: requires_grad false)");
   device_ = device;
+  store_params_narrow(named);
 
   if (optimizer_) {
     check_user_optimizer(config_, *optimizer_, all);
   } else {
     optimizer_ = make_optimizer(config_, named);
   }
+  if (config_.param_dtype != amp::ParamDtype::f32)
+    optimizer_->set_narrow_params({.seed = config_.seed, .kahan = config_.param_dtype == amp::ParamDtype::bf16_kahan});
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
   if (config_.lisa_layers > 0)
@@ -226,6 +229,19 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   }
   allocator.reset_peak();
   model_->train();
+}
+
+// config.param_dtype bf16: every trained f32 parameter is stored in bf16 from here on, in place (each handle to
+// it, the model's and the optimizer's, sees the new storage), and the f32 storage goes.
+void Trainer::store_params_narrow(const nn::NamedTensors& trained) {
+  const DType storage = amp::param_storage_dtype(config_.param_dtype);
+  if (storage == DType::f32) return;
+  CategoryGuard category(MemoryCategory::parameters);
+  autograd::NoGradGuard no_grad;
+  for (const auto& [name, p] : trained) {
+    Tensor param = p;
+    if (param.dtype() == DType::f32) param.set_data_and_dtype_(param.detach().to(storage));
+  }
 }
 
 void Trainer::make_train_loader(std::int64_t rank, std::int64_t world_size) {

@@ -97,6 +97,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.named("device", c.device, [](Device d) { return d.str(); },
           [](const std::string& n) { return device_from_name(n, kWhere); });
   v.named("precision", c.precision, amp::precision_name, amp::parse_precision);
+  v.named("param_dtype", c.param_dtype, amp::param_dtype_name, amp::parse_param_dtype);
   v.section("loss_scaler", [&](auto& s) {
     s.field("init_scale", c.loss_scaler.init_scale);
     s.field("growth_factor", c.loss_scaler.growth_factor);
@@ -354,6 +355,16 @@ void TrainerConfig::validate() const {
            "layerwise_update with precision 'fp16' cannot work: the loss scaler must skip the whole step when any "
            "gradient overflows, which is known only after the last one, and layer-wise updates have applied the "
            "others by then (use fp32, or bf16: it needs no loss scaler)");
+  if (param_dtype != amp::ParamDtype::f32) {
+    const std::string name = amp::param_dtype_name(param_dtype);
+    MT_CHECK(precision == amp::Precision::bf16 || precision == amp::Precision::fp8, kWhere,
+             "param_dtype {} with precision {}: bf16 weights are the compute copies themselves, so the compute must "
+             "run in bf16 (precision bf16 or fp8)", name, amp::precision_name(precision));
+    MT_CHECK(world_size == 1 && zero == 0, kWhere, "param_dtype {} with world_size {} / zero {}: data parallel "
+             "over bf16 weights is not built yet; train on one rank", name, world_size, zero);
+    MT_CHECK(!lora.enabled() && lisa_layers == 0, kWhere, "param_dtype {} with LoRA or LISA: they keep their own "
+             "frozen weights in the compute dtype already; leave param_dtype f32", name);
+  }
   const amp::Precision p = precision;
   if (p == amp::Precision::fp8) {
     MT_CHECK(fp8_amax_history >= 1 && fp8_amax_history <= 1 << 20, kWhere,

@@ -5,6 +5,11 @@
 //   fp16  the same in f16, plus a dynamic loss scaler (amp/loss_scaler.h): f16 gradients underflow without it.
 //   fp8   matmul inputs in FP8 (E4M3 forward, E5M2 gradients) with delayed or blockwise scaling (amp/fp8.h);
 //         bf16 everywhere else.
+// Parameter storage (TrainerConfig.param_dtype), apart from the compute precision:
+//   f32         f32 weights: the optimizer's master copy.
+//   bf16        bf16 weights, no master: the optimizer computes in f32 and rounds back stochastically
+//               (optim::NarrowParams), 2 bytes per parameter instead of 4.
+//   bf16-kahan  the same, rounded to nearest with a bf16 Kahan compensation (2 more bytes per parameter).
 #pragma once
 
 #include "memtrain/core/dtype.h"
@@ -23,5 +28,13 @@ std::string precision_name(Precision p);
 // The dtype activations and compute copies of weights are stored in: f32, bf16, f16, and bf16 for fp8
 // (only matmul inputs are FP8).
 DType activation_dtype(Precision p);
+
+enum class ParamDtype { f32, bf16, bf16_kahan };
+
+// "f32", "bf16", "bf16-kahan"; anything else throws, listing the known names.
+ParamDtype parse_param_dtype(std::string_view name);
+std::string param_dtype_name(ParamDtype d);
+// The dtype parameters are stored in: f32, or bf16 for both narrow kinds.
+DType param_storage_dtype(ParamDtype d);
 
 }  // namespace memtrain::amp

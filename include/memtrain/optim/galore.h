@@ -93,12 +93,12 @@ class GaLore final : public Optimizer {
   // stepped, "i.galore.left" (m, r) and/or "i.galore.right" (n, r), "i.galore.rng" (i64 [2]: Philox seed
   // and offset) and "i.galore.refresh_count" (i64): a restored optimizer continues bit-identically.
   StateDict collect_state(StateCopy copy) const override;
-  void load_state_dict(const StateDict& state) override;
+  void load_rule_state(const StateDict& state) override;
 
   // Refused: a projected weight's state lives with its projector, which is not rebuilt mid-run.
   void reset_state(const Tensor& param) override;
 
-  std::size_t state_bytes() const override;  // the three below
+  std::size_t rule_state_bytes() const override;  // the three below
   std::size_t projected_state_bytes() const;  // base state of the projected parameters (R's shapes)
   std::size_t projector_bytes() const;        // the projectors' bases
   std::size_t plain_state_bytes() const;      // base state of the plain parameters
@@ -145,6 +145,7 @@ class GaLore final : public Optimizer {
  protected:
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
+  std::int64_t steps_taken(std::size_t index) const override;  // e.steps, or the base rule's count (plain)
 
  private:
   struct Entry {

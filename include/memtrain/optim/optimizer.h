@@ -3,6 +3,7 @@
 // parameter's first step, and state_bytes() counts them exactly. step() updates every parameter that has
 // a gradient; step_param() updates one, so it can run inside a gradient-ready hook (layer-wise updates).
 // A parameter whose gradient holds NaN or Inf is skipped with its state untouched (and counted).
+// A parameter stored in bf16 (no f32 master) is stepped through an f32 copy and rounded back (NarrowParams).
 //
 // Subclasses implement init_state (runs once, under CategoryGuard(optimizer_state): allocate every state
 // tensor there) and update (runs under NoGrad and CategoryGuard(workspace), so temporaries are not
@@ -50,6 +51,21 @@ std::int64_t whole_numel(const Tensor& param, const ParamGroup& group);
 // plus "<param index>.step" (an i64 scalar). Tensors are CPU copies independent of the optimizer.
 using StateDict = std::map<std::string, Tensor>;
 
+// How a parameter stored in bf16 without an f32 master (train::TrainerConfig::param_dtype) is stepped: the
+// parameter itself is pointed at an f32 copy of its value (plus its compensation under Kahan) for the rule,
+// so every optimizer, wrapper and hook that keys on the tensor finds it; the result is rounded back into the
+// bf16 storage by the backend's round_into_bf16 and the parameter pointed at it again. Rounding is
+//   stochastic (kahan false): unbiased, its bits from Philox keyed by (seed, the parameter's index in
+//     state_dict order, the parameter's step count, the element), so bit-identical at any thread count, on
+//     any backend, and after a resume (the step count is in the state dict);
+//   Kahan (kahan true): to nearest, the remainder kept in a bf16 compensation tensor per parameter
+//     (2 bytes per element, optimizer state: "<index>.kahan" in the state dict, counted in state_bytes()),
+//     added back before the next step.
+struct NarrowParams {
+  std::uint64_t seed = 0;
+  bool kahan = false;
+};
+
 // What a step saw: parameters whose gradient held NaN or Inf were skipped, their state left untouched.
 struct StepReport {
   std::int64_t updated = 0;
@@ -74,16 +90,25 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
 
   // The state as CPU copies: a snapshot that later steps do not change.
-  StateDict state_dict() const { return collect_state(StateCopy::to_cpu); }
+  StateDict state_dict() const { return with_compensations(collect_state(StateCopy::to_cpu), StateCopy::to_cpu); }
   // The same entries without copying the state tensors: they are the optimizer's own, on their device, valid
   // until its next step. For a caller that reads them at once (Trainer::save_checkpoint writes them out), so a
   // checkpoint does not hold a second copy of the optimizer state.
-  StateDict state_view() const { return collect_state(StateCopy::none); }
+  StateDict state_view() const { return with_compensations(collect_state(StateCopy::none), StateCopy::none); }
   // Restores state saved by the same optimizer type over the same parameter shapes; throws naming the key
-  // on a missing, unexpected or mis-shaped entry.
-  virtual void load_state_dict(const StateDict& state);
+  // on a missing, unexpected or mis-shaped entry (Kahan compensations included: saved with kahan on, they
+  // load only with it on).
+  void load_state_dict(const StateDict& state);
 
-  virtual std::size_t state_bytes() const;  // bytes of every state tensor, exactly
+  // bytes of every state tensor, exactly: the rule's (rule_state_bytes) and the Kahan compensations
+  std::size_t state_bytes() const { return rule_state_bytes() + compensation_bytes(); }
+  virtual std::size_t rule_state_bytes() const;
+  std::size_t compensation_bytes() const;
+
+  // How bf16 parameters are rounded (NarrowParams); stochastic with seed 0 unless set. Set it before the first
+  // step: switching Kahan on or off once a bf16 parameter has stepped throws.
+  void set_narrow_params(NarrowParams rule);
+  const NarrowParams& narrow_params() const { return narrow_; }
   // Frees the state of `param` (a member of a group): its tensors go and its step count returns to 0, so
   // its next step starts from fresh state, as its first did (LISA re-freezes blocks this way). Virtual: an
   // optimizer that keeps state of its own per parameter (GaLore) must free that too, or refuse.
@@ -104,13 +129,23 @@ class Optimizer {
   virtual void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) = 0;
 
   // Helpers for fp32 kernels: throws "<who>: ..." unless `param` is a contiguous f32 tensor on a device
-  // with a backend (CPU, meta, CUDA in a CUDA build with a device).
+  // with a backend (CPU, meta, CUDA in a CUDA build with a device). A bf16 parameter passes too: update()
+  // sees it as f32 (NarrowParams), and init_state reads only its shape and device.
   static void check_f32_contiguous(const Tensor& param, std::string_view who);
   // `grad` itself when it is contiguous f32 on `device`, else a converted copy there (under the current
   // category).
   static Tensor grad_f32(const Tensor& grad, Device device = Device::cpu());
   // True when every element is finite (any dtype, CPU or CUDA): the gate in front of every update.
   static bool is_finite(const Tensor& g);
+  // Runs `rule`, a step of parameter `index` (state_dict numbering) that updates `param` in place. An f32
+  // param is stepped as it is; a bf16 one is pointed at an f32 copy of its value (plus its Kahan compensation)
+  // for the rule and rounded back into its storage after it (NarrowParams), its gradient kept. For a wrapper
+  // that steps a parameter outside step() / step_param() (GaLore's layer-wise path).
+  void step_in_f32(std::size_t index, Tensor& param, const std::function<void()>& rule);
+  // How many steps parameter `index` has taken, as its saved state records it (the rounding of a bf16
+  // parameter is keyed by it, so a resumed run rounds as the uninterrupted one). Virtual: a wrapper that keeps
+  // its own count (GaLore) answers from it.
+  virtual std::int64_t steps_taken(std::size_t index) const { return states_[index].step; }
   // For a step of its own: every parameter in state_dict order, with its group and state.
   void for_each_slot(const std::function<void(Tensor& param, const ParamGroup& group, ParamState& state)>& visit);
   // init_state under MemoryCategory::optimizer_state when the state is fresh (step 0), as a step does first.
@@ -136,8 +171,11 @@ class Optimizer {
                      bool grad_checked = false);
   // Whether collected state tensors are CPU copies (state_dict) or the tensors themselves (state_view).
   enum class StateCopy { to_cpu, none };
-  // state_dict's and state_view's entries; an optimizer with state of its own (GaLore) extends it.
+  // state_dict's and state_view's entries (the Kahan compensations are added after them); an optimizer with
+  // state of its own (GaLore) extends it.
   virtual StateDict collect_state(StateCopy copy) const;
+  // load_state_dict of everything but the Kahan compensations; an optimizer with state of its own extends it.
+  virtual void load_rule_state(const StateDict& state);
   // The tensor as collected: a CPU copy, or t itself.
   static Tensor collected(const Tensor& t, StateCopy copy);
   // Writes `state` as "<prefix>.step" and "<prefix>.<state name>", as collect_state does.
@@ -156,8 +194,11 @@ class Optimizer {
   };
   const Slot& slot_of(const Tensor& param) const;
   Tensor& param_at(const Slot& slot) { return groups_[slot.group].params[slot.index_in_group]; }
+  const Tensor& param_at(const Slot& slot) const { return groups_[slot.group].params[slot.index_in_group]; }
+  const Tensor& param_at_index(std::size_t index) const;  // by state_dict numbering
   enum class Outcome { updated, no_grad, nonfinite };
   Outcome step_slot(const Slot& slot);
+  StateDict with_compensations(StateDict state, StateCopy copy) const;
   // init_state at the first step, then the update; the gradient is known to be finite.
   void apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state);
   void save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
@@ -167,6 +208,8 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::unordered_map<const TensorImpl*, Slot> slots_;
   std::vector<ParamState> states_;  // by slot index
+  NarrowParams narrow_;
+  std::vector<Tensor> compensations_;  // by slot index: Kahan's bf16 remainders, once a bf16 parameter steps
 };
 
 }  // namespace memtrain::optim

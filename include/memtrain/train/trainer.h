@@ -277,6 +277,7 @@ class Trainer {
   // The optimizer state of a checkpoint (its own, or its ranks' shard files), cut to what this trainer steps.
   optim::StateDict checkpoint_state(const std::string& path, const std::map<std::string, std::string>& meta,
                                     optim::StateDict in_file) const;
+  void store_params_narrow(const nn::NamedTensors& trained);
   void make_train_loader(std::int64_t rank, std::int64_t world_size);
   std::unique_ptr<data::Loader> val_loader_;
   std::vector<double> base_lrs_;  // each group's lr at construction; the schedule scales them

@@ -102,6 +102,10 @@ struct TrainerConfig {
   // amp/precision.h: fp32, bf16 (bf16 compute and stored activations over f32 master weights), fp16 (the same
   // with dynamic loss scaling, options below), fp8 (bf16, with every linear in FP8: amp/fp8_linear.h).
   amp::Precision precision = amp::Precision::fp32;
+  // How trained parameters are stored (amp/precision.h): f32 masters, or bf16 without a master (the optimizer
+  // computes in f32 and rounds back: stochastically, seeded by `seed`, or with Kahan compensation). bf16 needs
+  // precision bf16 or fp8 (the compute runs on the bf16 weights themselves), one rank, and no LoRA or LISA.
+  amp::ParamDtype param_dtype = amp::ParamDtype::f32;
   amp::LossScalerOptions loss_scaler;  // fp16 only
   // fp8 only: blockwise (1x128 / 128x128 current scales) or delayed.
   amp::Fp8ScalingKind fp8_scaling = amp::Fp8ScalingKind::blockwise;
