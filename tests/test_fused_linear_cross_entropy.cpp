@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace memtrain {
@@ -211,6 +212,34 @@ TEST(FusedLinearCrossEntropy, NarrowRowsEqualTheirWidenedF32Run) {
     EXPECT_EQ(values_of(n.dx), values_of(f.dx.to(narrow)));
     EXPECT_EQ(values_of(n.dw), values_of(f.dw));
   }
+}
+
+// A weight stored in bf16 (no f32 master): the GEMMs read it as it is and its gradient comes back in bf16, summed
+// in f32 4096 rows of V at a time (V = 4100: two blocks, the second of 4 rows) and rounded once per chunk of N.
+// Against the same values with the weight widened to f32: the logits are the same products (loss to f32
+// rounding); dx and dW see dlogits rounded to bf16 and dW its per-chunk rounding, a few bf16 ulps normwise.
+TEST(FusedLinearCrossEntropy, Bf16WeightGetsABf16GradientCloseToTheWidenedRun) {
+  const std::int64_t N = 40, C = 8, V = 4100;
+  const Tensor x = normal({N, C}, 910, DType::f32).to(DType::bf16);
+  const Tensor w = ops::mul(normal({V, C}, 911, DType::f32), 0.3).to(DType::bf16);
+  const Tensor t = make_targets(N, V, -100, DType::i64, 912);
+  const Tensor up = full({}, 0.7, DType::f32);
+  const Result n = run(true, x, w, Tensor(), t, Reduction::mean, -100, 7, up);
+  const Result f = run(true, x, w.to(DType::f32), Tensor(), t, Reduction::mean, -100, 7, up);
+  ASSERT_EQ(n.dw.dtype(), DType::bf16);
+  EXPECT_NEAR(n.loss.item(), f.loss.item(), 1e-5 * std::abs(f.loss.item()));
+  for (const auto& [what, got, want] : {std::tuple{"dx", n.dx, f.dx}, std::tuple{"dweight", n.dw, f.dw}}) {
+    const std::vector<double> a = values_of(got), e = values_of(want);
+    double diff = 0, ref = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff += (a[i] - e[i]) * (a[i] - e[i]);
+      ref += e[i] * e[i];
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-2 * std::sqrt(ref)) << what;
+  }
+  const std::vector<double> dw = values_of(n.dw.narrow(0, 4096, 4)), want = values_of(f.dw.narrow(0, 4096, 4));
+  for (std::size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw[i], want[i], 1e-2 * std::abs(want[i]) + 1e-6) << i;
+  expect_error([&] { ops::fused_linear_cross_entropy(x.to(DType::f16), w, Tensor(), t); }, {"weight", "bf16", "f16"});
 }
 
 TEST(FusedLinearCrossEntropy, RejectsBadArguments) {

@@ -51,9 +51,10 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   const Tensor h = hidden(idx);
   const Tensor& head = wte_->weight();
   // Under amp::Autocast h is bf16/f16; the fused head widens it and computes the loss in f32 either way.
-  // The fused head takes x in f32, bf16 or f16 on the CPU and on CUDA.
+  // The fused head takes x in f32, bf16 or f16 on the CPU and on CUDA, and a weight in f32 or x's dtype (bf16
+  // parameters without an f32 master).
   const bool fused_dtype = h.dtype() == DType::f32 || h.dtype() == DType::bf16 || h.dtype() == DType::f16;
-  if (fused_dtype && head.dtype() == DType::f32) {
+  if (fused_dtype && (head.dtype() == DType::f32 || head.dtype() == h.dtype())) {
     return ops::fused_linear_cross_entropy(h.reshape({N, config_.n_embd}), head, Tensor(), targets.reshape({N}),
                                            ops::Reduction::mean, -100, ops::fused_head_chunk_rows(config_.vocab_size));
   }

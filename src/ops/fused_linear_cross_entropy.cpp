@@ -9,6 +9,8 @@
 //                          copy                     dlogits rounded to x's dtype (narrow GEMMs)
 //                          matmul (+ copy)          dx (r, C) = dlogits W, rounded once to x's dtype
 //                          gemm_f32, beta 1         dW (V, C) += dlogits^T x
+//                          (copy, gemm_f32, copy)   the same into a bf16/f16 weight's dW, a block of V rows at a
+//                                                   time: widened, accumulated in f32, rounded once per chunk
 //                          sum, binary add          db (V) += column sums of dlogits
 //
 // The gradients run in the forward, right after each chunk's loss, when the loss's gradient was declared
@@ -59,19 +61,23 @@ std::int64_t count_targets(const Tensor& targets, std::int64_t V, std::int64_t i
   return ::memtrain::detail::count_checked_targets(kOp, host, V, ignore_index, targets.shape());
 }
 
-// The gradients a walk makes: dx (N, C) like x, dW (V, C) and db (V) f32 (zero-filled: accumulated); each
-// undefined when not wanted.
+// The gradients a walk makes: dx (N, C) like x, dW (V, C) in the weight's dtype and db (V) f32 (zero-filled:
+// accumulated); each undefined when not wanted. A narrow weight (stored in bf16 without an f32 master) gets a
+// narrow dW: the full f32 one would be twice its size.
 struct Grads {
   Tensor dx, dw, db;
 };
 
-Grads allocate_grads(const Tensor& x, std::int64_t V, bool want_dx, bool want_dw, bool want_db) {
-  const std::int64_t N = x.size(0), C = x.size(1);
+Grads allocate_grads(const Tensor& x, const Tensor& weight, bool want_dx, bool want_dw, bool want_db) {
+  const std::int64_t N = x.size(0), C = x.size(1), V = weight.size(0);
   const Device dev = x.device();
   const CategoryGuard category(MemoryCategory::gradients);
   return {want_dx ? Tensor::empty({N, C}, x.dtype(), dev) : Tensor(),  // every row written
-          want_dw ? zeros({V, C}, DType::f32, dev) : Tensor(), want_db ? zeros({V}, DType::f32, dev) : Tensor()};
+          want_dw ? zeros({V, C}, weight.dtype(), dev) : Tensor(), want_db ? zeros({V}, DType::f32, dev) : Tensor()};
 }
+
+// Rows of a narrow dW accumulated per block: 4096 x C f32 of scratch (12 MiB at C = 768).
+constexpr std::int64_t kNarrowDwRows = 4096;
 
 // The f32 loss gradient of every row of a mean or sum from the loss's gradient g, formed on the host in f32 on
 // every device (the same float whether the forward or the backward forms it).
@@ -107,6 +113,8 @@ class ChunkWalk {
     if (narrow_gemm() && (grads.dx.defined() || grads.dw.defined()))
       dl_narrow_ = workspace_on(dev, chunk_ * V_, w_.dtype());
     if (grads.db.defined()) db_chunk_ = workspace_on(dev, V_, DType::f32).view({1, V_});
+    if (grads.dw.defined() && grads.dw.dtype() != DType::f32)
+      dw_block_ = workspace_on(dev, std::min(V_, kNarrowDwRows) * C_, DType::f32);
   }
 
   const Backend& backend() const { return be_; }
@@ -155,7 +163,7 @@ class ChunkWalk {
         be_.matmul(out, dl_gemm, w_);  // narrow: summed in f32, rounded once into dx's rows
         if (dx_wide_.defined()) be_.copy(dx_rows, out);
       }
-      if (g.dw.defined()) be_.gemm_f32(g.dw, dl_gemm, rows, true, false, 1.0, 1.0);  // dW (V, C) += dl^T rows
+      if (g.dw.defined()) add_dw(g.dw, dl_gemm, rows);
     }
     if (g.db.defined()) {
       // Scratch of this walk, whatever the backend allocates for the sum (the CPU: an f64 accumulator).
@@ -167,6 +175,23 @@ class ChunkWalk {
   }
 
  private:
+  // dW (V, C) += dl^T rows. A narrow dW a block of V rows at a time through the f32 block buffer: widened
+  // (exactly), the chunk's products summed into it in f32, rounded once back.
+  void add_dw(const Tensor& dw, const Tensor& dl, const Tensor& rows) const {
+    if (dw.dtype() == DType::f32) {
+      be_.gemm_f32(dw, dl, rows, true, false, 1.0, 1.0);
+      return;
+    }
+    for (std::int64_t v0 = 0; v0 < V_; v0 += kNarrowDwRows) {
+      const std::int64_t vb = std::min(kNarrowDwRows, V_ - v0);
+      const Tensor acc = dw_block_.narrow(0, 0, vb * C_).view({vb, C_});
+      const Tensor block = dw.narrow(0, v0, vb);
+      be_.copy(acc, block);
+      be_.gemm_f32(acc, dl.narrow(1, v0, vb), rows, true, false, 1.0, 1.0);
+      be_.copy(block, acc);
+    }
+  }
+
   bool narrow_gemm() const { return w_.dtype() != DType::f32; }
   bool widened() const { return x_.dtype() != DType::f32 && !narrow_gemm(); }
 
@@ -178,6 +203,7 @@ class ChunkWalk {
   Tensor dx_wide_;    // (chunk * C) f32: likewise, for dx's rows
   Tensor dl_narrow_;  // (chunk * V) in x's dtype: narrow GEMMs
   Tensor db_chunk_;   // (1, V) f32: with a bias gradient
+  Tensor dw_block_;   // (min(V, kNarrowDwRows) * C) f32: a narrow dW's accumulator
 };
 
 // losses and lse [N] (f32, on x's device) of every row, chunk by chunk. With dloss defined (a mean's or sum's
@@ -224,6 +250,7 @@ thread_local bool t_narrow_gemms = false;  // a HeadGemmsInComputeDtype guard is
 
 Tensor gemm_weight_for(const Tensor& x, const Tensor& weight) {
   const DType dt = x.dtype();
+  if (weight.dtype() != DType::f32) return weight;  // stored narrow: read as it is
   if (!t_narrow_gemms || dt == DType::f32 || !::memtrain::detail::backend_for(x.device()).gemm_narrow_native(dt)) return weight;
   const auto cast = detail::cast_mode_to_compute(x, weight);
   if (!cast || (*cast)[1].dtype() != dt) return weight;
@@ -275,7 +302,7 @@ std::vector<Tensor> fused_backward(const Tensor& g, Saved& s) {
     const Tensor dloss = s.reduction == Reduction::none
                              ? g.detach().to(DType::f32).contiguous()
                              : reduced_dloss(g_scale, s.reduction, s.count, dev);
-    grads = allocate_grads(x, w.size(0), s.want_dx, s.want_dw, s.want_db);
+    grads = allocate_grads(x, w, s.want_dx, s.want_dw, s.want_db);
     Tensor gemm_w = w;
     if (s.gemm_dtype != DType::f32) {
       const CategoryGuard scratch(MemoryCategory::workspace);
@@ -315,7 +342,11 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
   MT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16, kOp,
            "x must be an f32, bf16 or f16 tensor, got {} {} on {}", dtype_name(x.dtype()), shape_str(x.shape()),
            x.device().str());
-  check_f32("weight", weight, x);
+  // The weight: f32, or stored in x's narrow dtype (no f32 master), which the GEMMs then read as it is.
+  MT_CHECK(weight.dtype() == DType::f32 || (weight.dtype() == x.dtype() && x.dtype() != DType::f32), kOp,
+           "weight must be f32, or in x's narrow dtype ({}), got {} {} on {}", dtype_name(x.dtype()),
+           dtype_name(weight.dtype()), shape_str(weight.shape()), weight.device().str());
+  detail::check_same_device(kOp, "x", x, "weight", weight);
   if (bias.defined()) check_f32("bias", bias, x);
   detail::check_same_device(kOp, "x", x, "targets", targets);
   MT_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), kOp,
@@ -348,7 +379,7 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
   Tensor dloss;
   if (needs_grad && t_has_seed && reduction != Reduction::none) {
     s->seed = static_cast<float>(t_seed);
-    s->made = allocate_grads(x, V, s->want_dx, s->want_dw, s->want_db);
+    s->made = allocate_grads(x, weight, s->want_dx, s->want_dw, s->want_db);
     dloss = reduced_dloss(s->seed, reduction, count, dev);
   }
   const ChunkWalk walk(x, gemm_w, bias, t, chunk_rows, s->made ? *s->made : Grads{});

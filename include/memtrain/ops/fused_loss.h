@@ -12,7 +12,9 @@ namespace memtrain::ops {
 // x [N, C], weight [V, C], bias [V] or undefined, targets i32/i64 [N] -> scalar (mean/sum) or [N] (none).
 // Equals cross_entropy(linear(x, weight, bias), targets, reduction, ignore_index) up to rounding. Walks the
 // rows in chunks of chunk_rows: only one chunk of logits (chunk_rows x V floats, workspace) is alive at a
-// time. Weight and bias f32; x f32, bf16 or f16; the loss is f32 and dx comes back in x's dtype.
+// time. Weight f32, or stored in x's bf16/f16 dtype (no f32 master: its GEMMs then read it as it is, and its dW,
+// in its dtype, is summed in f32 a block of rows at a time and rounded once per chunk); bias f32; x f32, bf16 or
+// f16; the loss is f32 and dx comes back in x's dtype.
 //
 // The GEMMs run in f32 (narrow rows widened chunk by chunk), or, under a HeadGemmsInComputeDtype guard and
 // autocast (a CastMode that casts the weight to x's bf16/f16 dtype) where the backend multiplies that dtype
