@@ -6,10 +6,8 @@
 
 #include "memtrain/core/philox.h"
 
-#include <cstdint>
-#if !defined(__CUDACC__)
 #include <bit>
-#endif
+#include <cstdint>
 
 namespace memtrain::detail {
 
