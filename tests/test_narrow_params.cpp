@@ -13,6 +13,8 @@
 #include "memtrain/core/float_types.h"
 #include "memtrain/cuda/cuda.h"
 #include "memtrain/nn/gpt.h"
+#include "memtrain/ops/nn.h"
+#include "memtrain/optim/adamw8bit.h"
 #include "memtrain/optim/optim.h"
 #include "memtrain/train/train.h"
 
@@ -27,6 +29,9 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -47,10 +52,10 @@ Tensor f32_tensor(const std::vector<float>& v) {
 }
 
 std::vector<std::uint16_t> round_stochastic(const std::vector<float>& v, std::uint64_t seed, std::uint64_t stream,
-                                            Device device = Device::cpu()) {
+                                            Device device = Device::cpu(), std::uint64_t first = 0) {
   const Tensor value = f32_tensor(v).to(device);
   const Tensor param = Tensor::empty(value.shape(), DType::bf16, device);
-  detail::backend_for(device).round_into_bf16(param, value, Tensor(), seed, stream);
+  detail::backend_for(device).round_into_bf16(param, value, Tensor(), seed, stream, first);
   return bits_of(param);
 }
 
@@ -106,6 +111,10 @@ TEST(RoundIntoBf16, BitsDependOnSeedStreamAndElementOnlyNotOnThreads) {
   const std::vector<float> head(v.begin(), v.begin() + 1001);
   const std::vector<std::uint16_t> short_run = round_stochastic(head, 7, 11);
   EXPECT_TRUE(std::equal(short_run.begin(), short_run.end(), one.begin()));
+  // A slice that says where it starts in its parameter draws that part of the parameter's bits.
+  const std::vector<float> middle(v.begin() + 1000, v.begin() + 3001);
+  const std::vector<std::uint16_t> slice = round_stochastic(middle, 7, 11, Device::cpu(), 1000);
+  EXPECT_TRUE(std::equal(slice.begin(), slice.end(), one.begin() + 1000));
   EXPECT_NE(round_stochastic(v, 7, 12), one) << "another stream draws other bits";
   EXPECT_NE(round_stochastic(v, 8, 11), one) << "another seed draws other bits";
 }
@@ -114,7 +123,7 @@ TEST(RoundIntoBf16, KahanKeepsTheRemainder) {
   const std::vector<float> v = random_values(4099, 6);
   const Tensor param = Tensor::empty({4099}, DType::bf16);
   const Tensor comp = Tensor::empty({4099}, DType::bf16);
-  detail::backend_for(Device::cpu()).round_into_bf16(param, f32_tensor(v), comp, 0, 0);
+  detail::backend_for(Device::cpu()).round_into_bf16(param, f32_tensor(v), comp, 0, 0, 0);
   const std::vector<std::uint16_t> p = bits_of(param), c = bits_of(comp);
   for (std::size_t i = 0; i < v.size(); ++i) {
     ASSERT_EQ(p[i], BFloat16::from_float(v[i]).bits) << "param rounds to nearest, element " << i;
@@ -126,9 +135,10 @@ TEST(RoundIntoBf16, KahanKeepsTheRemainder) {
 TEST(RoundIntoBf16, RefusesWrongOperands) {
   const Tensor value = zeros({8}, DType::f32);
   const auto& cpu = detail::backend_for(Device::cpu());
-  EXPECT_THROW(cpu.round_into_bf16(zeros({8}, DType::f32), value, Tensor(), 0, 0), Error);
-  EXPECT_THROW(cpu.round_into_bf16(zeros({9}, DType::bf16), value, Tensor(), 0, 0), Error);
-  EXPECT_THROW(cpu.round_into_bf16(zeros({8}, DType::bf16), value, zeros({8}, DType::f32), 0, 0), Error);
+  EXPECT_THROW(cpu.round_into_bf16(zeros({8}, DType::f32), value, Tensor(), 0, 0, 0), Error);
+  EXPECT_THROW(cpu.round_into_bf16(zeros({9}, DType::bf16), value, Tensor(), 0, 0, 0), Error);
+  EXPECT_THROW(cpu.round_into_bf16(zeros({8}, DType::bf16), value, zeros({8}, DType::f32), 0, 0, 0), Error);
+  EXPECT_THROW(cpu.round_into_bf16(zeros({8}, DType::bf16), value, Tensor(), 0, 0, 4), Error) << "first % 8 != 0";
 }
 
 TEST(RoundIntoBf16, CudaDrawsTheCpusBits) {
@@ -137,9 +147,9 @@ TEST(RoundIntoBf16, CudaDrawsTheCpusBits) {
   EXPECT_EQ(round_stochastic(v, 3, 77, Device::cuda(0)), round_stochastic(v, 3, 77));
   const Tensor param = Tensor::empty({100003}, DType::bf16, Device::cuda(0));
   const Tensor comp = Tensor::empty({100003}, DType::bf16, Device::cuda(0));
-  detail::backend_for(Device::cuda(0)).round_into_bf16(param, f32_tensor(v).to(Device::cuda(0)), comp, 0, 0);
+  detail::backend_for(Device::cuda(0)).round_into_bf16(param, f32_tensor(v).to(Device::cuda(0)), comp, 0, 0, 0);
   const Tensor cpu_param = Tensor::empty({100003}, DType::bf16), cpu_comp = Tensor::empty({100003}, DType::bf16);
-  detail::backend_for(Device::cpu()).round_into_bf16(cpu_param, f32_tensor(v), cpu_comp, 0, 0);
+  detail::backend_for(Device::cpu()).round_into_bf16(cpu_param, f32_tensor(v), cpu_comp, 0, 0, 0);
   EXPECT_EQ(bits_of(param), bits_of(cpu_param));
   EXPECT_EQ(bits_of(comp), bits_of(cpu_comp));
 }
@@ -248,6 +258,52 @@ TEST(NarrowParams, AStateDictRoundTripContinuesBitForBit) {
   }
 }
 
+// An elementwise rule steps a bf16 parameter a slice at a time: slices of 1024 (AdamW8bit: on its 256-blocks)
+// give the bits of one whole slice, parameter and state, over 3 steps, stochastic and Kahan; and the f32 copies
+// stay within the slice (workspace peak 2 x 4 bytes x 1024 plus the rule's own per-slice scratch).
+TEST(NarrowParams, SlicesGiveTheBitsOfTheWholeTensorWithinTheSlicesWorkspace) {
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+  const std::vector<std::pair<const char*, Make>> rules = {
+      {"AdamW", [](auto g) { return std::make_unique<optim::AdamW>(std::move(g)); }},
+      {"AdamW8bit", [](auto g) { return std::make_unique<optim::AdamW8bit>(std::move(g)); }},
+      {"Lion", [](auto g) { return std::make_unique<optim::Lion>(std::move(g)); }},
+      {"SGD", [](auto g) { return std::make_unique<optim::SGD>(std::move(g)); }}};
+  constexpr std::int64_t kN = 40000;  // not a multiple of the slice or of 256
+  const std::vector<float> w = random_values(kN, 14);
+  for (const auto& [rule, make] : rules) {
+    for (const bool kahan : {false, true}) {
+      SCOPED_TRACE(std::string(rule) + (kahan ? " kahan" : " stochastic"));
+      std::vector<std::vector<std::uint16_t>> bits;
+      std::vector<optim::StateDict> states;
+      std::vector<std::size_t> workspace;
+      for (const std::int64_t slice : {std::int64_t{1} << 22, std::int64_t{1024}}) {
+        Tensor p = bf16_param(w);
+        auto opt = make({{.params = {p}, .lr = 1e-3, .weight_decay = 0.1}});
+        opt->set_narrow_params({.seed = 9, .kahan = kahan, .slice_elements = slice});
+        Allocator& cpu = Allocator::get(Device::cpu());
+        for (std::int64_t s = 0; s < 3; ++s) {
+          p.set_grad(f32_tensor(random_values(kN, 200 + s)).to(DType::bf16));
+          cpu.reset_peak();
+          const std::size_t before = cpu.stats().by_category[static_cast<int>(MemoryCategory::workspace)].live_bytes;
+          ASSERT_EQ(opt->step().updated, 1);
+          workspace.push_back(cpu.stats().by_category[static_cast<int>(MemoryCategory::workspace)].peak_bytes - before);
+        }
+        bits.push_back(bits_of(p));
+        states.push_back(opt->state_dict());
+      }
+      EXPECT_EQ(bits[0], bits[1]);
+      ASSERT_EQ(states[0].size(), states[1].size());
+      for (const auto& [key, t] : states[0]) {
+        const Tensor& u = states[1].at(key);
+        ASSERT_EQ(t.nbytes(), u.nbytes()) << key;
+        EXPECT_EQ(std::memcmp(t.contiguous().data_ptr(), u.contiguous().data_ptr(), t.nbytes()), 0) << key;
+      }
+      EXPECT_GE(workspace[0], 2u * 4u * kN) << "one slice: f32 copies of the whole parameter and its gradient";
+      EXPECT_LE(workspace[5], 2u * 4u * 1024u + 16384u) << "slices of 1024: their f32 copies, and little else";
+    }
+  }
+}
+
 TEST(NarrowParams, KahanStateLoadsOnlyIntoAKahanOptimizer) {
   Tensor p = bf16_param(random_values(64, 13));
   optim::AdamW kahan({{.params = {p}, .lr = 1e-3}});
@@ -262,6 +318,61 @@ TEST(NarrowParams, KahanStateLoadsOnlyIntoAKahanOptimizer) {
     FAIL() << "a Kahan compensation was loaded into a stochastic-rounding optimizer";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("0.kahan"), std::string::npos) << e.what();
+  }
+}
+
+// A bf16 table (no f32 master): the lookup gathers its rows as they are, and the backward adds each row's
+// occurrences, summed in f32 in position order, into the bf16 gradient with one rounding; neither makes an f32
+// copy of the table (workspace stays far below its 4-byte size). Reference: float64 sums of the same values.
+TEST(NarrowParams, Bf16EmbeddingGathersAndScatterAddsWithoutAnF32Table) {
+  constexpr std::int64_t kV = 500, kC = 24;
+  const std::vector<std::int64_t> idx = {3, 7, 3, 499, 0, 3, 7, 42, 3, 3};  // row 3 five times
+  const auto N = static_cast<std::int64_t>(idx.size());
+  Tensor table = f32_tensor(random_values(kV * kC, 15)).view({kV, kC}).to(DType::bf16);
+  table.set_requires_grad(true);
+  const Tensor index = tensor(idx, {N});
+  Allocator& cpu = Allocator::get(Device::cpu());
+  cpu.reset_peak();
+  const std::size_t ws = cpu.stats().by_category[static_cast<int>(MemoryCategory::workspace)].live_bytes;
+  const Tensor out = ops::embedding(table, index);
+  ASSERT_EQ(out.dtype(), DType::bf16);
+  const std::vector<float> rows = floats_of(out), t = floats_of(table);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < kC; ++c)
+      ASSERT_EQ(rows[n * kC + c], t[idx[n] * kC + c]) << "row " << n << " column " << c;
+  const std::vector<float> up = random_values(N * kC, 16);
+  out.backward(f32_tensor(up).view({N, kC}).to(DType::bf16));
+  EXPECT_LT(cpu.stats().by_category[static_cast<int>(MemoryCategory::workspace)].peak_bytes - ws, 4u * kV * kC / 4)
+      << "no f32 copy of the table";
+  ASSERT_EQ(table.grad().dtype(), DType::bf16);
+  const std::vector<float> g = floats_of(table.grad()), u = floats_of(f32_tensor(up).to(DType::bf16));
+  std::vector<double> want(kV * kC, 0.0);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < kC; ++c) want[idx[n] * kC + c] += u[n * kC + c];
+  for (std::int64_t i = 0; i < kV * kC; ++i)
+    ASSERT_NEAR(g[i], want[i], std::ldexp(std::abs(want[i]), -8) + 1e-30) << "element " << i << ": rounded once";
+}
+
+// The optimizers' finite gate reads a bf16 / f16 gradient's bits as they are: the right answer for Inf, NaN and
+// the largest finite values, and no f32 copy of the gradient (at gpt2-124M's wte, 147 MiB).
+TEST(NarrowParams, FiniteGateReadsNarrowGradientsWithoutACopy) {
+  const auto& cpu = detail::backend_for(Device::cpu());
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<float> v = random_values(100000, 17);
+    v[5] = dt == DType::bf16 ? 3.0e38f : 65504.0f;  // finite: the largest values
+    EXPECT_TRUE(cpu.all_finite(f32_tensor(v).to(dt)));
+    for (const float bad : {INFINITY, -INFINITY, NAN}) {
+      std::vector<float> w = v;
+      w[99999] = bad;
+      EXPECT_FALSE(cpu.all_finite(f32_tensor(w).to(dt))) << bad;
+    }
+    const Tensor g = f32_tensor(v).to(dt);
+    Allocator& a = Allocator::get(Device::cpu());
+    const std::size_t live = a.stats().live_bytes;
+    a.reset_peak();
+    EXPECT_TRUE(cpu.all_finite(g));
+    EXPECT_EQ(a.stats().peak_bytes, live);
   }
 }
 

@@ -38,7 +38,8 @@ MEMTRAIN_HD inline std::uint16_t bf16_bits_stochastic(float x, std::uint32_t ran
 }
 
 // The 16 random bits of element i of stream `stream` under `seed`: Philox4x32-10 block i / 8 (8 draws of 16
-// bits per block), counter high word = stream.
+// bits per block), counter high word = stream. The kernels draw one block per 8 elements as this does (tests
+// hold them to it).
 MEMTRAIN_HD inline std::uint32_t bf16_rounding_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
   const Philox4x32 block = philox4x32_10(i / 8, stream, seed);
   const std::uint32_t word = block.v[(i % 8) / 2];

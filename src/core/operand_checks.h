@@ -23,8 +23,10 @@ inline void check_cuda_data(const char* op, const char* what, const Tensor& t) {
 
 // round_into_bf16's operands (core/backend_entries.def): param contiguous bf16, value contiguous f32 and
 // compensation (when defined) contiguous bf16, both of param's numel.
-inline void check_round_into_bf16(const Tensor& param, const Tensor& value, const Tensor& compensation) {
+inline void check_round_into_bf16(const Tensor& param, const Tensor& value, const Tensor& compensation,
+                                  std::uint64_t first) {
   constexpr const char* op = "round_into_bf16";
+  MT_CHECK(first % 8 == 0, op, "a slice must start on a multiple of 8 elements (one Philox block), got {}", first);
   MT_CHECK(param.dtype() == DType::bf16 && param.is_contiguous(), op, "param must be contiguous bf16, got {} {}",
            dtype_name(param.dtype()), shape_str(param.shape()));
   MT_CHECK(value.dtype() == DType::f32 && value.is_contiguous() && value.numel() == param.numel() &&

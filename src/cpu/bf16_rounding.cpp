@@ -12,11 +12,11 @@ namespace memtrain::cpu {
 namespace {
 
 void round_stochastic(std::uint16_t* out, const float* value, std::int64_t n, std::uint64_t seed,
-                      std::uint64_t stream) {
+                      std::uint64_t stream, std::uint64_t first_block) {
   const std::int64_t blocks = (n + 7) / 8;
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (std::int64_t b = 0; b < blocks; ++b) {
-    const Philox4x32 bits = philox4x32_10(static_cast<std::uint64_t>(b), stream, seed);
+    const Philox4x32 bits = philox4x32_10(first_block + static_cast<std::uint64_t>(b), stream, seed);
     const std::int64_t end = std::min<std::int64_t>(n, 8 * b + 8);
     for (std::int64_t i = 8 * b; i < end; ++i) {
       const std::uint32_t word = bits.v[(i % 8) / 2];
@@ -38,14 +38,14 @@ void round_kahan(std::uint16_t* out, std::uint16_t* compensation, const float* v
 }  // namespace
 
 void CpuBackend::round_into_bf16(const Tensor& param, const Tensor& value, const Tensor& compensation,
-                                 std::uint64_t seed, std::uint64_t stream) const {
-  detail::check_round_into_bf16(param, value, compensation);
+                                 std::uint64_t seed, std::uint64_t stream, std::uint64_t first) const {
+  detail::check_round_into_bf16(param, value, compensation, first);
   if (!runs_kernels()) return;
   auto* out = static_cast<std::uint16_t*>(param.data_ptr());
   if (compensation.defined()) {
     round_kahan(out, static_cast<std::uint16_t*>(compensation.data_ptr()), value.data<float>(), param.numel());
   } else {
-    round_stochastic(out, value.data<float>(), param.numel(), seed, stream);
+    round_stochastic(out, value.data<float>(), param.numel(), seed, stream, first / 8);
   }
 }
 

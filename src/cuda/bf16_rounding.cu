@@ -13,11 +13,11 @@ namespace memtrain::cuda {
 namespace {
 
 __global__ void round_stochastic_kernel(std::uint16_t* out, const float* value, std::int64_t n, std::uint64_t seed,
-                                        std::uint64_t stream) {
+                                        std::uint64_t stream, std::uint64_t first_block) {
   const std::int64_t blocks = (n + 7) / 8;
   for (std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; b < blocks;
        b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const Philox4x32 bits = philox4x32_10(static_cast<std::uint64_t>(b), stream, seed);
+    const Philox4x32 bits = philox4x32_10(first_block + static_cast<std::uint64_t>(b), stream, seed);
     const std::int64_t end = n < 8 * b + 8 ? n : 8 * b + 8;
     for (std::int64_t i = 8 * b; i < end; ++i) {
       const std::uint32_t word = bits.v[(i % 8) / 2];
@@ -47,9 +47,9 @@ unsigned grid_for(std::int64_t items) {
 }  // namespace
 
 void CudaBackend::round_into_bf16(const Tensor& param, const Tensor& value, const Tensor& compensation,
-                                  std::uint64_t seed, std::uint64_t stream) const {
+                                  std::uint64_t seed, std::uint64_t stream, std::uint64_t first) const {
   constexpr const char* op = "cuda::round_into_bf16";
-  ::memtrain::detail::check_round_into_bf16(param, value, compensation);
+  ::memtrain::detail::check_round_into_bf16(param, value, compensation, first);
   const std::int64_t n = param.numel();
   if (n == 0) return;
   detail::DeviceGuard guard(param.device().index, op);
@@ -59,7 +59,7 @@ void CudaBackend::round_into_bf16(const Tensor& param, const Tensor& value, cons
         out, static_cast<std::uint16_t*>(compensation.data_ptr()), value.data<float>(), n);
   } else {
     round_stochastic_kernel<<<grid_for((n + 7) / 8), kThreads, 0, detail::launch_stream()>>>(
-        out, value.data<float>(), n, seed, stream);
+        out, value.data<float>(), n, seed, stream, first / 8);
   }
   MT_CUDA_CHECK(op, cudaGetLastError);
 }

@@ -201,9 +201,16 @@ const GaLoreProjector* GaLore::projector(const Tensor& param) const {
 void GaLore::init_state(const Tensor&, const ParamGroup&, ParamState&) {}
 
 void GaLore::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState&) {
-  Entry& entry = entries_[index_of(param)];
+  const std::size_t index = index_of(param);
+  Entry& entry = entries_[index];
   if (!entry.projector) {
-    rule_->step_external(param, grad, group, entry.base, /*grad_checked=*/true);
+    // A bf16 parameter reaches here only when steps_in_slices: the base rule steps it a slice at a time.
+    if (param.dtype() == DType::bf16) {
+      const NarrowStep narrow = narrow_step(index, param);
+      rule_->step_external(param, grad, group, entry.base, /*grad_checked=*/true, &narrow);
+    } else {
+      rule_->step_external(param, grad, group, entry.base, /*grad_checked=*/true);
+    }
     return;
   }
   // R and the workspace below are temporaries: update() runs under MemoryCategory::workspace, and the
@@ -235,6 +242,10 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
     entry.projector->project_back_add(delta, param, 1.0f);  // param += project_back(delta), then decays
     if (decay != 1.0f) ops::mul_(param, decay);
   }
+}
+
+bool GaLore::steps_in_slices(std::size_t index) const {
+  return !entries_.at(index).projector && rule_->elementwise_block() > 0;
 }
 
 std::int64_t GaLore::steps_taken(std::size_t index) const {

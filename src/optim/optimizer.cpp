@@ -7,6 +7,8 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/ops/elementwise.h"
 
+#include <algorithm>
+#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -95,8 +97,72 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   autograd::NoGradGuard no_grad;
   // The gate runs before any state exists, so a skipped parameter is left exactly as it was.
   if (!is_finite(grad)) return Outcome::nonfinite;
-  step_in_f32(slot.index, param, [&] { apply_rule(param, grad, groups_[slot.group], states_[slot.index]); });
+  const ParamGroup& group = groups_[slot.group];
+  ParamState& state = states_[slot.index];
+  if (param.dtype() == DType::bf16 && steps_in_slices(slot.index)) {
+    // The rule takes the bf16 parameter itself, a slice at a time (a wrapper, GaLore, hands it on to its rule).
+    const NarrowStep narrow = narrow_step(slot.index, param);
+    apply_rule(param, grad, group, state, elementwise_block() > 0 ? &narrow : nullptr);
+  } else {
+    step_in_f32(slot.index, param, [&] { apply_rule(param, grad, group, state); });
+  }
   return Outcome::updated;
+}
+
+Optimizer::NarrowStep Optimizer::narrow_step(std::size_t index, const Tensor& param) {
+  MT_CHECK(index < compensations_.size(), name(), "parameter index {} is past the {} parameters", index,
+           compensations_.size());
+  Tensor& compensation = compensations_[index];
+  if (narrow_.kahan && !compensation.defined()) {
+    CategoryGuard category(MemoryCategory::optimizer_state);
+    compensation = zeros(param.shape(), DType::bf16, param.device());
+  }
+  return {index, narrow_, compensation};
+}
+
+namespace {
+
+// The part of state tensor `t` that elements [a, a + len) of an n-element parameter own, for a rule whose state
+// is per element or per block of `block` elements (Optimizer::elementwise_block).
+Tensor state_slice(const Tensor& t, const std::string& name, std::int64_t n, std::int64_t a, std::int64_t len,
+                   std::int64_t block, std::string_view who) {
+  const std::int64_t blocks = (n + block - 1) / block;
+  MT_CHECK(t.is_contiguous() && (t.numel() == n || t.numel() == blocks), who,
+           "state '{}' ({} elements) is neither per element nor per block of {} of a {}-element parameter", name,
+           t.numel(), block, n);
+  if (t.numel() == n) return t.view({n}).narrow(0, a, len);
+  return t.view({blocks}).narrow(0, a / block, (len + block - 1) / block);
+}
+
+}  // namespace
+
+void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                                 const NarrowStep& narrow) {
+  const std::int64_t block = elementwise_block();
+  MT_CHECK(block > 0 && param.is_contiguous(), name(), "param {} (bf16, shape {}) cannot be stepped in slices",
+           narrow.index, shape_str(param.shape()));
+  const std::int64_t n = param.numel();
+  // Slices start on whole blocks of the state and on whole Philox blocks (8 elements) of the rounding.
+  const std::int64_t align = std::lcm(block, std::int64_t{8});
+  const std::int64_t slice = std::max(align, narrow.rule.slice_elements / align * align);
+  const Tensor stored = param.detach().view({n});
+  const Tensor g = grad.contiguous().view({n});
+  const Tensor comp = narrow.compensation.defined() ? narrow.compensation.view({n}) : Tensor();
+  const std::uint64_t stream = rounding_stream(narrow.index, state.step);
+  const auto& backend = ::memtrain::detail::backend_for(param.device());
+  for (std::int64_t a = 0; a < n; a += slice) {
+    const std::int64_t len = std::min(slice, n - a);
+    ParamState part;
+    part.step = state.step;
+    for (const auto& [state_name, t] : state.tensors)
+      part.tensors[state_name] = state_slice(t, state_name, n, a, len, block, name());
+    const Tensor kept = stored.narrow(0, a, len);
+    const Tensor kept_comp = comp.defined() ? comp.narrow(0, a, len) : Tensor();
+    Tensor wide = kept.to(DType::f32);
+    if (kept_comp.defined()) ops::add_(wide, kept_comp.to(DType::f32));
+    update(wide, g.narrow(0, a, len), group, part);
+    backend.round_into_bf16(kept, wide, kept_comp, narrow.rule.seed, stream, static_cast<std::uint64_t>(a));
+  }
 }
 
 void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::function<void()>& rule) {
@@ -106,14 +172,8 @@ void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::functio
   }
   MT_CHECK(param.is_contiguous(), name(), "param {} is bf16 and non-contiguous (shape {}): a bf16 parameter is "
            "stepped through an f32 copy and must be contiguous", index, shape_str(param.shape()));
-  MT_CHECK(index < compensations_.size(), name(), "parameter index {} is past the {} parameters", index,
-           compensations_.size());
   const Tensor grad = param.grad();
-  Tensor& compensation = compensations_[index];
-  if (narrow_.kahan && !compensation.defined()) {
-    CategoryGuard category(MemoryCategory::optimizer_state);
-    compensation = zeros(param.shape(), DType::bf16, param.device());
-  }
+  const Tensor compensation = narrow_step(index, param).compensation;
   const Tensor stored = param.detach();  // the bf16 storage the result is rounded into
   Tensor wide;
   {
@@ -133,7 +193,7 @@ void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::functio
   }
   const Tensor updated = param.detach();
   ::memtrain::detail::backend_for(param.device())
-      .round_into_bf16(stored, updated, compensation, narrow_.seed, rounding_stream(index, steps_taken(index)));
+      .round_into_bf16(stored, updated, compensation, narrow_.seed, rounding_stream(index, steps_taken(index)), 0);
   param.set_data_and_dtype_(stored);
   param.set_grad(grad);
 }
@@ -157,21 +217,28 @@ void Optimizer::for_each_slot(
   for (const Slot* slot : order) visit(param_at(*slot), groups_[slot->group], states_[slot->index]);
 }
 
-void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state) {
+void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                           const NarrowStep* narrow) {
   ensure_state(target, group, state);
   ++state.step;
   CategoryGuard category(MemoryCategory::workspace);
-  update(target, grad, group, state);
+  if (narrow != nullptr && target.dtype() == DType::bf16) {
+    update_in_slices(target, grad, group, state, *narrow);
+  } else {
+    update(target, grad, group, state);
+  }
 }
 
 bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
-                              bool grad_checked) {
+                              bool grad_checked, const NarrowStep* narrow) {
   MT_CHECK(target.defined() && grad.defined(), name(), "step_external needs a defined target and gradient");
   MT_CHECK(grad.shape() == target.shape(), name(), "step_external: target has shape {} but its grad has shape {}",
            shape_str(target.shape()), shape_str(grad.shape()));
   autograd::NoGradGuard no_grad;
   if (!grad_checked && !is_finite(grad)) return false;
-  apply_rule(target, grad, group, state.state_);
+  MT_CHECK(narrow == nullptr || elementwise_block() > 0, name(), "step_external: a bf16 target in slices needs an "
+           "elementwise rule, and {} is not one", name());
+  apply_rule(target, grad, group, state.state_, narrow);
   return true;
 }
 

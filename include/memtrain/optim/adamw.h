@@ -27,6 +27,7 @@ class AdamW : public Optimizer {
  public:
   explicit AdamW(std::vector<ParamGroup> groups, AdamEpsMode eps_mode = AdamEpsMode::torch);
   std::string_view name() const override { return "AdamW"; }
+  std::int64_t elementwise_block() const override { return 1; }  // per-element state
   AdamEpsMode eps_mode() const { return eps_mode_; }
 
  protected:

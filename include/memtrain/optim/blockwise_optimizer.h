@@ -20,6 +20,9 @@ class BlockwiseOptimizer : public Optimizer {
  public:
   std::int64_t block_size() const { return block_size_; }
   std::int64_t min_8bit_size() const { return min_8bit_size_; }
+  // Each block of block_size elements is quantised on its own (absmax per block), so slices on block
+  // boundaries step independently.
+  std::int64_t elementwise_block() const override { return block_size_; }
 
  protected:
   // A moment of the state and the map its 8-bit codes use.

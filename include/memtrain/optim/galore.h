@@ -146,6 +146,8 @@ class GaLore final : public Optimizer {
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
   std::int64_t steps_taken(std::size_t index) const override;  // e.steps, or the base rule's count (plain)
+  // A plain (unprojected) parameter steps in slices when the base rule is elementwise.
+  bool steps_in_slices(std::size_t index) const override;
 
  private:
   struct Entry {

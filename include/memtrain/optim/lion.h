@@ -12,6 +12,7 @@ class Lion : public Optimizer {
  public:
   explicit Lion(std::vector<ParamGroup> groups);
   std::string_view name() const override { return "Lion"; }
+  std::int64_t elementwise_block() const override { return 1; }  // per-element state
 
  protected:
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;

@@ -61,9 +61,14 @@ using StateDict = std::map<std::string, Tensor>;
 //   Kahan (kahan true): to nearest, the remainder kept in a bf16 compensation tensor per parameter
 //     (2 bytes per element, optimizer state: "<index>.kahan" in the state dict, counted in state_bytes()),
 //     added back before the next step.
+// An elementwise rule (AdamW, SGD, Lion, the 8-bit ones: elementwise_block() > 0) steps a bf16 parameter a slice
+// of slice_elements at a time (rounded down to its state's block), so its f32 copies of the value and of the
+// gradient take 2 x 4 bytes x slice_elements at most (32 MiB by default) whatever the parameter's size, with the
+// same bits as one slice would give; other rules (Adafactor, GaLore's projected weights) step whole tensors.
 struct NarrowParams {
   std::uint64_t seed = 0;
   bool kahan = false;
+  std::int64_t slice_elements = std::int64_t{1} << 22;
 };
 
 // What a step saw: parameters whose gradient held NaN or Inf were skipped, their state left untouched.
@@ -142,6 +147,27 @@ class Optimizer {
   // for the rule and rounded back into its storage after it (NarrowParams), its gradient kept. For a wrapper
   // that steps a parameter outside step() / step_param() (GaLore's layer-wise path).
   void step_in_f32(std::size_t index, Tensor& param, const std::function<void()>& rule);
+  // Whether parameter `index`, stored in bf16, is stepped in slices; GaLore answers per parameter.
+  virtual bool steps_in_slices(std::size_t /*index*/) const { return elementwise_block() > 0; }
+
+ public:
+  // The block an elementwise rule keeps its state per: update() may then run on a slice [a, b) of a flattened
+  // parameter (a a multiple of the block) with the gradient's slice and each state tensor's: its [a, b) when it
+  // has the parameter's numel, its blocks [a / block, ceil(b / block)) when it has one element per block. 0 (the
+  // default): the rule couples elements (Adafactor's factored statistics, GaLore) and steps whole tensors.
+  virtual std::int64_t elementwise_block() const { return 0; }
+
+  // What stepping a bf16 parameter in slices needs from the optimizer that owns it: the parameter's index (the
+  // rounding's stream), the rounding, and its Kahan compensation (undefined without Kahan).
+  struct NarrowStep {
+    std::size_t index = 0;
+    NarrowParams rule;
+    Tensor compensation;
+  };
+
+ protected:
+  // The NarrowStep of bf16 parameter `index`; allocates its compensation (optimizer_state) at its first step.
+  NarrowStep narrow_step(std::size_t index, const Tensor& param);
   // How many steps parameter `index` has taken, as its saved state records it (the rounding of a bf16
   // parameter is keyed by it, so a resumed run rounds as the uninterrupted one). Virtual: a wrapper that keeps
   // its own count (GaLore) answers from it.
@@ -167,8 +193,10 @@ class Optimizer {
   // `grad` (target's shape) and `group`'s hyper-parameters (its params are ignored): init_state at the first
   // step, the step count, NoGrad and the memory categories exactly as step_param. False, with nothing
   // changed, when grad holds NaN or Inf; `grad_checked` skips that scan for a caller that already made it.
+  // `narrow`: target is a bf16 parameter of the caller's, stepped in slices (NarrowStep, below).
+  struct NarrowStep;
   bool step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
-                     bool grad_checked = false);
+                     bool grad_checked = false, const NarrowStep* narrow = nullptr);
   // Whether collected state tensors are CPU copies (state_dict) or the tensors themselves (state_view).
   enum class StateCopy { to_cpu, none };
   // state_dict's and state_view's entries (the Kahan compensations are added after them); an optimizer with
@@ -200,7 +228,11 @@ class Optimizer {
   Outcome step_slot(const Slot& slot);
   StateDict with_compensations(StateDict state, StateCopy copy) const;
   // init_state at the first step, then the update; the gradient is known to be finite.
-  void apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state);
+  // With `narrow`, target is bf16 and the update runs slice by slice (update_in_slices).
+  void apply_rule(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                  const NarrowStep* narrow = nullptr);
+  void update_in_slices(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                        const NarrowStep& narrow);
   void save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
   ParamState load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
                         const ParamGroup& group, std::set<std::string>& used, std::string_view where);

@@ -13,6 +13,7 @@ class SGD : public Optimizer {
   // Momentum is each group's beta1 (0 = plain SGD); weight_decay is L2 on the gradient.
   explicit SGD(std::vector<ParamGroup> groups, bool nesterov = false);
   std::string_view name() const override { return "SGD"; }
+  std::int64_t elementwise_block() const override { return 1; }  // per-element state
 
  protected:
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
