@@ -82,7 +82,25 @@ void CpuBackend::lion_step(const Tensor& param, const Tensor& grad, const Tensor
                    static_cast<float>(1.0 - beta1), static_cast<float>(beta2), static_cast<float>(1.0 - beta2));
 }
 
+namespace {
+
+// bf16 / f16 bits: Inf or NaN exactly when the exponent field is all ones.
+bool all_finite_16(const std::uint16_t* x, std::int64_t n, std::uint16_t exponent) {
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) bad |= (x[i] & exponent) == exponent;
+  return bad == 0;
+}
+
+}  // namespace
+
 bool CpuBackend::all_finite(const Tensor& g) const {
+  // A contiguous bf16 / f16 gradient (a bf16 parameter's) is read as it is: no f32 copy of it.
+  if (g.is_contiguous() && (g.dtype() == DType::bf16 || g.dtype() == DType::f16)) {
+    if (!runs_kernels()) return true;
+    return all_finite_16(static_cast<const std::uint16_t*>(g.data_ptr()), g.numel(),
+                         g.dtype() == DType::bf16 ? std::uint16_t{0x7f80} : std::uint16_t{0x7c00});
+  }
   const Tensor f = g.to(DType::f32).contiguous();
   return runs_kernels() ? all_finite_kernel(f.data<float>(), f.numel()) : true;
 }

@@ -45,9 +45,18 @@ double canonical_norm(const Tensor& grad) {
   if (!grad.defined()) return 0.0;
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::workspace);
-  const Tensor g = grad.to(DType::f32).contiguous();
-  std::vector<double> blocks(static_cast<std::size_t>((g.numel() + 255) / 256), 0.0);
-  block_squares(g, blocks.data());
+  const std::int64_t n = grad.numel();
+  std::vector<double> blocks(static_cast<std::size_t>((n + 255) / 256), 0.0);
+  if (grad.dtype() == DType::f32 && grad.is_contiguous()) {
+    block_squares(grad, blocks.data());
+  } else {
+    // Another dtype (a bf16 parameter's gradient) is widened a slice of 2^20 elements (4 MiB) at a time, on
+    // 256-element blocks, so no f32 copy of the whole gradient is made; the blocks are the same.
+    constexpr std::int64_t kSlice = std::int64_t{1} << 20;
+    const Tensor flat = grad.contiguous().view({n});
+    for (std::int64_t a = 0; a < n; a += kSlice)
+      block_squares(flat.narrow(0, a, std::min(kSlice, n - a)).to(DType::f32), blocks.data() + a / 256);
+  }
   double total = 0.0;
   for (const double b : blocks) total += b;
   return std::sqrt(total);
