@@ -63,6 +63,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 }
 
 void Optimizer::set_narrow_params(NarrowParams rule) {
+  MT_CHECK(rule.slice_elements > 0, "Optimizer::set_narrow_params", "slice_elements must be positive, got {}",
+           rule.slice_elements);
   if (rule.kahan != narrow_.kahan) {
     for (const auto& [impl, slot] : slots_) {
       MT_CHECK(param_at(slot).dtype() != DType::bf16 || states_[slot.index].step == 0, "Optimizer::set_narrow_params",

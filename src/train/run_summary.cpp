@@ -35,6 +35,7 @@ nlohmann::json RunSummary::to_json() const {
       {"optimizer_state_bytes", optimizer_state_bytes},
       {"peak_rss_bytes", peak_rss_bytes},
       {"reserved_bytes", reserved_bytes},
+      {"reserved_peak_bytes", reserved_peak_bytes},
       {"device", device},
       {"host_peak_bytes", host_peak_bytes},
   };
@@ -106,6 +107,7 @@ RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_rss_bytes = peak_rss_bytes();
   s.reserved_bytes = memory.reserved_bytes;
+  s.reserved_peak_bytes = memory.reserved_peak_bytes;
   s.host_peak_bytes = memory.peak_bytes;  // fit() replaces it with the CPU allocator's on a device run
   return s;
 }

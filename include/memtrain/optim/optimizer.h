@@ -193,8 +193,7 @@ class Optimizer {
   // `grad` (target's shape) and `group`'s hyper-parameters (its params are ignored): init_state at the first
   // step, the step count, NoGrad and the memory categories exactly as step_param. False, with nothing
   // changed, when grad holds NaN or Inf; `grad_checked` skips that scan for a caller that already made it.
-  // `narrow`: target is a bf16 parameter of the caller's, stepped in slices (NarrowStep, below).
-  struct NarrowStep;
+  // `narrow`: target is a bf16 parameter of the caller's, stepped in slices (NarrowStep, above).
   bool step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
                      bool grad_checked = false, const NarrowStep* narrow = nullptr);
   // Whether collected state tensors are CPU copies (state_dict) or the tensors themselves (state_view).

@@ -133,6 +133,7 @@ struct RunSummary {
   std::size_t optimizer_state_bytes = 0;
   std::size_t peak_rss_bytes = 0;
   std::size_t reserved_bytes = 0;  // the device allocator's reserved bytes at the end (blocks in use + cache)
+  std::size_t reserved_peak_bytes = 0;  // their peak over the run
   std::string device = "cpu";       // where the model trained; the peaks above are that device's allocator's
   std::size_t host_peak_bytes = 0;  // the CPU allocator's peak (the same as peak_bytes_total on a CPU run)
   // A program's own results (e.g. test_accuracy), written as top-level keys beside the fields above.
