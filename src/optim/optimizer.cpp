@@ -102,9 +102,12 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   const ParamGroup& group = groups_[slot.group];
   ParamState& state = states_[slot.index];
   if (param.dtype() == DType::bf16 && steps_in_slices(slot.index)) {
-    // The rule takes the bf16 parameter itself, a slice at a time (a wrapper, GaLore, hands it on to its rule).
-    const NarrowStep narrow = narrow_step(slot.index, param);
-    apply_rule(param, grad, group, state, elementwise_block() > 0 ? &narrow : nullptr);
+    if (elementwise_block() > 0) {  // this rule takes the bf16 parameter itself, a slice at a time
+      const NarrowStep narrow = narrow_step(slot.index, param);
+      apply_rule(param, grad, group, state, &narrow);
+    } else {  // a wrapper (GaLore) hands it on to its elementwise rule
+      apply_rule(param, grad, group, state);
+    }
   } else {
     step_in_f32(slot.index, param, [&] { apply_rule(param, grad, group, state); });
   }
@@ -123,6 +126,13 @@ Optimizer::NarrowStep Optimizer::narrow_step(std::size_t index, const Tensor& pa
 }
 
 namespace {
+
+// f32 copy of a bf16 parameter's value (or slice), plus its Kahan compensation when defined.
+Tensor widened(const Tensor& stored, const Tensor& compensation) {
+  Tensor wide = stored.to(DType::f32);
+  if (compensation.defined()) ops::add_(wide, compensation.to(DType::f32));
+  return wide;
+}
 
 // The part of state tensor `t` that elements [a, a + len) of an n-element parameter own, for a rule whose state
 // is per element or per block of `block` elements (Optimizer::elementwise_block).
@@ -160,8 +170,7 @@ void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamG
       part.tensors[state_name] = state_slice(t, state_name, n, a, len, block, name());
     const Tensor kept = stored.narrow(0, a, len);
     const Tensor kept_comp = comp.defined() ? comp.narrow(0, a, len) : Tensor();
-    Tensor wide = kept.to(DType::f32);
-    if (kept_comp.defined()) ops::add_(wide, kept_comp.to(DType::f32));
+    Tensor wide = widened(kept, kept_comp);
     update(wide, g.narrow(0, a, len), group, part);
     backend.round_into_bf16(kept, wide, kept_comp, narrow.rule.seed, stream, static_cast<std::uint64_t>(a));
   }
@@ -180,8 +189,7 @@ void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::functio
   Tensor wide;
   {
     CategoryGuard category(MemoryCategory::workspace);
-    wide = stored.to(DType::f32);
-    if (compensation.defined()) ops::add_(wide, compensation.to(DType::f32));
+    wide = widened(stored, compensation);
   }
   // The rule steps the parameter itself, pointed at the f32 copy: wrappers (GaLore) and hooks keyed on the
   // tensor find it, and the f32 kernels read it. Its gradient goes with the dtype change and comes back below.
