@@ -107,7 +107,7 @@ TEST(Autocast, AParameterIsCastOncePerGuardUnderComputeWeights) {
   const std::size_t before = alloc.stats()[MemoryCategory::compute_weights].live_bytes;
   Tensor y1, y2;
   {
-    Autocast bf16(DType::bf16);
+    Autocast bf16(amp::AutocastMode{DType::bf16, nullptr, amp::WeightCasts::keep_for_backward});
     y1 = ops::linear(x, w);
     y2 = ops::linear(x, w);
     // One bf16 copy of w (2 bytes per element), shared by both uses.
@@ -148,27 +148,34 @@ struct GptRun {
   Tensor loss;
   std::vector<Tensor> grads;
   std::size_t activations_kept = 0;
+  std::size_t weight_copies_after_forward = 0;  // compute_weights bytes alive between the forward and backward
+  std::size_t weight_copies_peak = 0;           // the most compute_weights bytes alive in forward and backward
 };
 
 // One forward + backward of a fixed GPT at `dtype` (f32: no autocast; with fp8: the fp8 policy), with a
-// checkpoint policy.
-GptRun gpt_step(DType dtype, const ckpt::Policy& policy, double dropout = 0.0, amp::Fp8State* fp8 = nullptr) {
+// checkpoint policy and a weight-cast policy.
+GptRun gpt_step(DType dtype, const ckpt::Policy& policy, double dropout = 0.0, amp::Fp8State* fp8 = nullptr,
+                amp::WeightCasts casts = amp::WeightCasts::recast) {
   manual_seed(11);
   nn::GPT model(small_gpt(dropout));
   model.set_checkpointing(policy);
   const Tensor idx = random_tokens({4, 16}, 97, 1), targets = random_tokens({4, 16}, 97, 2);
   auto& alloc = Allocator::get(Device::cpu());
   const std::size_t base = alloc.stats()[MemoryCategory::activations].live_bytes;
+  const std::size_t copies_base = alloc.stats()[MemoryCategory::compute_weights].live_bytes;
+  alloc.reset_peak();
   GptRun r;
   {
     CategoryGuard category(MemoryCategory::activations);
     std::optional<Autocast> guard;
-    if (fp8 != nullptr) guard.emplace(*fp8);
-    else if (dtype != DType::f32) guard.emplace(dtype);
+    if (fp8 != nullptr) guard.emplace(amp::AutocastMode{DType::bf16, fp8, casts});
+    else if (dtype != DType::f32) guard.emplace(amp::AutocastMode{dtype, nullptr, casts});
     r.loss = model.loss(idx, targets);
   }
   r.activations_kept = alloc.stats()[MemoryCategory::activations].live_bytes - base;
+  r.weight_copies_after_forward = alloc.stats()[MemoryCategory::compute_weights].live_bytes - copies_base;
   r.loss.backward();
+  r.weight_copies_peak = alloc.stats()[MemoryCategory::compute_weights].peak_bytes - copies_base;
   for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().clone());
   return r;
 }
@@ -194,6 +201,57 @@ TEST(Autocast, GptUnderBf16AndF16TracksF32AndStoresHalfTheActivations) {
     EXPECT_GT(ratio, 0.45);
     EXPECT_LT(ratio, 0.56) << "activations kept for backward: " << low.activations_kept << " vs " << f32.activations_kept;
   }
+}
+
+// Cast lifetime: under WeightCasts::recast no bf16 copy of an f32 weight outlives the op that uses it; backward
+// casts each weight again where it needs it (the copies are saved as recipes: a linear with a bias saves the copy
+// itself, a linear without one a transposed view of it). The most alive at once is one linear's weight and bias, where
+// keep_for_backward holds every weight's copy from the forward to backward. The recast copy has the forward's
+// bits, so the gradients are identical.
+TEST(Autocast, RecastWeightCopiesLiveOnlyWhileTheirOpRunsWithTheSameGradients) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const GptRun keep = gpt_step(dt, ckpt::Policy::none(), 0.0, nullptr, amp::WeightCasts::keep_for_backward);
+    const GptRun recast = gpt_step(dt, ckpt::Policy::none(), 0.0, nullptr, amp::WeightCasts::recast);
+    EXPECT_EQ(recast.loss.item(), keep.loss.item());
+    ASSERT_EQ(recast.grads.size(), keep.grads.size());
+    for (std::size_t i = 0; i < keep.grads.size(); ++i)
+      EXPECT_EQ(std::memcmp(recast.grads[i].data_ptr(), keep.grads[i].data_ptr(), keep.grads[i].nbytes()), 0) << i;
+
+    // small_gpt: C = 32, 3 blocks, V = 97, T = 16, 2 bytes per copied element.
+    const std::size_t C = 32, fc = (4 * C * C + 4 * C) * 2;  // the largest linear: mlp.fc's weight and bias
+    const std::size_t block_matrices = (3 * C * C + C * C + 4 * C * C + 4 * C * C) * 2;  // qkv, proj, fc, proj
+    EXPECT_EQ(recast.weight_copies_after_forward, 0u);
+    EXPECT_LE(recast.weight_copies_peak, fc);
+    // Backward saved every linear's weight copy (the biases' copies went with the guard's cache; the head
+    // widens its input instead of casting the table).
+    EXPECT_EQ(keep.weight_copies_after_forward, 3 * block_matrices);
+    std::printf("%s: weight copies peak %zu B under recast, %zu B under keep (%zu B alive after the forward)\n",
+                dtype_name(dt).data(), recast.weight_copies_peak, keep.weight_copies_peak,
+                keep.weight_copies_after_forward);
+  }
+}
+
+// A linear without a bias saves a transposed view of the weight's copy: the recast makes the view again.
+TEST(Autocast, RecastRemakesASavedViewOfTheCopy) {
+  manual_seed(6);
+  Tensor w1 = randn({24, 16}).set_requires_grad(), w2 = randn({8, 24}).set_requires_grad();
+  const Tensor x = randn({5, 16});
+  std::vector<Tensor> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    const auto casts = k == 0 ? amp::WeightCasts::keep_for_backward : amp::WeightCasts::recast;
+    w1.set_grad(Tensor());
+    w2.set_grad(Tensor());
+    Tensor y;
+    {
+      Autocast guard(amp::AutocastMode{DType::bf16, nullptr, casts});
+      y = ops::linear(ops::gelu(ops::linear(x, w1)), w2);
+    }
+    ops::sum(ops::mul(y, y).to(DType::f32)).backward();
+    grads[k] = {w1.grad().clone(), w2.grad().clone()};
+  }
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(std::memcmp(grads[0][i].data_ptr(), grads[1][i].data_ptr(), grads[0][i].nbytes()), 0) << i;
 }
 
 // LLaMA's rotary tables are f32 while q and k arrive in the compute dtype: the rows in use are cast to it.

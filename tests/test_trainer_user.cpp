@@ -362,7 +362,7 @@ TEST(TrainerUserOptimizer, FrozenParametersMayBeLeftOut) {
 // ---- autocast: a compute-dtype tensor with an f32 one ----------------------------------------------------
 
 // h [B, T, C] bf16 + pos [T, C] f32 parameter under bf16 autocast: bf16 result, pos's gradient in f32 through the
-// cast (its bf16 copy made once, under compute_weights), equal to the float64 gradient within bf16 rounding.
+// cast (its bf16 copy made once, under compute_weights, and kept by the guard under keep_for_backward), equal to the float64 gradient within bf16 rounding.
 TEST(TrainerUserAutocast, Bf16PlusF32ParameterPromotesToBf16) {
   constexpr std::int64_t B = 4, T = 3, C = 5;
   mt::manual_seed(11);
@@ -374,7 +374,7 @@ TEST(TrainerUserAutocast, Bf16PlusF32ParameterPromotesToBf16) {
 
   Tensor loss;
   {
-    mt::amp::Autocast bf16(DType::bf16);
+    mt::amp::Autocast bf16(mt::amp::AutocastMode{DType::bf16, nullptr, mt::amp::WeightCasts::keep_for_backward});
     const std::size_t weights_before = mt::memory_stats()[mt::MemoryCategory::compute_weights].live_bytes;
     const Tensor y = h + pos;  // the residual stream plus a learned position table
     EXPECT_EQ(y.dtype(), DType::bf16);

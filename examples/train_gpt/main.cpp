@@ -29,7 +29,7 @@ namespace {
 struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
-  std::optional<std::string> model, optimizer, precision, param_dtype, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
+  std::optional<std::string> model, optimizer, precision, param_dtype, weight_casts, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
       grad_compression, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
       checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
@@ -87,6 +87,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
                                         f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
   if (f.precision) c.precision = amp::parse_precision(*f.precision);
   if (f.param_dtype) c.param_dtype = amp::parse_param_dtype(*f.param_dtype);
+  if (f.weight_casts) c.weight_casts = amp::parse_weight_casts(*f.weight_casts);
   if (f.fp8_scaling) c.fp8_scaling = amp::fp8_scaling_from_name(*f.fp8_scaling);
   if (f.checkpoint) c.activation_checkpointing = ckpt::Policy::parse(*f.checkpoint);
   if (f.galore_rank) c.galore_rank = *f.galore_rank;
@@ -400,6 +401,10 @@ int main(int argc, char** argv) {
   app.add_option("--param-dtype", f.param_dtype,
                  "parameter storage: f32 (default, the master weights), bf16 (no master: stochastic rounding; needs "
                  "--precision bf16 or fp8) or bf16-kahan (rounded to nearest with a bf16 compensation)");
+  app.add_option("--weight-casts", f.weight_casts,
+                 "with f32 weights under --precision bf16/fp16/fp8: recast (default: backward casts each weight again, "
+                 "so about one layer's low-precision copies are alive at a time) or keep (the forward's copies stay "
+                 "alive until backward: every weight's copy at once, one cast fewer per weight and step)");
   app.add_option("--fp8-scaling", f.fp8_scaling, "with --precision fp8: blockwise (default) or delayed");
   app.add_option("--checkpoint", f.checkpoint,
                  "activation checkpointing: none (default), full, every:K, selective[:op1,op2], budget:SIZE (e.g. 64MiB)");

@@ -3,10 +3,12 @@
 #include "memtrain/amp/autocast.h"
 
 #include "memtrain/amp/fp8_state.h"
+#include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
 #include "memtrain/ops/dispatch_modes.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -19,15 +21,28 @@ namespace {
 
 // Parameter copies of one guard, keyed by the parameter's TensorImpl (the same leaf is the same tensor for
 // the whole forward; the entry holds the leaf too, so the key cannot be reused by another tensor meanwhile).
+// Under WeightCasts::recast an entry refers to its copy weakly (the copy dies with its last use) and the copy's
+// storage leads back to its parameter, so a save of the copy, or of a view of it, can be remade from the
+// parameter; under keep_for_backward the entry holds the copy.
 struct WeightCache {
   struct Entry {
-    Tensor source, copy;
+    Tensor source;
+    Tensor kept;                     // keep_for_backward
+    std::weak_ptr<TensorImpl> copy;  // either policy
+    const Storage* origin = nullptr;  // recast: the copy's key in `origins`
+    Tensor live_copy() const { return kept.defined() ? kept : Tensor(copy.lock()); }
+  };
+  struct CopyOrigin {
+    std::weak_ptr<Storage> storage;  // tells the copy's storage apart from a later one at the same address
+    Tensor source;
+    DType dtype;
   };
   struct Fp8Entry {
     Tensor source;
     Fp8Weight copy;
   };
   std::unordered_map<const TensorImpl*, Entry> entries;
+  std::unordered_map<const Storage*, CopyOrigin> origins;  // recast: a live copy's storage -> its parameter
   std::unordered_map<const TensorImpl*, Fp8Entry> fp8_entries;
 };
 
@@ -35,7 +50,7 @@ bool is_parameter(const Tensor& t) { return t.requires_grad() && t.is_leaf(); }
 
 // What an Autocast guard installs as the ops' CastMode (ops/dispatch_modes.h): its mode and the parameter
 // copies it shares with the guards around it that set the same mode.
-class AutocastCastMode final : public ops::CastMode {
+class AutocastCastMode final : public ops::CastMode, public autograd::TensorRemaker {
  public:
   AutocastCastMode(const AutocastMode& mode, std::shared_ptr<WeightCache> cache)
       : mode_(mode), cache_(std::move(cache)) {}
@@ -66,6 +81,8 @@ class AutocastCastMode final : public ops::CastMode {
     if (!compute || !f32) return std::nullopt;
     return cast_floating(inputs, mode_.dtype, true);
   }
+  // recast: a save of a parameter's live copy (or a view of it) becomes a recipe that casts the parameter again.
+  std::function<Tensor()> recipe(const Tensor& tensor) override;
 
  private:
   Tensor cast_parameter(const Tensor& p, DType dtype);
@@ -79,11 +96,38 @@ class AutocastCastMode final : public ops::CastMode {
 Tensor AutocastCastMode::cast_parameter(const Tensor& p, DType dtype) {
   WeightCache& cache = *cache_;
   auto it = cache.entries.find(&p.impl());
-  if (it != cache.entries.end() && it->second.copy.dtype() == dtype) return it->second.copy;
+  if (it != cache.entries.end()) {
+    Tensor copy = it->second.live_copy();
+    if (copy.defined() && copy.dtype() == dtype) return copy;
+  }
+  if (it != cache.entries.end() && it->second.origin) {  // its copy died: forget that copy's storage
+    auto o = cache.origins.find(it->second.origin);
+    if (o != cache.origins.end() && o->second.storage.expired()) cache.origins.erase(o);
+  }
   CategoryGuard category(MemoryCategory::compute_weights);
   Tensor copy = p.to(dtype);
-  cache.entries[&p.impl()] = {p, copy};
+  const bool keep = mode_.weight_casts == WeightCasts::keep_for_backward;
+  const Storage* origin = keep ? nullptr : copy.storage().get();
+  cache.entries[&p.impl()] = {p, keep ? copy : Tensor(), copy.impl_ptr(), origin};
+  if (origin) cache.origins[origin] = {copy.storage(), p, dtype};
   return copy;
+}
+
+std::function<Tensor()> AutocastCastMode::recipe(const Tensor& tensor) {
+  auto it = cache_->origins.find(tensor.storage().get());
+  if (it == cache_->origins.end()) return {};
+  if (it->second.storage.expired()) {  // a dead copy's address, now another tensor's
+    cache_->origins.erase(it);
+    return {};
+  }
+  // The copy came from p.to(dtype), so casting the parameter again lays the values out in the same storage
+  // geometry; the saved view is taken of the new storage at the same shape, strides and offset.
+  return [source = it->second.source, dtype = it->second.dtype, shape = tensor.shape(), strides = tensor.strides(),
+          offset = tensor.offset()] {
+    CategoryGuard category(MemoryCategory::compute_weights);
+    const Tensor copy = source.detach().to(dtype);
+    return Tensor::make_view(copy.storage(), shape, strides, offset, dtype);
+  };
 }
 
 const Fp8Weight& AutocastCastMode::fp8_weight(const Tensor& w) {
@@ -133,19 +177,24 @@ const AutocastCastMode* current() { return dynamic_cast<const AutocastCastMode*>
 
 // An autocast-off guard (f32) installs no mode: the ops then run as called, exactly as with no guard.
 struct Autocast::Installed {
-  std::unique_ptr<ops::CastMode> mode;  // declared first: outlives the guard that installs it
+  std::unique_ptr<AutocastCastMode> mode;  // declared first: outlives the guards that install it
   ops::CastModeGuard guard;
-  explicit Installed(std::unique_ptr<ops::CastMode> m) : mode(std::move(m)), guard(mode.get()) {}
+  autograd::TensorRemakerGuard remaker;  // recast: saves of parameter copies become recipes
+  explicit Installed(std::unique_ptr<AutocastCastMode> m)
+      : mode(std::move(m)),
+        guard(mode.get()),
+        remaker(mode && mode->mode().weight_casts == WeightCasts::recast ? mode.get() : nullptr) {}
 };
 
 namespace {
 
 // A guard that repeats the innermost guard's mode shares its cache (a tied embedding and head cast once per
 // outermost guard); one that changes the mode starts its own.
-std::unique_ptr<ops::CastMode> make_mode(const AutocastMode& mode) {
+std::unique_ptr<AutocastCastMode> make_mode(const AutocastMode& mode) {
   if (mode.dtype == DType::f32) return nullptr;
   const AutocastCastMode* outer = current();
-  const bool same = outer && mode.dtype == outer->mode().dtype && mode.fp8 == outer->mode().fp8;
+  const bool same = outer && mode.dtype == outer->mode().dtype && mode.fp8 == outer->mode().fp8 &&
+                    mode.weight_casts == outer->mode().weight_casts;
   return std::make_unique<AutocastCastMode>(mode, same ? outer->cache() : std::make_shared<WeightCache>());
 }
 

@@ -52,4 +52,15 @@ std::string param_dtype_name(ParamDtype d) {
 
 DType param_storage_dtype(ParamDtype d) { return d == ParamDtype::f32 ? DType::f32 : DType::bf16; }
 
+WeightCasts parse_weight_casts(std::string_view name) {
+  if (name == "recast") return WeightCasts::recast;
+  if (name == "keep") return WeightCasts::keep_for_backward;
+  MT_CHECK(false, "amp::parse_weight_casts", "unknown weight-cast policy '{}' (known: recast, keep)", name);
+  return WeightCasts::recast;
+}
+
+std::string weight_casts_name(WeightCasts casts) {
+  return casts == WeightCasts::recast ? "recast" : "keep";
+}
+
 }  // namespace memtrain::amp

@@ -668,7 +668,7 @@ StepMetrics Trainer::train_step() {
   return m;
 }
 
-amp::AutocastMode Trainer::autocast_mode() const { return {compute_dtype_, fp8_.get()}; }
+amp::AutocastMode Trainer::autocast_mode() const { return {compute_dtype_, fp8_.get(), config_.weight_casts}; }
 
 void Trainer::mark_phases_on(MemoryTimeline* timeline) {
   timeline_ = timeline;

@@ -98,6 +98,7 @@ void visit_settings(Config& c, Visitor& v) {
           [](const std::string& n) { return device_from_name(n, kWhere); });
   v.named("precision", c.precision, amp::precision_name, amp::parse_precision);
   v.named("param_dtype", c.param_dtype, amp::param_dtype_name, amp::parse_param_dtype);
+  v.named("weight_casts", c.weight_casts, amp::weight_casts_name, amp::parse_weight_casts);
   v.section("loss_scaler", [&](auto& s) {
     s.field("init_scale", c.loss_scaler.init_scale);
     s.field("growth_factor", c.loss_scaler.growth_factor);

@@ -23,16 +23,24 @@
 //   as given       everything else (elementwise, dropout, views, reductions) runs in its inputs' dtype.
 //   fp8 policy     as bf16, except linear: amp::fp8_linear (amp/fp8_linear.h) with FP8 operands.
 //
-// Compute copies of parameters (leaf tensors that require grad) are made once per outermost guard, under
-// MemoryCategory::compute_weights, and shared by every use inside it (a tied embedding and head cast once);
-// the guard's end drops the cache, so a copy lives on only where backward saved it. Gradients flow back
-// through the cast: a parameter's .grad() is f32.
+// Compute copies of parameters (leaf tensors that require grad) are made under MemoryCategory::compute_weights
+// and shared by every use while they live (a tied embedding and head cast once). How long they live is the
+// guard's WeightCasts policy:
+//   recast (default)   a copy lives while an op uses it: backward does not keep it but casts the parameter
+//                      again when it needs the copy (autograd::TensorRemaker), so about one layer's copies are
+//                      alive at a time, in the forward and in backward, for one more cast per weight and step.
+//   keep_for_backward  a copy is made once per outermost guard and kept by the guard until its end, and by
+//                      backward until the op that saved it has run: every weight's copy is alive at once
+//                      between the forward and backward, and each weight is cast once per step.
+// Under the fp8 policy the FP8 copies of linear weights are quantized once per guard and kept either way.
+// Gradients flow back through the cast: a parameter's .grad() is f32.
 // Backward runs with autocast off (autograd::backward suspends the ops' CastMode); an activation-checkpoint
 // re-run restores the dtype its region's forward ran with.
 // How: a guard installs an ops::CastMode (ops/dispatch_modes.h) for its scope, on its own thread only; the
 // ops consult the innermost one and know nothing of amp.
 #pragma once
 
+#include "memtrain/amp/precision.h"
 #include "memtrain/core/tensor.h"
 
 #include <memory>
@@ -46,6 +54,7 @@ class Fp8State;
 struct AutocastMode {
   DType dtype = DType::f32;
   Fp8State* fp8 = nullptr;
+  WeightCasts weight_casts = WeightCasts::recast;
 };
 
 class Autocast {

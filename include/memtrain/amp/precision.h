@@ -10,6 +10,8 @@
 //   bf16        bf16 weights, no master: the optimizer computes in f32 and rounds back stochastically
 //               (optim::NarrowParams), 2 bytes per parameter instead of 4.
 //   bf16-kahan  the same, rounded to nearest with a bf16 Kahan compensation (2 more bytes per parameter).
+// Weight casts (TrainerConfig.weight_casts): how long autocast keeps the compute copies of f32 weights
+// (amp/autocast.h): recast (backward casts a weight again when it needs the copy) or keep (for backward).
 #pragma once
 
 #include "memtrain/core/dtype.h"
@@ -36,5 +38,11 @@ ParamDtype parse_param_dtype(std::string_view name);
 std::string param_dtype_name(ParamDtype d);
 // The dtype parameters are stored in: f32, or bf16 for both narrow kinds.
 DType param_storage_dtype(ParamDtype d);
+
+enum class WeightCasts { recast, keep_for_backward };
+
+// "recast", "keep"; anything else throws, listing the known names.
+WeightCasts parse_weight_casts(std::string_view name);
+std::string weight_casts_name(WeightCasts casts);
 
 }  // namespace memtrain::amp

@@ -106,6 +106,10 @@ struct TrainerConfig {
   // computes in f32 and rounds back: stochastically, seeded by `seed`, or with Kahan compensation). bf16 needs
   // precision bf16 or fp8 (the compute runs on the bf16 weights themselves), one rank, and no LoRA or LISA.
   amp::ParamDtype param_dtype = amp::ParamDtype::f32;
+  // With f32 masters under bf16/fp16/fp8 autocast: whether backward casts each weight again when it needs the
+  // compute copy (recast: about one layer's copies alive at a time) or keeps the copies from the forward
+  // (keep_for_backward: every weight's copy alive until backward reaches it, one cast fewer per weight and step).
+  amp::WeightCasts weight_casts = amp::WeightCasts::recast;
   amp::LossScalerOptions loss_scaler;  // fp16 only
   // fp8 only: blockwise (1x128 / 128x128 current scales) or delayed.
   amp::Fp8ScalingKind fp8_scaling = amp::Fp8ScalingKind::blockwise;
