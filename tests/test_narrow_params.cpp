@@ -376,6 +376,69 @@ TEST(NarrowParams, FiniteGateReadsNarrowGradientsWithoutACopy) {
   }
 }
 
+// Adafactor couples elements (its factored statistics, the update's RMS), so the backend computes its statistics
+// from the whole gradient first and then widens, steps and rounds back one slice at a time
+// (adafactor_step_bf16). A bf16 matrix [300, 200] (factored) and vector [40000], 3 steps: (a) slices of 1024
+// give the bits of one whole slice, parameter and state, stochastic and Kahan; (b) stochastic: each step's bits
+// equal an f32 Adafactor stepping the widened value, rounded by round_into_bf16 with the same seed and stream
+// (the statistics depend on the gradients only, so the f32 run's state stays equal).
+TEST(NarrowParams, AdafactorStepsSlicesWithTheBitsOfTheF32StepRounded) {
+  constexpr std::uint64_t kSeed = 21;
+  for (const Shape& shape : {Shape{300, 200}, Shape{40000}}) {
+    const std::int64_t n = shape_numel(shape);
+    const std::vector<float> w = random_values(static_cast<std::size_t>(n), 18);
+    const auto grad_at = [&](std::int64_t s) { return f32_tensor(random_values(n, 300 + s)).view(shape).to(DType::bf16); };
+    for (const bool kahan : {false, true}) {
+      SCOPED_TRACE(shape_str(shape) + (kahan ? " kahan" : " stochastic"));
+      std::vector<std::vector<std::uint16_t>> bits;
+      std::vector<optim::StateDict> states;
+      for (const std::int64_t slice : {std::int64_t{1} << 22, std::int64_t{1024}}) {
+        Tensor p = bf16_param(w).view(shape).detach().set_requires_grad(true);
+        optim::Adafactor opt({{.params = {p}, .lr = 1e-2, .weight_decay = 0.1}});
+        opt.set_narrow_params({.seed = kSeed, .kahan = kahan, .slice_elements = slice});
+        Tensor ref = p.detach().to(DType::f32).set_requires_grad(true);  // the f32 Adafactor, re-synced each step
+        optim::Adafactor ref_opt({{.params = {ref}, .lr = 1e-2, .weight_decay = 0.1}});
+        for (std::int64_t s = 1; s <= 3; ++s) {
+          ref.detach().copy_(p.detach());
+          p.set_grad(grad_at(s));
+          ref.set_grad(grad_at(s).to(DType::f32));
+          ASSERT_EQ(opt.step().updated, 1);
+          ASSERT_EQ(ref_opt.step().updated, 1);
+          if (kahan) continue;
+          Tensor want = Tensor::empty(shape, DType::bf16);
+          // Parameter 0's rounding stream is its step count.
+          detail::backend_for(Device::cpu()).round_into_bf16(want, ref.detach(), Tensor(), kSeed, s, 0);
+          ASSERT_EQ(bits_of(p), bits_of(want)) << "step " << s;
+        }
+        bits.push_back(bits_of(p));
+        states.push_back(opt.state_dict());
+      }
+      EXPECT_EQ(bits[0], bits[1]);
+      for (const auto& [key, t] : states[0]) {
+        const Tensor& u = states[1].at(key);
+        ASSERT_EQ(t.nbytes(), u.nbytes()) << key;
+        EXPECT_EQ(std::memcmp(t.contiguous().data_ptr(), u.contiguous().data_ptr(), t.nbytes()), 0) << key;
+      }
+    }
+  }
+}
+
+// The gradient norm of a bf16 gradient widens it 1 Mi elements at a time: no f32 copy of the whole gradient, and
+// the float64 sum of the squares of its values.
+TEST(NarrowParams, GradientNormWidensABf16GradientInChunks) {
+  constexpr std::int64_t kN = (std::int64_t{5} << 20) / 2;  // 2.5 Mi elements
+  const Tensor g = f32_tensor(random_values(kN, 19)).to(DType::bf16);
+  const std::vector<float> v = floats_of(g);
+  double want = 0.0;
+  for (const float x : v) want += static_cast<double>(x) * x;
+  Allocator& a = Allocator::get(Device::cpu());
+  const std::size_t live = a.stats().live_bytes;
+  a.reset_peak();
+  const double got = detail::backend_for(Device::cpu()).sum_of_squares({g});
+  EXPECT_NEAR(got, want, 1e-12 * want);
+  EXPECT_LE(a.stats().peak_bytes - live, 4u << 20) << "one 1 Mi-element f32 chunk, not 4 bytes x 2.5 Mi";
+}
+
 // ---- the Trainer ----
 
 std::shared_ptr<nn::GPT> make_gpt() {

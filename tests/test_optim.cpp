@@ -271,6 +271,24 @@ TEST(OptimAdafactor, MatchesFloat64Reference) {
   EXPECT_LE(run_against_reference(opt, params, refs, 60, 1.0, 1e-5, 1e-5, 16), 1.0);
 }
 
+// Past 1 Mi elements the CPU step works a block of rows at a time (statistics, the update's RMS, then the update
+// again to apply it): a [1100, 1000] matrix, a [2, 700, 800] batch of matrices and a [1.5 Mi] vector still follow
+// the float64 reference, and a step's workspace stays at one block (4 MiB) instead of the parameter's size.
+TEST(OptimAdafactor, LargeParametersStepInBlocksAndMatchFloat64Reference) {
+  auto params = random_params(8, {{1100, 1000}, {2, 700, 800}, {3 << 19}});
+  Adafactor opt({ParamGroup{{params[0], params[1], params[2]}, 1e-2, 1e-2, 0.9}}, AdafactorOptions{.use_first_moment = true});
+  std::vector<RefAdafactor> refs;
+  for (auto& p : params) refs.push_back(RefAdafactor{1e-2, 1e-2, 0.9, p.shape()});
+  EXPECT_LE(run_against_reference(opt, params, refs, 3, 1.0, 1e-5, 1e-5, 18), 1.0);
+  Allocator& cpu = Allocator::get(Device::cpu());
+  for (auto& p : params) p.set_grad(ones(p.shape()));
+  const std::size_t before = cpu.stats().by_category[static_cast<int>(MemoryCategory::workspace)].live_bytes;
+  cpu.reset_peak();
+  opt.step();
+  EXPECT_LE(cpu.stats().by_category[static_cast<int>(MemoryCategory::workspace)].peak_bytes - before,
+            std::size_t{4} << 20);
+}
+
 TEST(OptimAdafactor, FirstMomentMatchesFloat64Reference) {
   auto params = random_params(7, {{9, 4}, {3}});
   Adafactor opt({ParamGroup{{params[0], params[1]}, 1e-2, 0.0, 0.9}}, AdafactorOptions{.use_first_moment = true});

@@ -3,6 +3,7 @@
 // one fused pass over raw float pointers, OpenMP over elements for large tensors, SIMD within a thread.
 // Every entry converts a gradient it cannot read in place to f32 on the gradient's own device, so meta
 // allocates that copy as the CPU does, and runs its kernel only under runs_kernels().
+#include "cpu/convert.h"
 #include "cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -119,14 +120,28 @@ void CpuBackend::block_sums_of_squares(const Tensor& x, double* out) const {
 }
 
 double CpuBackend::sum_of_squares(const std::vector<Tensor>& tensors) const {
+  // f32 and f64 contiguous are read in place; another dtype (a bf16 parameter's gradient) is widened 1 Mi
+  // elements at a time into one buffer, so the norm never holds an f32 copy of a whole gradient.
+  constexpr std::int64_t kWidenChunk = std::int64_t{1} << 20;
   double total = 0.0;
   for (const Tensor& t : tensors) {
-    // f64 contiguous is read in place; anything else (other dtype, layout) through a contiguous f32 copy.
-    const bool in_place = t.is_contiguous() && t.dtype() == DType::f64;
-    const Tensor c = in_place ? t : t.to(DType::f32).contiguous();
+    const Tensor c = t.contiguous();
+    if (c.dtype() == DType::f64 || c.dtype() == DType::f32) {
+      if (runs_kernels()) {
+        total += c.dtype() == DType::f64 ? sum_of_squares_kernel(c.data<double>(), c.numel())
+                                         : sum_of_squares_kernel(c.data<float>(), c.numel());
+      }
+      continue;
+    }
+    const Tensor buffer = Tensor::empty({std::min(c.numel(), kWidenChunk)}, DType::f32, c.device());
     if (!runs_kernels()) continue;
-    total += in_place ? sum_of_squares_kernel(c.data<double>(), c.numel())
-                      : sum_of_squares_kernel(c.data<float>(), c.numel());
+    const auto* bytes = static_cast<const char*>(c.data_ptr());
+    for (std::int64_t a = 0; a < c.numel(); a += kWidenChunk) {
+      const std::int64_t len = std::min(kWidenChunk, c.numel() - a);
+      convert(bytes + a * static_cast<std::int64_t>(c.element_size()), c.dtype(), buffer.data<float>(), DType::f32,
+              static_cast<std::size_t>(len));
+      total += sum_of_squares_kernel(buffer.data<float>(), len);
+    }
   }
   return total;
 }

@@ -112,6 +112,25 @@ void CudaBackend::adafactor_step(const Tensor& param, const Tensor& grad, const 
   }
 }
 
+// One slice: the whole parameter widened to f32 (plus its compensation), stepped, and rounded back.
+void CudaBackend::adafactor_step_bf16(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                                      const Tensor& exp_avg_sq, const Tensor& exp_avg, double lr, double weight_decay,
+                                      double beta1, double decay_rate, double eps1, double clip_threshold,
+                                      std::int64_t step, const Tensor& compensation, std::uint64_t seed,
+                                      std::uint64_t stream, std::int64_t) const {
+  MT_CHECK(param.dtype() == DType::bf16 && param.is_contiguous(), "cuda::adafactor_step_bf16",
+           "param must be contiguous bf16, got {} {}", dtype_name(param.dtype()), shape_str(param.shape()));
+  const Tensor value = param.to(DType::f32);
+  if (compensation.defined()) {
+    const Tensor c = compensation.to(DType::f32);
+    add(value.data_ptr(), c.data_ptr(), value.data_ptr(), DType::f32, static_cast<std::size_t>(value.numel()),
+        param.device().index);
+  }
+  adafactor_step(value, grad, row, col, exp_avg_sq, exp_avg, lr, weight_decay, beta1, decay_rate, eps1,
+                 clip_threshold, step);
+  round_into_bf16(param, value, compensation, seed, stream, 0);
+}
+
 // GaLore's refresh on the device: A (rows_a x cols_a) is S itself when `transposed` (A = G^T), else S^T: a
 // transpose flag on every product, no copy. Scratch comes in the caller's category.
 void CudaBackend::galore_refresh(const Tensor& u, const Tensor& v, const Tensor& G, bool transposed,

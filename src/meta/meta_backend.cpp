@@ -142,6 +142,15 @@ class MetaBackend final : public cpu::CpuBackend {
     CpuBackend::adafactor_step(param, grad, row, col, exp_avg_sq, exp_avg, lr, weight_decay, beta1, decay_rate, eps1,
                                clip_threshold, step);
   }
+  void adafactor_step_bf16(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                           const Tensor& exp_avg_sq, const Tensor& exp_avg, double lr, double weight_decay,
+                           double beta1, double decay_rate, double eps1, double clip_threshold, std::int64_t step,
+                           const Tensor& compensation, std::uint64_t seed, std::uint64_t stream,
+                           std::int64_t slice_elements) const override {
+    count_optimizer_step(grad, {&param, &row, &col, &exp_avg_sq, &exp_avg, &compensation});
+    CpuBackend::adafactor_step_bf16(param, grad, row, col, exp_avg_sq, exp_avg, lr, weight_decay, beta1, decay_rate,
+                                    eps1, clip_threshold, step, compensation, seed, stream, slice_elements);
+  }
 
   std::unique_ptr<MemorySource> make_memory_source(int) const override {
     return std::make_unique<MetaMemorySource>();

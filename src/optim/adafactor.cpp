@@ -22,7 +22,7 @@ Adafactor::Adafactor(std::vector<ParamGroup> groups, AdafactorOptions options)
 }
 
 void Adafactor::init_state(const Tensor& param, const ParamGroup& group, ParamState& state) {
-  check_f32_contiguous(param, "Adafactor");
+  if (param.dtype() != DType::bf16) check_f32_contiguous(param, "Adafactor");  // bf16: a parameter with no master
   // A row shard's factored statistics are the whole tensor's (replicated); the rest covers the shard.
   const Shape s = whole_shape(param, group);
   const Device device = param.device();
@@ -50,15 +50,35 @@ void Adafactor::shard_rows(RowShards shards) {
 
 StepReport Adafactor::step() { return shards_.gather ? step_row_shards() : Optimizer::step(); }
 
+namespace {
+
+// A state tensor by name, undefined when this parameter has none (Optimizer::ParamState, protected there).
+template <typename State>
+Tensor state_tensor(const State& state, const char* name) {
+  const auto it = state.tensors.find(name);
+  return it == state.tensors.end() ? Tensor() : it->second;
+}
+
+}  // namespace
+
 void Adafactor::update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) {
-  const auto get = [&state](const char* name) {
-    const auto it = state.tensors.find(name);
-    return it == state.tensors.end() ? Tensor() : it->second;
-  };
   ::memtrain::detail::backend_for(param.device())
-      .adafactor_step(param, grad, get("exp_avg_sq_row"), get("exp_avg_sq_col"), get("exp_avg_sq"), get("exp_avg"),
-                      group.lr, group.weight_decay, group.beta1, options_.decay_rate, options_.eps1,
-                      options_.clip_threshold, state.step);
+      .adafactor_step(param, grad, state_tensor(state, "exp_avg_sq_row"), state_tensor(state, "exp_avg_sq_col"),
+                      state_tensor(state, "exp_avg_sq"), state_tensor(state, "exp_avg"), group.lr, group.weight_decay,
+                      group.beta1, options_.decay_rate, options_.eps1, options_.clip_threshold, state.step);
+}
+
+void Adafactor::update_narrow(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                              const NarrowStep& narrow) {
+  MT_CHECK(param.is_contiguous(), "Adafactor", "param {} is bf16 and non-contiguous (shape {})", narrow.index,
+           shape_str(param.shape()));
+  ::memtrain::detail::backend_for(param.device())
+      .adafactor_step_bf16(param.detach(), grad, state_tensor(state, "exp_avg_sq_row"),
+                           state_tensor(state, "exp_avg_sq_col"), state_tensor(state, "exp_avg_sq"),
+                           state_tensor(state, "exp_avg"), group.lr, group.weight_decay, group.beta1,
+                           options_.decay_rate, options_.eps1, options_.clip_threshold, state.step,
+                           narrow.compensation, narrow.rule.seed, rounding_stream(narrow.index, state.step),
+                           narrow.rule.slice_elements);
 }
 
 }  // namespace memtrain::optim

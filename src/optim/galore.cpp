@@ -245,7 +245,7 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
 }
 
 bool GaLore::steps_in_slices(std::size_t index) const {
-  return !entries_.at(index).projector && rule_->elementwise_block() > 0;
+  return !entries_.at(index).projector && rule_->slices_narrow_params();
 }
 
 std::int64_t GaLore::steps_taken(std::size_t index) const {

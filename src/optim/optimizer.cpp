@@ -20,12 +20,12 @@ std::string key_of(const std::string& prefix, const std::string& name) { return 
 
 constexpr const char* kCompensation = "kahan";
 
+}  // namespace
+
 // The rounding stream of one parameter's step: its index above, its step count below (2^40 steps).
-std::uint64_t rounding_stream(std::size_t index, std::int64_t step) {
+std::uint64_t Optimizer::rounding_stream(std::size_t index, std::int64_t step) {
   return (static_cast<std::uint64_t>(index) << 40) | (static_cast<std::uint64_t>(step) & ((std::uint64_t{1} << 40) - 1));
 }
-
-}  // namespace
 
 // True when every element of `g` is finite, read in f32: the backend's all_finite (on meta always true:
 // it reads as zeros).
@@ -102,7 +102,7 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
   const ParamGroup& group = groups_[slot.group];
   ParamState& state = states_[slot.index];
   if (param.dtype() == DType::bf16 && steps_in_slices(slot.index)) {
-    if (elementwise_block() > 0) {  // this rule takes the bf16 parameter itself, a slice at a time
+    if (slices_narrow_params()) {  // this rule takes the bf16 parameter itself, a slice at a time
       const NarrowStep narrow = narrow_step(slot.index, param);
       apply_rule(param, grad, group, state, &narrow);
     } else {  // a wrapper (GaLore) hands it on to its elementwise rule
@@ -147,6 +147,11 @@ Tensor state_slice(const Tensor& t, const std::string& name, std::int64_t n, std
 }
 
 }  // namespace
+
+void Optimizer::update_narrow(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                              const NarrowStep& narrow) {
+  update_in_slices(param, grad, group, state, narrow);
+}
 
 void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
                                  const NarrowStep& narrow) {
@@ -233,7 +238,7 @@ void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup&
   ++state.step;
   CategoryGuard category(MemoryCategory::workspace);
   if (narrow != nullptr && target.dtype() == DType::bf16) {
-    update_in_slices(target, grad, group, state, *narrow);
+    update_narrow(target, grad, group, state, *narrow);
   } else {
     update(target, grad, group, state);
   }
@@ -246,8 +251,8 @@ bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGro
            shape_str(target.shape()), shape_str(grad.shape()));
   autograd::NoGradGuard no_grad;
   if (!grad_checked && !is_finite(grad)) return false;
-  MT_CHECK(narrow == nullptr || elementwise_block() > 0, name(), "step_external: a bf16 target in slices needs an "
-           "elementwise rule, and {} is not one", name());
+  MT_CHECK(narrow == nullptr || slices_narrow_params(), name(), "step_external: a bf16 target in slices needs a "
+           "rule that steps bf16 parameters in slices, and {} does not", name());
   apply_rule(target, grad, group, state.state_, narrow);
   return true;
 }

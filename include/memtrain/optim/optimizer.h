@@ -64,7 +64,8 @@ using StateDict = std::map<std::string, Tensor>;
 // An elementwise rule (AdamW, SGD, Lion, the 8-bit ones: elementwise_block() > 0) steps a bf16 parameter a slice
 // of slice_elements at a time (rounded down to its state's block), so its f32 copies of the value and of the
 // gradient take 2 x 4 bytes x slice_elements at most (32 MiB by default) whatever the parameter's size, with the
-// same bits as one slice would give; other rules (Adafactor, GaLore's projected weights) step whole tensors.
+// same bits as one slice would give. Adafactor does too (its statistics first, from the whole gradient read a
+// block at a time: the backend's adafactor_step_bf16); GaLore's projected weights step whole tensors.
 struct NarrowParams {
   std::uint64_t seed = 0;
   bool kahan = false;
@@ -148,7 +149,9 @@ class Optimizer {
   // that steps a parameter outside step() / step_param() (GaLore's layer-wise path).
   void step_in_f32(std::size_t index, Tensor& param, const std::function<void()>& rule);
   // Whether parameter `index`, stored in bf16, is stepped in slices; GaLore answers per parameter.
-  virtual bool steps_in_slices(std::size_t /*index*/) const { return elementwise_block() > 0; }
+  virtual bool steps_in_slices(std::size_t /*index*/) const { return slices_narrow_params(); }
+  // The rounding stream of parameter `index` at its step count `step` (the Philox counter's high word).
+  static std::uint64_t rounding_stream(std::size_t index, std::int64_t step);
 
  public:
   // The block an elementwise rule keeps its state per: update() may then run on a slice [a, b) of a flattened
@@ -156,6 +159,9 @@ class Optimizer {
   // has the parameter's numel, its blocks [a / block, ceil(b / block)) when it has one element per block. 0 (the
   // default): the rule couples elements (Adafactor's factored statistics, GaLore) and steps whole tensors.
   virtual std::int64_t elementwise_block() const { return 0; }
+  // Whether this rule steps a bf16 parameter itself, a slice at a time (update_narrow): the elementwise rules, and
+  // Adafactor. Otherwise it is stepped through an f32 copy of the whole parameter (step_in_f32).
+  virtual bool slices_narrow_params() const { return elementwise_block() > 0; }
 
   // What stepping a bf16 parameter in slices needs from the optimizer that owns it: the parameter's index (the
   // rounding's stream), the rounding, and its Kahan compensation (undefined without Kahan).
@@ -168,6 +174,10 @@ class Optimizer {
  protected:
   // The NarrowStep of bf16 parameter `index`; allocates its compensation (optimizer_state) at its first step.
   NarrowStep narrow_step(std::size_t index, const Tensor& param);
+  // Steps bf16 `param` (its state ensured and counted) with `narrow`'s rounding, a slice at a time: by default
+  // update() on each slice (update_in_slices); a rule that couples elements overrides it (Adafactor).
+  virtual void update_narrow(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
+                             const NarrowStep& narrow);
   // How many steps parameter `index` has taken, as its saved state records it (the rounding of a bf16
   // parameter is keyed by it, so a resumed run rounds as the uninterrupted one). Virtual: a wrapper that keeps
   // its own count (GaLore) answers from it.
