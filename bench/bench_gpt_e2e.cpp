@@ -8,7 +8,8 @@
 //                      [--precision fp32|bf16|fp16|fp8] [--fp8-scaling blockwise|delayed]
 //                      [--device cpu|cuda|cuda:N] [--optimizer adamw|adamw8bit] [--galore-rank R]
 //                      [--galore-gap N] [--head-grads forward|recompute] [--head-gemm f32|compute]
-//                      [--reserve-limit R|none]
+//                      [--reserve-limit R|none] [--reserve-slack MIB|none] [--release-heap yes|no]
+//                      [--weight-casts recast|keep]
 // Prints the median step time over N timed steps (after W warm-up steps), tokens/s, peak RSS (VmHWM) and
 // memtrain's allocator peaks over the timed steps: all categories, and activations alone (the forward runs
 // under CategoryGuard(activations), as train::Trainer runs it, so that category is what the forward allocated
@@ -26,8 +27,12 @@
 // fused LM head makes its gradients in the forward; recompute leaves it undeclared, and the head's backward
 // recomputes the logits. --head-gemm compute runs the head's GEMMs in the autocast dtype
 // (ops::HeadGemmsInComputeDtype; TrainerConfig.head_gemms_in_compute_dtype). --reserve-limit sets the device
-// allocator's Allocator::set_reserve_limit (none: the cache keeps every freed block; default: the allocator's),
-// and the peak reserved bytes are printed beside the live peak. The last line is machine-readable ("RESULT ...").
+// allocator's Allocator::set_reserve_limit ratio (none: the cache keeps every freed block; default: the allocator's;
+// a ratio keeps the allocator's byte cap above the peak), --reserve-slack that cap (MiB above the live peak, or none),
+// and the peak reserved bytes are printed beside the live peak. --release-heap no skips the
+// train::release_free_heap() that train::Trainer (and this bench, by default) calls before each step.
+// --weight-casts: amp::WeightCasts under --precision bf16/fp16/fp8 (default recast, as train::Trainer).
+// The last line is machine-readable ("RESULT ...").
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/fp8_state.h"
 #include "memtrain/amp/loss_scaler.h"
@@ -43,6 +48,7 @@
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
+#include "memtrain/train/trainer.h"
 #include "step_timing.h"
 
 #include <fmt/format.h>
@@ -81,6 +87,9 @@ struct Args {
   std::string head_grads = "forward";
   std::string head_gemm = "f32";
   std::string reserve_limit;  // empty: the allocator's default
+  std::string reserve_slack;  // empty: the allocator's default
+  std::string release_heap = "yes";
+  std::string weight_casts = "recast";
 };
 
 Device parse_device(const std::string& name) {
@@ -114,9 +123,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--head-grads") a.head_grads = v;
     else if (k == "--head-gemm") a.head_gemm = v;
     else if (k == "--reserve-limit") a.reserve_limit = v;
+    else if (k == "--reserve-slack") a.reserve_slack = v;
+    else if (k == "--release-heap") a.release_heap = v;
+    else if (k == "--weight-casts") a.weight_casts = v;
     else MT_CHECK(false, "bench_gpt_e2e", "unknown option {} (known: --model --seq-len --batch --steps --warmup "
                   "--threads --checkpoint --precision --fp8-scaling --device --optimizer --galore-rank "
-                  "--galore-gap --head-grads --head-gemm --reserve-limit)", k);
+                  "--galore-gap --head-grads --head-gemm --reserve-limit --reserve-slack --release-heap "
+                  "--weight-casts)", k);
   }
   MT_CHECK(a.steps >= 1 && a.warmup >= 0 && a.batch >= 1 && a.seq_len >= 1, "bench_gpt_e2e",
            "need steps >= 1, warmup >= 0, batch >= 1, seq-len >= 1");
@@ -164,7 +177,8 @@ int main(int argc, char** argv) try {
   const amp::Precision precision = amp::parse_precision(a.precision);
   std::optional<amp::Fp8State> fp8;
   if (precision == amp::Precision::fp8) fp8.emplace(amp::Fp8Recipe{.kind = amp::fp8_scaling_from_name(a.fp8_scaling), .delayed = {}});
-  const amp::AutocastMode mode{amp::activation_dtype(precision), fp8 ? &*fp8 : nullptr};
+  const amp::AutocastMode mode{amp::activation_dtype(precision), fp8 ? &*fp8 : nullptr,
+                               amp::parse_weight_casts(a.weight_casts)};
   std::optional<amp::DynamicLossScaler> scaler;
   if (precision == amp::Precision::fp16) scaler.emplace();
   std::vector<Tensor> params;
@@ -177,7 +191,14 @@ int main(int argc, char** argv) try {
   Allocator& allocator = Allocator::get(device);
   Allocator& host = Allocator::get(Device::cpu());
   if (a.reserve_limit == "none") allocator.set_reserve_limit(std::nullopt);
-  else if (!a.reserve_limit.empty()) allocator.set_reserve_limit(std::stod(a.reserve_limit));
+  else if (!a.reserve_limit.empty()) allocator.set_reserve_limit(std::stod(a.reserve_limit), allocator.reserve_slack());
+  if (a.reserve_slack == "none") {
+    allocator.set_reserve_limit(allocator.reserve_limit(), std::nullopt);
+  } else if (!a.reserve_slack.empty()) {
+    allocator.set_reserve_limit(allocator.reserve_limit(), static_cast<std::size_t>(std::stoll(a.reserve_slack)) << 20);
+  }
+  MT_CHECK(a.release_heap == "yes" || a.release_heap == "no", "bench_gpt_e2e", "--release-heap {}: expected yes or no",
+           a.release_heap);
   std::vector<double> ms, cpu_ms;
   const std::string precision_label = fp8 ? "fp8-" + a.fp8_scaling : a.precision;
   double last_loss = 0.0;
@@ -187,6 +208,7 @@ int main(int argc, char** argv) try {
       allocator.reset_peak();
       host.reset_peak();
     }
+    if (a.release_heap == "yes") train::release_free_heap();
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     Tensor loss;

@@ -56,6 +56,7 @@ Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source, CacheP
     : device_(device),
       source_(std::move(source)),
       reserve_limit_(policy == CachePolicy::size_classes ? std::optional<double>(kHostReserveLimit) : std::nullopt),
+      reserve_slack_(policy == CachePolicy::size_classes ? std::optional<std::size_t>(kHostReserveSlack) : std::nullopt),
       cache_(policy == CachePolicy::segments ? detail::make_segment_pool() : detail::make_size_class_cache()) {
   MT_CHECK(source_ != nullptr, "Allocator", "no memory source for {}", device_.str());
 }
@@ -85,11 +86,10 @@ Allocator& Allocator::get(Device device) {
 }
 
 std::size_t Allocator::size_class(std::size_t nbytes) {
-  // 64-byte granularity up to 4 KiB, then 8 classes per power of two (<= 12.5% waste).
-  constexpr std::size_t kSmall = 4096;
+  constexpr std::size_t kSmall = 4096, kLarge = std::size_t{32} << 20;
   if (nbytes <= kSmall) return std::max<std::size_t>(64, (nbytes + 63) & ~std::size_t{63});
   std::size_t pow2 = std::size_t{1} << (63 - __builtin_clzll(nbytes - 1));  // largest power of two < nbytes
-  std::size_t step = pow2 / 8;
+  std::size_t step = pow2 / (nbytes > kLarge ? 32 : 8);
   return (nbytes + step - 1) / step * step;
 }
 
@@ -250,7 +250,8 @@ std::vector<detail::Segment> Allocator::release_free_segments_locked(std::size_t
 std::vector<detail::Segment> Allocator::trim_cache_locked(std::size_t segment_bytes, std::size_t nbytes) {
   if (!reserve_limit_ || stats_.cached_bytes == 0) return {};
   const double peak = static_cast<double>(std::max(stats_.peak_bytes, stats_.live_bytes + nbytes));
-  const auto limit = static_cast<std::size_t>(*reserve_limit_ * peak);
+  auto limit = static_cast<std::size_t>(*reserve_limit_ * peak);
+  if (reserve_slack_) limit = std::min(limit, static_cast<std::size_t>(peak) + *reserve_slack_);
   const std::size_t wanted = stats_.reserved_bytes + segment_bytes;
   if (wanted <= limit) return {};
   return release_free_segments_locked(wanted - limit);
@@ -279,17 +280,25 @@ std::optional<std::size_t> Allocator::budget() const {
   return budget_;
 }
 
-void Allocator::set_reserve_limit(std::optional<double> ratio_of_live_peak) {
+void Allocator::set_reserve_limit(std::optional<double> ratio_of_live_peak, std::optional<std::size_t> max_above_peak) {
   MT_CHECK(!ratio_of_live_peak || *ratio_of_live_peak >= 1.0, "Allocator::set_reserve_limit",
            "allocator({}): the reserve limit is a multiple of the live peak, >= 1; got {}", device_.str(),
            ratio_of_live_peak.value_or(0.0));
+  MT_CHECK(ratio_of_live_peak || !max_above_peak, "Allocator::set_reserve_limit",
+           "allocator({}): a byte cap above the live peak needs a ratio too (no limit means none)", device_.str());
   std::lock_guard lock(mutex_);
   reserve_limit_ = ratio_of_live_peak;
+  reserve_slack_ = max_above_peak;
 }
 
 std::optional<double> Allocator::reserve_limit() const {
   std::lock_guard lock(mutex_);
   return reserve_limit_;
+}
+
+std::optional<std::size_t> Allocator::reserve_slack() const {
+  std::lock_guard lock(mutex_);
+  return reserve_slack_;
 }
 
 std::string Allocator::report() const {

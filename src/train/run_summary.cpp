@@ -11,6 +11,10 @@
 #include <sstream>
 #include <string>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 namespace memtrain::train {
 
 nlohmann::json RunSummary::to_json() const {
@@ -71,6 +75,12 @@ std::size_t status_kib_field(const char* key) {
 
 std::size_t peak_rss_bytes() { return status_kib_field("VmHWM:"); }
 std::size_t current_rss_bytes() { return status_kib_field("VmRSS:"); }
+
+void release_free_heap() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
 
 namespace detail {
 

@@ -242,6 +242,9 @@ void Trainer::store_params_narrow(const nn::NamedTensors& trained) {
     Tensor param = p;
     if (param.dtype() == DType::f32) param.set_data_and_dtype_(param.detach().to(storage));
   }
+  // The f32 blocks are cached now, in sizes the bf16 run never asks for again: hand them back, so that they
+  // leave the reserved bytes (and, mapped from the OS, the process) before the run starts.
+  Allocator::get(device_).empty_cache();
 }
 
 void Trainer::make_train_loader(std::int64_t rank, std::int64_t world_size) {
@@ -495,6 +498,7 @@ StepMetrics Trainer::train_step() {
   const char* where = "Trainer::train_step";
   const auto t0 = Clock::now();
   model_->train();
+  release_free_heap();  // the last step's GEMM buffers: see trainer.h
 
   // The schedule scales each group's own lr, so groups set up with different lrs keep their ratio.
   const double scale = config_.schedule.lr_at(step_, 1.0, config_.max_steps);

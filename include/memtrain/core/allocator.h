@@ -138,14 +138,19 @@ class Allocator {
   void set_budget(std::optional<std::size_t> bytes);  // live-bytes budget; nullopt = unlimited
   std::optional<std::size_t> budget() const;
   // The most this allocator keeps reserved, as a multiple (>= 1) of the live peak so far (or of the live
-  // bytes after the request, when more): a request that finds nothing cached for it first hands cached blocks
-  // back to the source, largest first, when its new segment would take reserved past that. Without a limit
-  // the cache keeps every freed block until empty_cache(). Default: kHostReserveLimit under size classes (host
-  // memory is quick to ask for again), none under segments (freeing device memory waits for the device).
-  // Size classes round requests up by up to 12.5%, which no limit gives back: blocks in use stay reserved.
-  void set_reserve_limit(std::optional<double> ratio_of_live_peak);
+  // bytes after the request, when more), and at most `max_above_peak` bytes above that peak when given: a
+  // request that finds nothing cached for it first hands cached blocks back to the source, largest first, when
+  // its new segment would take reserved past that. Without a limit the cache keeps every freed block until
+  // empty_cache(). Default: kHostReserveLimit and kHostReserveSlack under size classes (host memory is quick to
+  // ask for again; a large run's cache is capped in bytes too, since what the host holds beyond the live bytes is
+  // resident), none under segments (freeing device memory waits for the device). Size classes round requests
+  // up (12.5% at most, 3.1% from 32 MiB), which no limit gives back: blocks in use stay reserved.
+  void set_reserve_limit(std::optional<double> ratio_of_live_peak,
+                         std::optional<std::size_t> max_above_peak = std::nullopt);
   std::optional<double> reserve_limit() const;
+  std::optional<std::size_t> reserve_slack() const;  // max_above_peak
   static constexpr double kHostReserveLimit = 1.10;
+  static constexpr std::size_t kHostReserveSlack = std::size_t{64} << 20;
 
   // Called after every allocation and free with the live bytes of each category then, under the allocator's
   // lock (in allocation order across threads): it must be quick and must not allocate from this allocator.
@@ -156,7 +161,9 @@ class Allocator {
   // Human-readable table: category, live, peak, at-peak; then total, reserved, cache.
   std::string report() const;
 
-  // Rounds a request to the size class the CPU's cache keys on (>= nbytes, multiple of 64).
+  // Rounds a request to the size class the CPU's cache keys on (>= nbytes, multiple of 64): 64-byte steps to
+  // 4 KiB, then 8 classes per power of two, and 32 from 32 MiB (the few blocks that large, embedding tables
+  // and their gradients and moments, live long and rarely share a class; 12.5% of them was mostly waste).
   static std::size_t size_class(std::size_t nbytes);
 
   // Largest request accepted; anything above is a size computation gone wrong, not memory to ask for.
@@ -181,6 +188,7 @@ class Allocator {
   MemoryStats stats_;
   std::optional<std::size_t> budget_;
   std::optional<double> reserve_limit_;
+  std::optional<std::size_t> reserve_slack_;
   Observer observer_;
   std::unique_ptr<detail::BlockCache> cache_;  // the CachePolicy; touched only under mutex_
 };
