@@ -232,6 +232,28 @@ TEST(Autocast, RecastWeightCopiesLiveOnlyWhileTheirOpRunsWithTheSameGradients) {
   }
 }
 
+// The fp8 policy under recast: backward quantizes each linear's weight again (blockwise from the weight alone,
+// delayed with the scale the forward used), so the FP8 codes live only while their op runs and backward keeps
+// just the scales; the codes are the forward's, so the gradients are identical.
+TEST(Autocast, Fp8RecastQuantizesWeightsAgainWithTheSameGradients) {
+  for (amp::Fp8ScalingKind kind : {amp::Fp8ScalingKind::blockwise, amp::Fp8ScalingKind::delayed}) {
+    SCOPED_TRACE(amp::fp8_scaling_name(kind));
+    amp::Fp8State keep_state(amp::Fp8Recipe{.kind = kind, .delayed = {}});
+    amp::Fp8State recast_state(amp::Fp8Recipe{.kind = kind, .delayed = {}});
+    const GptRun keep = gpt_step(DType::bf16, ckpt::Policy::none(), 0.0, &keep_state, amp::WeightCasts::keep_for_backward);
+    const GptRun recast = gpt_step(DType::bf16, ckpt::Policy::none(), 0.0, &recast_state, amp::WeightCasts::recast);
+    EXPECT_EQ(recast.loss.item(), keep.loss.item());
+    ASSERT_EQ(recast.grads.size(), keep.grads.size());
+    for (std::size_t i = 0; i < keep.grads.size(); ++i)
+      EXPECT_EQ(std::memcmp(recast.grads[i].data_ptr(), keep.grads[i].data_ptr(), keep.grads[i].nbytes()), 0) << i;
+    // small_gpt: 3 blocks of 12 C^2 weights, one byte per FP8 code, C = 32.
+    const std::size_t C = 32, codes = 3 * 12 * C * C;
+    EXPECT_GE(keep.weight_copies_after_forward, codes) << "keep: every linear's codes until backward";
+    EXPECT_LT(recast.weight_copies_after_forward, codes / 100) << "recast: the scales only";
+    EXPECT_LE(recast.weight_copies_peak, 4 * C * C + 4 * C * C / 8) << "about one linear's codes at a time";
+  }
+}
+
 // A linear without a bias saves a transposed view of the weight's copy: the recast makes the view again.
 TEST(Autocast, RecastRemakesASavedViewOfTheCopy) {
   manual_seed(6);

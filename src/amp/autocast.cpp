@@ -22,8 +22,9 @@ namespace {
 // Parameter copies of one guard, keyed by the parameter's TensorImpl (the same leaf is the same tensor for
 // the whole forward; the entry holds the leaf too, so the key cannot be reused by another tensor meanwhile).
 // Under WeightCasts::recast an entry refers to its copy weakly (the copy dies with its last use) and the copy's
-// storage leads back to its parameter, so a save of the copy, or of a view of it, can be remade from the
-// parameter; under keep_for_backward the entry holds the copy.
+// storage leads to how it was made, so a save of the copy, or of a view of it, can be remade from the parameter;
+// under keep_for_backward the entry holds the copy. FP8 copies are handled alike, their codes remade and their
+// scales (one float per 128 x 128 tile, or one per tensor) kept.
 struct WeightCache {
   struct Entry {
     Tensor source;
@@ -32,18 +33,37 @@ struct WeightCache {
     const Storage* origin = nullptr;  // recast: the copy's key in `origins`
     Tensor live_copy() const { return kept.defined() ? kept : Tensor(copy.lock()); }
   };
+  struct Fp8Entry {
+    Fp8Weight kept;                    // keep_for_backward: the whole copy; recast: all but the codes
+    std::weak_ptr<TensorImpl> codes;   // recast
+    const Storage* origin = nullptr;   // recast: the codes' key in `origins`
+    std::optional<Fp8Weight> live_copy() const {
+      if (kept.codes.defined()) return kept;
+      Tensor c(codes.lock());
+      if (!c.defined()) return std::nullopt;
+      Fp8Weight w = kept;
+      w.codes = c;
+      return w;
+    }
+  };
+  // A live copy's storage, and how to make the whole copy again.
   struct CopyOrigin {
     std::weak_ptr<Storage> storage;  // tells the copy's storage apart from a later one at the same address
-    Tensor source;
-    DType dtype;
-  };
-  struct Fp8Entry {
-    Tensor source;
-    Fp8Weight copy;
+    std::function<Tensor()> make;
   };
   std::unordered_map<const TensorImpl*, Entry> entries;
-  std::unordered_map<const Storage*, CopyOrigin> origins;  // recast: a live copy's storage -> its parameter
   std::unordered_map<const TensorImpl*, Fp8Entry> fp8_entries;
+  std::unordered_map<const Storage*, CopyOrigin> origins;  // recast only
+
+  // Registers `copy` (recast) and returns its key; forgets `previous`, the key of a copy that died.
+  const Storage* remember(const Tensor& copy, std::function<Tensor()> make, const Storage* previous) {
+    if (previous != nullptr) {
+      auto o = origins.find(previous);
+      if (o != origins.end() && o->second.storage.expired()) origins.erase(o);
+    }
+    origins[copy.storage().get()] = {copy.storage(), std::move(make)};
+    return copy.storage().get();
+  }
 };
 
 bool is_parameter(const Tensor& t) { return t.requires_grad() && t.is_leaf(); }
@@ -86,7 +106,7 @@ class AutocastCastMode final : public ops::CastMode, public autograd::TensorRema
 
  private:
   Tensor cast_parameter(const Tensor& p, DType dtype);
-  const Fp8Weight& fp8_weight(const Tensor& w);
+  Fp8Weight fp8_weight(const Tensor& w);
   std::optional<std::vector<Tensor>> cast_floating(const std::vector<Tensor>& inputs, DType dtype, bool use_cache);
 
   AutocastMode mode_;
@@ -100,16 +120,16 @@ Tensor AutocastCastMode::cast_parameter(const Tensor& p, DType dtype) {
     Tensor copy = it->second.live_copy();
     if (copy.defined() && copy.dtype() == dtype) return copy;
   }
-  if (it != cache.entries.end() && it->second.origin) {  // its copy died: forget that copy's storage
-    auto o = cache.origins.find(it->second.origin);
-    if (o != cache.origins.end() && o->second.storage.expired()) cache.origins.erase(o);
-  }
   CategoryGuard category(MemoryCategory::compute_weights);
   Tensor copy = p.to(dtype);
-  const bool keep = mode_.weight_casts == WeightCasts::keep_for_backward;
-  const Storage* origin = keep ? nullptr : copy.storage().get();
-  cache.entries[&p.impl()] = {p, keep ? copy : Tensor(), copy.impl_ptr(), origin};
-  if (origin) cache.origins[origin] = {copy.storage(), p, dtype};
+  WeightCache::Entry entry{p, Tensor(), copy.impl_ptr()};
+  if (mode_.weight_casts == WeightCasts::keep_for_backward) {
+    entry.kept = copy;
+  } else {
+    entry.origin = cache.remember(copy, [p, dtype] { return p.detach().to(dtype); },
+                                  it == cache.entries.end() ? nullptr : it->second.origin);
+  }
+  cache.entries[&p.impl()] = std::move(entry);
   return copy;
 }
 
@@ -120,24 +140,36 @@ std::function<Tensor()> AutocastCastMode::recipe(const Tensor& tensor) {
     cache_->origins.erase(it);
     return {};
   }
-  // The copy came from p.to(dtype), so casting the parameter again lays the values out in the same storage
-  // geometry; the saved view is taken of the new storage at the same shape, strides and offset.
-  return [source = it->second.source, dtype = it->second.dtype, shape = tensor.shape(), strides = tensor.strides(),
+  // The copy was made by make(), so making it again lays the values out in the same storage geometry; the saved
+  // view is taken of the new storage at the same shape, strides and offset.
+  return [make = it->second.make, dtype = tensor.dtype(), shape = tensor.shape(), strides = tensor.strides(),
           offset = tensor.offset()] {
     CategoryGuard category(MemoryCategory::compute_weights);
-    const Tensor copy = source.detach().to(dtype);
+    const Tensor copy = make();
     return Tensor::make_view(copy.storage(), shape, strides, offset, dtype);
   };
 }
 
-const Fp8Weight& AutocastCastMode::fp8_weight(const Tensor& w) {
+Fp8Weight AutocastCastMode::fp8_weight(const Tensor& w) {
   WeightCache& cache = *cache_;
   auto it = cache.fp8_entries.find(&w.impl());
-  if (it != cache.fp8_entries.end()) return it->second.copy;
+  if (it != cache.fp8_entries.end()) {
+    if (std::optional<Fp8Weight> live = it->second.live_copy()) return *live;
+  }
   Fp8State& fp8 = *mode_.fp8;
+  Fp8LinearMeta* meta = fp8.meta_for(w);
+  const float scale = meta != nullptr ? meta->weight.scale() : 0.0f;  // what a delayed quantization uses
   CategoryGuard category(MemoryCategory::compute_weights);
-  Fp8Weight q = quantize_weight(w.detach(), fp8.recipe(), fp8.meta_for(w));
-  return cache.fp8_entries.emplace(&w.impl(), WeightCache::Fp8Entry{w, std::move(q)}).first->second.copy;
+  Fp8Weight q = quantize_weight(w.detach(), fp8.recipe(), meta);
+  WeightCache::Fp8Entry entry{q, q.codes.impl_ptr()};
+  if (mode_.weight_casts == WeightCasts::recast) {
+    entry.kept.codes = Tensor();
+    entry.origin = cache.remember(q.codes, [w, recipe = fp8.recipe(), scale] {
+      return quantize_weight_codes_again(w, recipe, scale);
+    }, it == cache.fp8_entries.end() ? nullptr : it->second.origin);
+  }
+  cache.fp8_entries[&w.impl()] = std::move(entry);
+  return q;
 }
 
 // nullopt when nothing needed a cast, so the op runs as called.
@@ -163,7 +195,7 @@ std::optional<Tensor> AutocastCastMode::linear(const Tensor& x, const Tensor& we
            "the fp8 policy needs the input and the weight on one device (input on {}, weight on {})", x.device().str(),
            weight.device().str());
   Fp8State& fp8 = *mode_.fp8;
-  const Fp8Weight& wq = fp8_weight(weight);
+  const Fp8Weight wq = fp8_weight(weight);
   const Tensor xb = x.dtype() == DType::bf16 ? x : x.to(DType::bf16);
   Autocast off(DType::f32);  // fp8_linear computes its products in f32 itself
   return fp8_linear(xb, weight, wq, bias, fp8.recipe(), fp8.meta_for(weight));
@@ -175,15 +207,16 @@ const AutocastCastMode* current() { return dynamic_cast<const AutocastCastMode*>
 
 }  // namespace
 
-// An autocast-off guard (f32) installs no mode: the ops then run as called, exactly as with no guard.
+// An autocast-off guard (f32) installs no mode: the ops then run as called, exactly as with no guard. It leaves
+// the remaker as it was: the saves of ops inside it (fp8_linear's, under the fp8 policy) may still be of the
+// outer guard's copies.
 struct Autocast::Installed {
   std::unique_ptr<AutocastCastMode> mode;  // declared first: outlives the guards that install it
   ops::CastModeGuard guard;
-  autograd::TensorRemakerGuard remaker;  // recast: saves of parameter copies become recipes
-  explicit Installed(std::unique_ptr<AutocastCastMode> m)
-      : mode(std::move(m)),
-        guard(mode.get()),
-        remaker(mode && mode->mode().weight_casts == WeightCasts::recast ? mode.get() : nullptr) {}
+  std::optional<autograd::TensorRemakerGuard> remaker;  // recast: saves of parameter copies become recipes
+  explicit Installed(std::unique_ptr<AutocastCastMode> m) : mode(std::move(m)), guard(mode.get()) {
+    if (mode) remaker.emplace(mode->mode().weight_casts == WeightCasts::recast ? mode.get() : nullptr);
+  }
 };
 
 namespace {

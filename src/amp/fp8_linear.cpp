@@ -230,6 +230,13 @@ Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8Line
   return {q.codes, scalar_f32(inv, w.device()), Fp8ScalingKind::delayed, inv};
 }
 
+Tensor quantize_weight_codes_again(const Tensor& weight, const Fp8Recipe& recipe, float delayed_scale) {
+  const Tensor w = weight.detach();
+  if (recipe.kind == Fp8ScalingKind::blockwise)
+    return quantize_fp8_blockwise(w, Fp8Format::e4m3, Fp8Tiling::block_128x128).codes;
+  return quantize_fp8_with_amax(w, Fp8Format::e4m3, delayed_scale).codes;
+}
+
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& wq, const Tensor& bias,
                   const Fp8Recipe& recipe, Fp8LinearMeta* meta) {
   check_inputs(x, weight, wq, bias, recipe, meta);

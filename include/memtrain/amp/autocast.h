@@ -29,10 +29,14 @@
 //   recast (default)   a copy lives while an op uses it: backward does not keep it but casts the parameter
 //                      again when it needs the copy (autograd::TensorRemaker), so about one layer's copies are
 //                      alive at a time, in the forward and in backward, for one more cast per weight and step.
+//                      Backward then reads the parameter as it is at that moment: change a weight only after
+//                      backward has passed it (as optimizers and layer-wise updates do).
 //   keep_for_backward  a copy is made once per outermost guard and kept by the guard until its end, and by
 //                      backward until the op that saved it has run: every weight's copy is alive at once
 //                      between the forward and backward, and each weight is cast once per step.
-// Under the fp8 policy the FP8 copies of linear weights are quantized once per guard and kept either way.
+// Under the fp8 policy the FP8 copies of linear weights follow the same policy: under recast backward quantizes the
+// weight again (blockwise: from the weight alone; delayed: with the scale the forward used, recording no amax)
+// and keeps only the scales.
 // Gradients flow back through the cast: a parameter's .grad() is f32.
 // Backward runs with autocast off (autograd::backward suspends the ops' CastMode); an activation-checkpoint
 // re-run restores the dtype its region's forward ran with.

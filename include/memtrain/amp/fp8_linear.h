@@ -62,6 +62,10 @@ struct Fp8Weight {
 // meta->weight's scale, recording its amax (meta required); blockwise: meta is not used (may be null). Not
 // recorded by autograd.
 Fp8Weight quantize_weight(const Tensor& weight, const Fp8Recipe& recipe, Fp8LinearMeta* meta);
+// The codes quantize_weight made of `weight`, made again and recording nothing: blockwise from the weight alone,
+// delayed with the scale that quantization used (`delayed_scale`, meta->weight.scale() then). For a backward that
+// did not keep them (amp::WeightCasts::recast).
+Tensor quantize_weight_codes_again(const Tensor& weight, const Fp8Recipe& recipe, float delayed_scale);
 
 // x [..., in] (f32 or bf16), weight [out, in] (the parameter gradients flow to), wq = quantize_weight(weight,
 // ...) of the same values, bias [out] or undefined. Returns [..., out] in x's dtype. Gradients: dx in x's dtype,
