@@ -105,7 +105,7 @@ Optimizer::Outcome Optimizer::step_slot(const Slot& slot) {
     if (slices_narrow_params()) {  // this rule takes the bf16 parameter itself, a slice at a time
       const NarrowStep narrow = narrow_step(slot.index, param);
       apply_rule(param, grad, group, state, &narrow);
-    } else {  // a wrapper (GaLore) hands it on to its elementwise rule
+    } else {  // a wrapper (GaLore) hands it on to its rule
       apply_rule(param, grad, group, state);
     }
   } else {
