@@ -41,6 +41,9 @@ class Backend {
   // Where small host-side values that go with this device's tensors live (fp8_linear's delayed scale): the CPU,
   // except on meta, whose host side is meta itself so a meta run accounts those bytes where the CPU run does.
   virtual Device host_side() const { return Device::cpu(); }
+  // Whether host code reads and writes this device's tensor bytes through data_ptr() (the CPU; not meta, which
+  // holds none): a file's bytes then go straight between the file and the tensor, without a staging copy.
+  virtual bool host_addressable() const { return false; }
 
   // ---- the types the entries name ----
   // The elementwise maps, named since a lambda cannot run on every device. out = f(x; p0, p1); p0/p1

@@ -15,6 +15,7 @@ class CpuBackend : public detail::Backend {
  public:
   // False on meta: kernels are skipped, allocations are made as on the CPU.
   virtual bool runs_kernels() const { return true; }
+  bool host_addressable() const override { return runs_kernels(); }
 
   // Every entry of the contract (core/backend_entries.def), defined in the files named above.
 #define MT_BACKEND_ENTRY(ret, name, params) ret name params const override;

@@ -4,6 +4,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_limits.h"
+#include "io/tensor_pieces.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -198,23 +199,94 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) {
   return std::nullopt;
 }
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+struct SafetensorsFile::Impl {
+  std::string path;
   Fd fd;
-  Header h = open_and_read_header(path, fd);
-  std::map<std::string, Tensor> out;
-  for (const auto& e : h.entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
-    MT_CHECK(detail::read_exact_at(fd.fd, t.data_ptr(), e.end - e.begin, h.data_start + e.begin, kLoad, path),
-             kLoad, "'{}': tensor '{}': file ended while reading its data at offset {}", path, e.name,
-             h.data_start + e.begin);
-    out.emplace(e.name, std::move(t));
+  Header header;
+  std::map<std::string, const Entry*> by_name;
+  mutable StagingBuffer staging;  // for destinations that cannot take the file's bytes as they are
+
+  const Entry& entry(const std::string& name) const {
+    const auto it = by_name.find(name);
+    MT_CHECK(it != by_name.end(), kLoad, "'{}': no tensor '{}' in the file", path, name);
+    return *it->second;
   }
+  // Fills dst with e's elements from `first` on, in dst's element order.
+  void read_elements(const Entry& e, std::int64_t first, Tensor& dst) const {
+    const std::size_t size = dtype_size(e.dtype);
+    const auto first_byte = static_cast<std::uint64_t>(first) * size;
+    if (dst.numel() == 0) return;
+    if (contiguous_in_host_memory(dst) && dst.dtype() == e.dtype) {
+      read_bytes(e, dst.data_ptr(), dst.nbytes(), first_byte);  // the file's bytes are the tensor's
+      return;
+    }
+    const std::size_t widest = std::max(size, dst.element_size());
+    for_each_piece(dst, static_cast<std::int64_t>(kStagingBytes / widest), [&](Tensor piece, std::int64_t at) {
+      Tensor staged = staging.view(piece.shape(), e.dtype);
+      read_bytes(e, staged.data_ptr(), staged.nbytes(), first_byte + static_cast<std::uint64_t>(at) * size);
+      piece.copy_(staged);  // converts the dtype and crosses to dst's device
+    });
+  }
+  // Reads `bytes` of e's data from `first_byte` on (relative to e's start) into data.
+  void read_bytes(const Entry& e, void* data, std::uint64_t bytes, std::uint64_t first_byte) const {
+    const std::uint64_t at = header.data_start + e.begin + first_byte;
+    MT_CHECK(detail::read_exact_at(fd.fd, data, bytes, at, kLoad, path), kLoad,
+             "'{}': tensor '{}': file ended while reading its data at offset {}", path, e.name, at);
+  }
+};
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->header = open_and_read_header(path, impl_->fd);
+  for (const Entry& e : impl_->header.entries) impl_->by_name.emplace(e.name, &e);
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+const std::string& SafetensorsFile::path() const { return impl_->path; }
+
+const std::map<std::string, std::string>& SafetensorsFile::metadata() const { return impl_->header.metadata; }
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(impl_->by_name.size());
+  for (const auto& [name, e] : impl_->by_name) out.push_back(name);
   return out;
 }
 
+std::optional<TensorInfo> SafetensorsFile::info(const std::string& name) const {
+  const auto it = impl_->by_name.find(name);
+  if (it == impl_->by_name.end()) return std::nullopt;
+  return TensorInfo{it->second->shape, it->second->dtype};
+}
+
+Tensor SafetensorsFile::read(const std::string& name) const {
+  const Entry& e = impl_->entry(name);
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.end > e.begin) impl_->read_bytes(e, t.data_ptr(), e.end - e.begin, 0);
+  return t;
+}
+
+void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
+  const Entry& e = impl_->entry(name);
+  MT_CHECK(dst.defined() && dst.shape() == e.shape, kLoad, "'{}': tensor '{}' has shape {} but its destination {}",
+           impl_->path, name, shape_str(e.shape), dst.defined() ? shape_str(dst.shape()) : std::string("is undefined"));
+  impl_->read_elements(e, 0, dst);
+}
+
+void SafetensorsFile::read_range_into(const std::string& name, std::int64_t first, Tensor& dst) const {
+  const Entry& e = impl_->entry(name);
+  const std::int64_t numel = shape_numel(e.shape);
+  MT_CHECK(dst.defined() && first >= 0 && first <= numel && dst.numel() <= numel - first, kLoad,
+           "'{}': elements [{}, {}) of tensor '{}' run past its {} elements", impl_->path, first,
+           first + (dst.defined() ? dst.numel() : 0), name, numel);
+  impl_->read_elements(e, first, dst);
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path) { return read_all(SafetensorsFile(path)); }
+
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
-  Fd fd;
-  return open_and_read_header(path, fd).metadata;
+  return SafetensorsFile(path).metadata();
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -232,6 +304,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     MT_CHECK(!name.empty() && name != "__metadata__", kSave, "'{}': invalid tensor name \"{}\"", path, name);
     MT_CHECK(seen.insert(name).second, kSave, "'{}': tensor name '{}' appears twice", path, name);
     MT_CHECK(t.defined(), kSave, "'{}': tensor '{}' is undefined", path, name);
+    MT_CHECK(!t.device().is_meta(), kSave, "'{}': tensor '{}' is on the meta device, which holds no values", path,
+             name);
     nlohmann::ordered_json e;
     e["dtype"] = std::string(safetensors_dtype_name(t.dtype()));
     e["shape"] = t.shape();
@@ -249,12 +323,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   for (std::size_t i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
   out.write(len.data(), len.size());
   out.write(text.data(), text.size());
+  StagingBuffer staging;  // for tensors whose bytes are not contiguous in host memory
   for (const auto& [name, t] : tensors) {
-    Tensor c = t.detach();
-    c = c.to(Device::cpu());  // no copy when it is there already
-    if (!c.is_contiguous()) c = c.contiguous();
-    MT_CHECK(c.nbytes() == t.nbytes(), kSave, "'{}': tensor '{}' changed size while saving", path, name);
-    if (c.nbytes() > 0) out.write(c.data_ptr(), c.nbytes());
+    if (contiguous_in_host_memory(t)) {
+      if (t.nbytes() > 0) out.write(t.data_ptr(), t.nbytes());
+      continue;
+    }
+    for_each_piece(t, static_cast<std::int64_t>(kStagingBytes / t.element_size()), [&](const Tensor& piece,
+                                                                                         std::int64_t) {
+      Tensor staged = staging.view(piece.shape(), t.dtype());
+      staged.copy_(piece);
+      out.write(staged.data_ptr(), staged.nbytes());
+    });
   }
   out.commit();
 }

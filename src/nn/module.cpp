@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -191,34 +192,32 @@ StateDict Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const StateDict& dict, bool strict) {
+void Module::load_state_dict(const TensorSource& source, bool strict) {
   StateDict own = state_dict();
+  const std::vector<std::string> names = source.names();
   std::vector<std::string> missing, unexpected, mismatched;
   for (const auto& [n, t] : own) {
-    auto it = dict.find(n);
-    if (it == dict.end()) {
+    const auto info = source.info(n);
+    if (!info && !std::binary_search(names.begin(), names.end(), n)) {
       missing.push_back(n);
-    } else if (!it->second.defined() || it->second.shape() != t.shape()) {
+    } else if (!info || info->shape != t.shape()) {
       mismatched.push_back(fmt::format("{} (checkpoint {} vs model {})", n,
-                                       it->second.defined() ? shape_str(it->second.shape()) : "undefined",
-                                       shape_str(t.shape())));
+                                       info ? shape_str(info->shape) : "undefined", shape_str(t.shape())));
     }
   }
-  for (const auto& [n, t] : dict)
+  for (const std::string& n : names)
     if (own.count(n) == 0) unexpected.push_back(n);
   std::string problems;
-  auto add = [&](const char* what, const std::vector<std::string>& names) {
-    if (names.empty()) return;
-    problems += fmt::format("{}{}: {}", problems.empty() ? "" : "; ", what, fmt::join(names, ", "));
+  auto add = [&](const char* what, const std::vector<std::string>& keys) {
+    if (keys.empty()) return;
+    problems += fmt::format("{}{}: {}", problems.empty() ? "" : "; ", what, fmt::join(keys, ", "));
   };
   if (strict) add("missing keys", missing);
   if (strict) add("unexpected keys", unexpected);
   add("shape mismatch", mismatched);
   MT_CHECK(problems.empty(), "load_state_dict", "{}", problems);
-  for (auto& [n, t] : own) {
-    auto it = dict.find(n);
-    if (it != dict.end()) t.copy_(it->second);  // t is a detached view: the parameter's storage is kept
-  }
+  for (auto& [n, t] : own)
+    if (source.info(n)) source.read_into(n, t);  // t is a detached view: the parameter's storage is kept
 }
 
 void Module::save(const std::string& path) const {
@@ -226,9 +225,9 @@ void Module::save(const std::string& path) const {
 }
 
 void Module::load(const std::string& path, bool strict) {
-  const StateDict dict = io::load_safetensors(path);  // names the file when it cannot be read
+  const io::SafetensorsFile file(path);  // names the file when its header cannot be read
   try {
-    load_state_dict(dict, strict);
+    load_state_dict(file, strict);
   } catch (const Error& e) {
     MT_CHECK(false, "Module::load", "'{}': {}", path, e.what());
   }

@@ -281,7 +281,7 @@ void GaLore::save_sharded(std::size_t i, const Tensor& param, StateDict& out, St
   }
 }
 
-void GaLore::load_sharded(const StateDict& dict, std::size_t i, const Tensor& param, const ParamGroup& group,
+void GaLore::load_sharded(const TensorSource& dict, std::size_t i, const Tensor& param, const ParamGroup& group,
                           std::set<std::string>& used, const std::string& where, Entry& entry) {
   const std::int64_t r_numel = shape_numel(projected_shape(param));
   const auto [begin, end] = shards_.range(r_numel);
@@ -294,11 +294,11 @@ void GaLore::load_sharded(const StateDict& dict, std::size_t i, const Tensor& pa
     return;
   }
   const std::string key = key_of(i, "step");
-  const auto it = dict.find(key);
-  MT_CHECK(it != dict.end() && it->second.numel() == 1 && it->second.dtype() == DType::i64, where,
+  const auto info = dict.info(key);
+  MT_CHECK(info && shape_numel(info->shape) == 1 && info->dtype == DType::i64, where,
            "key '{}' should hold the step count (one i64) of projected param {}", key, i);
   used.insert(key);
-  entry.steps = it->second.contiguous().data<std::int64_t>()[0];
+  entry.steps = dict.read(key).contiguous().data<std::int64_t>()[0];
   MT_CHECK(entry.steps >= 0, where, "key '{}' holds a negative step {}", key, entry.steps);
 }
 
@@ -406,7 +406,7 @@ StateDict GaLore::collect_state(StateCopy copy) const {
   return out;
 }
 
-void GaLore::load_rule_state(const StateDict& dict) {
+void GaLore::load_rule_state(const TensorSource& dict) {
   const std::string where = fmt::format("{}::load_state_dict", name());
   std::set<std::string> used;
   std::vector<Entry> fresh(entries_.size());
@@ -438,11 +438,10 @@ void GaLore::load_rule_state(const StateDict& dict) {
         auto take = [&](const char* name, bool wanted) {
           if (!wanted) return Tensor();
           const std::string key = key_of(i, name);
-          auto it = dict.find(key);
-          MT_CHECK(it != dict.end(), where, "missing key '{}' (projected param {}, shape {})", key, i,
+          MT_CHECK(dict.info(key).has_value(), where, "missing key '{}' (projected param {}, shape {})", key, i,
                    shape_str(param.shape()));
           used.insert(key);
-          return it->second;
+          return dict.read(key);
         };
         using Side = GaLoreProjector::Side;
         const Tensor left = take("galore.left", side != Side::right);
@@ -464,10 +463,7 @@ void GaLore::load_rule_state(const StateDict& dict) {
       ++i;
     }
   }
-  for (const auto& [key, t] : dict) {
-    MT_CHECK(used.count(key) != 0, where, "unexpected key '{}' (shape {}); this optimizer has {} parameters", key,
-             shape_str(t.shape()), entries_.size());
-  }
+  check_all_used(dict, used, where);
   entries_ = std::move(fresh);
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -299,17 +300,17 @@ void Optimizer::save_state(const ParamState& state, const std::string& prefix, S
   for (const auto& [name, t] : state.tensors) out.emplace(key_of(prefix, name), collected(t, copy));
 }
 
-Optimizer::ParamState Optimizer::load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
+Optimizer::ParamState Optimizer::load_state(const TensorSource& dict, const std::string& prefix, const Tensor& target,
                                             const ParamGroup& group, std::set<std::string>& used,
                                             std::string_view where) {
   const std::string step_key = key_of(prefix, "step");
-  auto it = dict.find(step_key);
-  MT_CHECK(it != dict.end(), where, "missing key '{}'", step_key);
-  MT_CHECK(it->second.numel() == 1, where, "key '{}' should hold one step count, got shape {}", step_key,
-           shape_str(it->second.shape()));
+  const auto step_info = dict.info(step_key);
+  MT_CHECK(step_info.has_value(), where, "missing key '{}'", step_key);
+  MT_CHECK(shape_numel(step_info->shape) == 1, where, "key '{}' should hold one step count, got shape {}", step_key,
+           shape_str(step_info->shape));
   used.insert(step_key);
   ParamState state;
-  state.step = static_cast<std::int64_t>(it->second.item());
+  state.step = static_cast<std::int64_t>(dict.read(step_key).item());
   MT_CHECK(state.step >= 0, where, "key '{}' holds a negative step {}", step_key, state.step);
   if (state.step == 0) return state;  // never stepped: no state tensors expected
   {
@@ -320,15 +321,14 @@ Optimizer::ParamState Optimizer::load_state(const StateDict& dict, const std::st
   }
   for (auto& [name, t] : state.tensors) {
     const std::string key = key_of(prefix, name);
-    auto found = dict.find(key);
-    MT_CHECK(found != dict.end(), where, "missing key '{}' (expected shape {} {})", key, shape_str(t.shape()),
+    const auto found = dict.info(key);
+    MT_CHECK(found.has_value(), where, "missing key '{}' (expected shape {} {})", key, shape_str(t.shape()),
              dtype_name(t.dtype()));
-    const Tensor& src = found->second;
-    MT_CHECK(src.shape() == t.shape() && src.dtype() == t.dtype(), where,
+    MT_CHECK(found->shape == t.shape() && found->dtype == t.dtype(), where,
              "key '{}' has shape {} {} but this optimizer expects {} {} (param shape {})", key,
-             shape_str(src.shape()), dtype_name(src.dtype()), shape_str(t.shape()), dtype_name(t.dtype()),
+             shape_str(found->shape), dtype_name(found->dtype), shape_str(t.shape()), dtype_name(t.dtype()),
              shape_str(target.shape()));
-    t.copy_(src);
+    dict.read_into(key, t);
     used.insert(key);
   }
   return state;
@@ -341,38 +341,55 @@ StateDict Optimizer::with_compensations(StateDict state, StateCopy copy) const {
   return state;
 }
 
-void Optimizer::load_state_dict(const StateDict& dict) {
+namespace {
+
+// The parameter index of a Kahan compensation's key ("12.kahan"), or nullopt for any other key.
+std::optional<std::string> compensation_index(const std::string& key) {
+  const std::size_t dot = key.find('.');
+  if (dot == std::string::npos || key.compare(dot + 1, std::string::npos, kCompensation) != 0) return std::nullopt;
+  return key.substr(0, dot);
+}
+
+}  // namespace
+
+void Optimizer::load_state_dict(const TensorSource& dict) {
   const std::string where = fmt::format("{}::load_state_dict", name());
   std::vector<Tensor> fresh(compensations_.size());
-  StateDict rest;
-  for (const auto& [key, t] : dict) {
-    const std::size_t dot = key.find('.');
-    if (dot == std::string::npos || key.compare(dot + 1, std::string::npos, kCompensation) != 0) {
-      rest.emplace(key, t);
-      continue;
-    }
-    const std::string number = key.substr(0, dot);
-    MT_CHECK(!number.empty() && number.find_first_not_of("0123456789") == std::string::npos, where,
+  for (const std::string& key : dict.names()) {
+    const auto number = compensation_index(key);
+    if (!number) continue;
+    MT_CHECK(!number->empty() && number->find_first_not_of("0123456789") == std::string::npos, where,
              "unexpected key '{}'", key);
-    const std::size_t index = std::stoul(number);
+    const std::size_t index = std::stoul(*number);
     MT_CHECK(index < compensations_.size(), where, "unexpected key '{}': this optimizer has {} parameters", key,
              compensations_.size());
     MT_CHECK(narrow_.kahan, where, "key '{}' holds a Kahan compensation, but this optimizer rounds bf16 parameters "
              "stochastically (NarrowParams.kahan false; param_dtype bf16-kahan saved it)", key);
     const Tensor* param = &param_at_index(index);
-    MT_CHECK(param->dtype() == DType::bf16 && t.dtype() == DType::bf16 && t.shape() == param->shape(), where,
+    const TensorInfo t = *dict.info(key);
+    MT_CHECK(param->dtype() == DType::bf16 && t.dtype == DType::bf16 && t.shape == param->shape(), where,
              "key '{}' has shape {} {} but param {} is {} {} (a compensation is bf16 of a bf16 parameter's shape)",
-             key, shape_str(t.shape()), dtype_name(t.dtype()), index, shape_str(param->shape()),
+             key, shape_str(t.shape), dtype_name(t.dtype), index, shape_str(param->shape()),
              dtype_name(param->dtype()));
     CategoryGuard category(MemoryCategory::optimizer_state);
-    fresh[index] = Tensor::empty(t.shape(), DType::bf16, param->device());
-    fresh[index].copy_(t);
+    fresh[index] = Tensor::empty(t.shape, DType::bf16, param->device());
+    dict.read_into(key, fresh[index]);
   }
-  load_rule_state(rest);
+  load_rule_state(dict);
   compensations_ = std::move(fresh);
 }
 
-void Optimizer::load_rule_state(const StateDict& dict) {
+void Optimizer::check_all_used(const TensorSource& dict, const std::set<std::string>& used,
+                               std::string_view where) const {
+  for (const std::string& key : dict.names()) {
+    if (used.count(key) != 0 || compensation_index(key)) continue;
+    const auto t = dict.info(key);
+    MT_CHECK(false, where, "unexpected key '{}' (shape {}); this optimizer has {} parameters", key,
+             t ? shape_str(t->shape) : std::string("undefined"), states_.size());
+  }
+}
+
+void Optimizer::load_rule_state(const TensorSource& dict) {
   const std::string where = fmt::format("{}::load_state_dict", name());
   std::vector<ParamState> fresh(states_.size());
   std::set<std::string> used;
@@ -380,10 +397,7 @@ void Optimizer::load_rule_state(const StateDict& dict) {
     fresh[slot.index] = load_state(dict, std::to_string(slot.index), groups_[slot.group].params[slot.index_in_group],
                                    groups_[slot.group], used, where);
   }
-  for (const auto& [key, t] : dict) {
-    MT_CHECK(used.count(key) != 0, where, "unexpected key '{}' (shape {}); this optimizer has {} parameters", key,
-             shape_str(t.shape()), states_.size());
-  }
+  check_all_used(dict, used, where);
   states_ = std::move(fresh);
 }
 
@@ -392,7 +406,7 @@ void Optimizer::save_external(const ExternalState& state, const std::string& pre
   save_state(state.state_, prefix, out, copy);
 }
 
-Optimizer::ExternalState Optimizer::load_external(const StateDict& dict, const std::string& prefix,
+Optimizer::ExternalState Optimizer::load_external(const TensorSource& dict, const std::string& prefix,
                                                   const Tensor& target, const ParamGroup& group,
                                                   std::set<std::string>& used, std::string_view where) {
   ExternalState out;

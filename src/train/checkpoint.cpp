@@ -189,28 +189,17 @@ optim::StateDict Trainer::state_by_param_index() const {
   return out;
 }
 
-optim::StateDict Trainer::state_by_optimizer_slot(optim::StateDict by_param) const {
-  if (whole_params_.empty()) return by_param;
-  std::map<std::size_t, std::size_t> slot_of;  // index in whole_params_ -> the optimizer's slot
-  for (std::size_t k = 0; k < shards_.size(); ++k) slot_of[shards_[k].index] = k;
-  optim::StateDict out;
-  for (auto& [key, t] : by_param) {
-    const std::size_t dot = key.find('.');
-    out.emplace(fmt::format("{}.{}", slot_of.at(std::stoull(key.substr(0, dot))), key.substr(dot + 1)), t);
-  }
-  return out;
-}
-
-optim::StateDict Trainer::checkpoint_state(const std::string& path, const std::map<std::string, std::string>& meta,
-                                           optim::StateDict in_file) const {
+std::unique_ptr<TensorSource> Trainer::checkpoint_state(const std::string& path,
+                                                        const std::map<std::string, std::string>& meta,
+                                                        const TensorSource& in_file) const {
   const auto shards = meta.find("zero_shards");
-  if (shards == meta.end() && whole_params_.empty()) return in_file;  // unsharded both ways: as it is
   const std::vector<Tensor> params = trained_params();
-  std::vector<detail::StateShard> pieces;
+  std::vector<detail::SavedShard> pieces;
   if (shards != meta.end()) {
-    pieces = detail::load_state_shards(path, meta_i64(meta, "zero_shards", path));
+    pieces = detail::open_state_shards(path, meta_i64(meta, "zero_shards", path));
   } else {
-    detail::StateShard whole{std::move(in_file), {}};
+    // The checkpoint's own entries, which the caller keeps open while the result is read: not owned here.
+    detail::SavedShard whole{std::shared_ptr<const TensorSource>(&in_file, [](const TensorSource*) {}), {}};
     for (std::size_t i = 0; i < params.size(); ++i) whole.shards[i] = {0, shape_numel(state_shape(i))};
     pieces.push_back(std::move(whole));
   }
@@ -220,26 +209,35 @@ optim::StateDict Trainer::checkpoint_state(const std::string& path, const std::m
   } else {
     for (const Shard& s : shards_) want[s.index] = {s.begin, s.begin + s.count};
   }
-  optim::StateDict state = detail::reshard_state(pieces, want, fmt::format("load_checkpoint: '{}'", path));
+  auto state = std::make_unique<detail::ReshardedState>(
+      detail::reshard_state(std::move(pieces), want, fmt::format("load_checkpoint: '{}'", path)));
   if (whole_params_.empty()) {
     // Shards are flat; a whole tensor's 32-bit moments have its state's shape (8-bit codes and absmax stay
     // flat, and what every rank keeps whole, a step count or a GaLore basis, is as it was saved).
-    for (auto& [key, t] : state) {
+    for (const std::string& key : state->names()) {
       const std::size_t dot = key.find('.');
       const Shape shape = state_shape(std::stoull(key.substr(0, dot)));
       const std::string_view name = std::string_view(key).substr(dot + 1);
       if (!detail::replicated_state(name) && !name.ends_with(".codes") && !name.ends_with(".absmax") &&
-          t.numel() == shape_numel(shape))
-        t = t.reshape(shape);
+          shape_numel(state->info(key)->shape) == shape_numel(shape))
+        state->reshape(key, shape);
     }
+    return state;
   }
-  return state_by_optimizer_slot(std::move(state));
+  // Keys by global parameter index -> by the optimizer's slot.
+  std::map<std::size_t, std::size_t> slot_of;  // index in whole_params_ -> the optimizer's slot
+  for (std::size_t k = 0; k < shards_.size(); ++k) slot_of[shards_[k].index] = k;
+  state->rename([&](const std::string& key) {
+    const std::size_t dot = key.find('.');
+    return fmt::format("{}.{}", slot_of.at(std::stoull(key.substr(0, dot))), key.substr(dot + 1));
+  });
+  return state;
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
   mark("checkpoint save");
-  // What saving allocates is transient: count it as workspace (the step counts, and for device tensors the
-  // host copy the file is written from, one tensor at a time).
+  // What saving allocates is transient: count it as workspace (the step counts, and the bounded host buffer a
+  // device tensor is written through, io::kStagingBytes).
   CategoryGuard category(MemoryCategory::workspace);
   const bool sharded = !whole_params_.empty();
   if (sharded) {
@@ -279,7 +277,8 @@ void Trainer::save_checkpoint(const std::string& path) const {
 
 void Trainer::load_checkpoint(const std::string& path) {
   const char* where = "load_checkpoint";
-  const auto meta = io::load_safetensors_metadata(path);
+  const io::SafetensorsFile file(path);  // the header only: tensors are read where they go, below
+  const auto& meta = file.metadata();
   auto format = meta.find("format");
   MT_CHECK(format != meta.end() && format->second == kFormat, where, "'{}' is not a memtrain checkpoint (no "
            "metadata format = \"{}\")", path, kFormat);
@@ -308,38 +307,29 @@ void Trainer::load_checkpoint(const std::string& path) {
            "{} per epoch); were micro_batch or the dataset changed?",
            path, pos.epoch, pos.batch, train_loader_->batches_per_epoch(), config_.micro_batch);
 
-  std::map<std::string, Tensor> all;
+  for (const std::string& name : file.names())
+    MT_CHECK(name.starts_with(kModelPrefix) || name.starts_with(kOptimPrefix) || name.starts_with(kAmpPrefix), where,
+             "'{}': unexpected tensor '{}' (expected 'model.*', 'optim.*' or 'amp.*')", path, name);
+  const PrefixedTensorSource model_sd(file, kModelPrefix), optim_sd(file, kOptimPrefix);
+  optim::StateDict amp_sd;  // a few scalars and FP8 histories
   {
     CategoryGuard category(MemoryCategory::workspace);
-    all = io::load_safetensors(path);
-  }
-  nn::StateDict model_sd;
-  optim::StateDict optim_sd, amp_sd;
-  for (auto& [name, t] : all) {
-    if (name.rfind(kModelPrefix, 0) == 0) {
-      model_sd.emplace(name.substr(std::char_traits<char>::length(kModelPrefix)), t);
-    } else if (name.rfind(kOptimPrefix, 0) == 0) {
-      optim_sd.emplace(name.substr(std::char_traits<char>::length(kOptimPrefix)), t);
-    } else if (name.rfind(kAmpPrefix, 0) == 0) {
-      amp_sd.emplace(name.substr(std::char_traits<char>::length(kAmpPrefix)), t);
-    } else {
-      MT_CHECK(false, where, "'{}': unexpected tensor '{}' (expected 'model.*', 'optim.*' or 'amp.*')", path, name);
-    }
+    amp_sd = read_all(PrefixedTensorSource(file, kAmpPrefix));
   }
 
   // Check the whole model before changing anything, naming the tensor (Module::load_state_dict would too,
   // but without the file).
   const nn::StateDict current = model_->state_dict();
   for (const auto& [name, t] : current) {
-    auto it = model_sd.find(name);
-    MT_CHECK(it != model_sd.end(), where, "'{}': missing tensor 'model.{}' (shape {})", path, name,
+    const auto saved = model_sd.info(name);
+    MT_CHECK(saved.has_value(), where, "'{}': missing tensor 'model.{}' (shape {})", path, name,
              shape_str(t.shape()));
-    MT_CHECK(it->second.shape() == t.shape(), where, "'{}': tensor 'model.{}' has shape {} but the model's is {}",
-             path, name, shape_str(it->second.shape()), shape_str(t.shape()));
+    MT_CHECK(saved->shape == t.shape(), where, "'{}': tensor 'model.{}' has shape {} but the model's is {}", path,
+             name, shape_str(saved->shape), shape_str(t.shape()));
   }
-  for (const auto& [name, t] : model_sd) {
+  for (const std::string& name : model_sd.names()) {
     MT_CHECK(current.count(name) != 0, where, "'{}': tensor 'model.{}' (shape {}) is not in the model", path, name,
-             shape_str(t.shape()));
+             shape_str(model_sd.info(name)->shape));
   }
   try {
     // The amp state and the optimizer first: each checks every key before it replaces its state, and the model
@@ -347,14 +337,14 @@ void Trainer::load_checkpoint(const std::string& path) {
     // leaves this run's fresh; such state in a file read by a run of another precision has nothing to restore.
     if (scaler_ && amp_sd.count(std::string(kLossScalerKey) + ".scale") != 0) scaler_->load(amp_sd, kLossScalerKey);
     if (fp8_) fp8_->load(amp_sd, kFp8Key, model_->named_parameters());
-    optimizer_->load_state_dict(checkpoint_state(path, meta, std::move(optim_sd)));
+    // Each tensor is read from the file into the state or parameter it restores (a state saved or loaded in
+    // ZeRO shards: each rank's share, from the ranges of the shard files that hold it).
+    if (meta.count("zero_shards") == 0 && whole_params_.empty()) optimizer_->load_state_dict(optim_sd);
+    else optimizer_->load_state_dict(*checkpoint_state(path, meta, optim_sd));
     model_->load_state_dict(model_sd, /*strict=*/true);
   } catch (const Error& e) {
     throw Error(fmt::format("{}: '{}': {}", where, path, e.what()));
   }
-  all.clear();
-  model_sd.clear();
-  optim_sd.clear();
 
   warn_on_batching_change(meta, config_, path);
   step_ = step;

@@ -6,6 +6,7 @@
 // Checkpoints written at N ranks resume alone or sharded on the same bits; each rank's memory is its own
 // prediction to the byte; a config that differs between ranks is refused naming the field; a world size that
 // does not match the launcher's is refused.
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/communicator.h"
 #include "memtrain/dist/data_parallel.h"
@@ -341,7 +342,8 @@ TEST(DataParallel, LayerwiseStepsEachShardAsItsSumLandsAndKeepsTheBits) {
 
 // A ZeRO-1 checkpoint is the main file plus one file of optimizer state per rank. Written at N ranks after 10
 // of 20 steps, it resumes on the run alone's bits both alone (unsharded) and at N ranks (sharded again), and
-// an unsharded checkpoint resumes into shards; a missing shard file is refused naming it. With GaLore (a basis
+// an unsharded checkpoint resumes into shards, each rank reading only its share; a missing shard file is refused
+// naming it. With GaLore (a basis
 // refresh falls on step 10, right after the resume) the shards hold ranges of R and every rank the basis; with
 // Adafactor (first moment on) they hold whole rows, and every rank the row and column statistics.
 TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
@@ -380,14 +382,23 @@ TEST(DataParallel, ZeroOneCheckpointsResumeShardedOrAloneOnTheSameBits) {
       resumed.trainer->load_checkpoint(path);
       expect_same_bits(finish(resumed, first_half), want, what + "zero 1 checkpoint resumed alone");
     }
+    // Each rank reads its own share of the state from the ranges of the files that hold it, straight into its
+    // optimizer: a load holds less besides than that share (reading the files whole held every rank's share).
+    const auto load_holding_less_than_the_share = [&](Fixture& resumed, const std::string& file) {
+      mt::Allocator& host = mt::Allocator::get(mt::Device::cpu());
+      host.reset_peak();
+      resumed.trainer->load_checkpoint(file);
+      const std::size_t held_besides = host.stats().peak_bytes - host.stats().live_bytes;
+      EXPECT_LT(held_besides, resumed.trainer->optimizer().state_bytes()) << what << file << ", rank " << world->rank();
+    };
     {
       Fixture resumed = make(sharded, world);
-      resumed.trainer->load_checkpoint(path);
+      load_holding_less_than_the_share(resumed, path);
       expect_same_bits(finish(resumed, first_half), want, what + "zero 1 checkpoint resumed sharded");
     }
     {
       Fixture resumed = make(sharded, world);
-      resumed.trainer->load_checkpoint(plain);
+      load_holding_less_than_the_share(resumed, plain);
       expect_same_bits(finish(resumed, first_half), want, what + "unsharded checkpoint resumed sharded");
     }
     world->barrier();

@@ -12,6 +12,7 @@
 #include "memtrain/core/dtype.h"
 #include "memtrain/core/scoped_thread_value.h"
 #include "memtrain/core/tensor.h"
+#include "memtrain/core/tensor_source.h"
 
 #include <cstdint>
 #include <map>
@@ -72,8 +73,10 @@ class Module {
   // Copies values (converting dtype) into the existing parameters and buffers, preserving their storage.
   // Every entry is checked before anything is copied: a shape mismatch always throws memtrain::Error; with
   // strict, so do keys the model has but `dict` lacks (missing) and keys `dict` has but the model lacks
-  // (unexpected). The message names each offending key (and both shapes for a mismatch).
-  void load_state_dict(const StateDict& dict, bool strict = true);
+  // (unexpected). The message names each offending key (and both shapes for a mismatch). Each value is read
+  // from the source straight into its parameter or buffer: a file's tensors are not held in memory first.
+  void load_state_dict(const TensorSource& source, bool strict = true);
+  void load_state_dict(const StateDict& dict, bool strict = true) { load_state_dict(MapTensorSource(dict), strict); }
   // state_dict() written to a safetensors file (atomically: temp file + rename; io/safetensors.h), in name
   // order, with the metadata {"format": "pt"} so that Python's safetensors loads it as PyTorch tensors.
   void save(const std::string& path) const;

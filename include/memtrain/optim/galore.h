@@ -93,7 +93,7 @@ class GaLore final : public Optimizer {
   // stepped, "i.galore.left" (m, r) and/or "i.galore.right" (n, r), "i.galore.rng" (i64 [2]: Philox seed
   // and offset) and "i.galore.refresh_count" (i64): a restored optimizer continues bit-identically.
   StateDict collect_state(StateCopy copy) const override;
-  void load_rule_state(const StateDict& state) override;
+  void load_rule_state(const TensorSource& state) override;
 
   // Refused: a projected weight's state lives with its projector, which is not rebuilt mid-run.
   void reset_state(const Tensor& param) override;
@@ -170,7 +170,7 @@ class GaLore final : public Optimizer {
   // Saves / loads the base state of projected entry `i` when it is sharded (see StateShards).
   void save_sharded(std::size_t i, const Tensor& param, StateDict& out, StateCopy copy) const;
   // Fills entry.base and entry.steps.
-  void load_sharded(const StateDict& dict, std::size_t i, const Tensor& param, const ParamGroup& group,
+  void load_sharded(const TensorSource& dict, std::size_t i, const Tensor& param, const ParamGroup& group,
                     std::set<std::string>& used, const std::string& where, Entry& entry);
   const Tensor& param_of(std::size_t index) const;  // by state_dict numbering
   // hyper_of(group, 0) over `part`, a range of the whole R of `r_numel` elements.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "memtrain/core/tensor.h"
+#include "memtrain/core/tensor_source.h"
 
 #include <cstdint>
 #include <functional>
@@ -103,8 +104,11 @@ class Optimizer {
   StateDict state_view() const { return with_compensations(collect_state(StateCopy::none), StateCopy::none); }
   // Restores state saved by the same optimizer type over the same parameter shapes; throws naming the key
   // on a missing, unexpected or mis-shaped entry (Kahan compensations included: saved with kahan on, they
-  // load only with it on).
-  void load_state_dict(const StateDict& state);
+  // load only with it on). Each state tensor is read from the source straight into the one it restores (a
+  // checkpoint file is not read into memory first); the state held before is replaced, and freed, only once
+  // every entry has loaded, so a throw leaves it as it was.
+  void load_state_dict(const TensorSource& state);
+  void load_state_dict(const StateDict& state) { load_state_dict(MapTensorSource(state)); }
 
   // bytes of every state tensor, exactly: the rule's (rule_state_bytes) and the Kahan compensations
   std::size_t state_bytes() const { return rule_state_bytes() + compensation_bytes(); }
@@ -212,7 +216,10 @@ class Optimizer {
   // state of its own (GaLore) extends it.
   virtual StateDict collect_state(StateCopy copy) const;
   // load_state_dict of everything but the Kahan compensations; an optimizer with state of its own extends it.
-  virtual void load_rule_state(const StateDict& state);
+  virtual void load_rule_state(const TensorSource& state);
+  // Throws naming the first entry of `state` that is not in `used` and not a Kahan compensation (which
+  // load_state_dict reads itself).
+  void check_all_used(const TensorSource& state, const std::set<std::string>& used, std::string_view where) const;
   // The tensor as collected: a CPU copy, or t itself.
   static Tensor collected(const Tensor& t, StateCopy copy);
   // Writes `state` as "<prefix>.step" and "<prefix>.<state name>", as collect_state does.
@@ -220,7 +227,7 @@ class Optimizer {
   // Reads back what save_external wrote under `prefix` for a target shaped like `target`, checking names,
   // shapes and dtypes against init_state; adds the keys it read to `used`. Throws "<where>: ..." naming
   // the key.
-  ExternalState load_external(const StateDict& dict, const std::string& prefix, const Tensor& target,
+  ExternalState load_external(const TensorSource& dict, const std::string& prefix, const Tensor& target,
                               const ParamGroup& group, std::set<std::string>& used, std::string_view where);
 
  private:
@@ -243,7 +250,7 @@ class Optimizer {
   void update_in_slices(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
                         const NarrowStep& narrow);
   void save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
-  ParamState load_state(const StateDict& dict, const std::string& prefix, const Tensor& target,
+  ParamState load_state(const TensorSource& dict, const std::string& prefix, const Tensor& target,
                         const ParamGroup& group, std::set<std::string>& used, std::string_view where);
 
   std::vector<ParamGroup> groups_;

@@ -271,13 +271,16 @@ class Trainer {
   std::vector<Tensor> trained_params() const;  // whole_params_, or the optimizer's
   bool canonical_reduction_on() const;          // the canonical tree (and, on the CPU, the canonical norm)
   double clip_gradients(const std::vector<Tensor>& params);  // clips by config.grad_clip; returns the norm
-  // The optimizer state in checkpoint keys ("<index in trained_params()>.<name>") and back: the same keys
-  // unless the optimizer holds ZeRO-1 shards.
+  // The optimizer state in checkpoint keys ("<index in trained_params()>.<name>"): the optimizer's own keys
+  // unless it holds ZeRO-1 shards.
   optim::StateDict state_by_param_index() const;
-  optim::StateDict state_by_optimizer_slot(optim::StateDict by_param) const;
-  // The optimizer state of a checkpoint (its own, or its ranks' shard files), cut to what this trainer steps.
-  optim::StateDict checkpoint_state(const std::string& path, const std::map<std::string, std::string>& meta,
-                                    optim::StateDict in_file) const;
+  // The optimizer state of a checkpoint (`in_file`, its optimizer entries, or its ranks' shard files) cut to
+  // what this trainer steps and keyed by its optimizer's slots, for where either the file or this trainer holds
+  // ZeRO-1 shards: read on demand, each rank reading only its share (load_checkpoint reads an unsharded state
+  // into an unsharded trainer straight from the file).
+  std::unique_ptr<TensorSource> checkpoint_state(const std::string& path,
+                                                 const std::map<std::string, std::string>& meta,
+                                                 const TensorSource& in_file) const;
   void store_params_narrow(const nn::NamedTensors& trained);
   void make_train_loader(std::int64_t rank, std::int64_t world_size);
   std::unique_ptr<data::Loader> val_loader_;
