@@ -1,10 +1,12 @@
-// safetensors reader and writer. The header is parsed into a list of entries and fully validated (offsets
-// inside the data section, sizes matching shape x dtype, no overlaps) before any tensor is allocated.
+// safetensors reader. The header is parsed into a list of entries and fully validated (offsets inside the data
+// section, sizes matching shape x dtype, no overlaps) before any tensor is allocated. Only this reader's TU is in
+// the readers' fuzz harness (cmake/memtrain_fuzz.cmake): io::SafetensorsFile (safetensors_file.cpp) and the
+// writer (safetensors_save.cpp) reach the tensor copies, which the harness does not link.
 #include "memtrain/io/safetensors.h"
 
-#include "io/atomic_file.h"
+#include "io/atomic_file.h"  // read_exact_at
 #include "io/json_limits.h"
-#include "io/tensor_pieces.h"
+#include "io/safetensors_format.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,19 +16,13 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cerrno>
 #include <cstring>
-#include <set>
 
 namespace memtrain::io {
 
-static_assert(std::endian::native == std::endian::little, "safetensors bytes are written as stored in memory");
-
 namespace {
 
-constexpr const char* kLoad = "load_safetensors";
-constexpr const char* kSave = "save_safetensors";
 // The reference implementation refuses headers over 100 MB; so do we, before allocating one.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
@@ -35,28 +31,6 @@ constexpr std::array<std::pair<DType, std::string_view>, kNumDTypes> kDTypeNames
     {DType::f8_e4m3, "F8_E4M3"}, {DType::f8_e5m2, "F8_E5M2"}, {DType::i8, "I8"}, {DType::u8, "U8"},
     {DType::i32, "I32"}, {DType::i64, "I64"}, {DType::boolean, "BOOL"},
 }};
-
-struct Entry {
-  std::string name;
-  DType dtype = DType::f32;
-  Shape shape;
-  std::uint64_t begin = 0;  // relative to the start of the data section
-  std::uint64_t end = 0;
-};
-
-struct Header {
-  std::vector<Entry> entries;
-  std::map<std::string, std::string> metadata;
-  std::uint64_t data_start = 0;  // file offset of the data section
-};
-
-// Closes the descriptor on every path out, including throws.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 std::string json_type(const nlohmann::json& j) { return j.type_name(); }
 
@@ -179,13 +153,26 @@ Header read_header(const std::string& path, int fd) {
   return h;
 }
 
+}  // namespace
+
 Header open_and_read_header(const std::string& path, Fd& fd) {
   fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MT_CHECK(fd.fd >= 0, kLoad, "'{}': cannot open: {}", path, std::strerror(errno));
   return read_header(path, fd.fd);
 }
 
-}  // namespace
+void read_bytes(const std::string& path, int fd, const Header& h, const Entry& e, void* data, std::uint64_t bytes,
+                std::uint64_t first_byte) {
+  const std::uint64_t at = h.data_start + e.begin + first_byte;
+  MT_CHECK(detail::read_exact_at(fd, data, bytes, at, kLoad, path), kLoad,
+           "'{}': tensor '{}': file ended while reading its data at offset {}", path, e.name, at);
+}
+
+Tensor read_whole(const std::string& path, int fd, const Header& h, const Entry& e) {
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.end > e.begin) read_bytes(path, fd, h, e, t.data_ptr(), e.end - e.begin, 0);
+  return t;
+}
 
 std::string_view safetensors_dtype_name(DType dtype) {
   for (const auto& [d, name] : kDTypeNames)
@@ -199,154 +186,17 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) {
   return std::nullopt;
 }
 
-struct SafetensorsFile::Impl {
-  std::string path;
+std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   Fd fd;
-  Header header;
-  std::map<std::string, const Entry*> by_name;
-  mutable StagingBuffer staging;  // for destinations that cannot take the file's bytes as they are
-
-  const Entry& entry(const std::string& name) const {
-    const auto it = by_name.find(name);
-    MT_CHECK(it != by_name.end(), kLoad, "'{}': no tensor '{}' in the file", path, name);
-    return *it->second;
-  }
-  // Fills dst with e's elements from `first` on, in dst's element order.
-  void read_elements(const Entry& e, std::int64_t first, Tensor& dst) const {
-    const std::size_t size = dtype_size(e.dtype);
-    const auto first_byte = static_cast<std::uint64_t>(first) * size;
-    if (dst.numel() == 0) return;
-    if (contiguous_in_host_memory(dst) && dst.dtype() == e.dtype) {
-      read_bytes(e, dst.data_ptr(), dst.nbytes(), first_byte);  // the file's bytes are the tensor's
-      return;
-    }
-    const std::size_t widest = std::max(size, dst.element_size());
-    for_each_piece(dst, static_cast<std::int64_t>(kStagingBytes / widest), [&](Tensor piece, std::int64_t at) {
-      Tensor staged = staging.view(piece.shape(), e.dtype);
-      read_bytes(e, staged.data_ptr(), staged.nbytes(), first_byte + static_cast<std::uint64_t>(at) * size);
-      piece.copy_(staged);  // converts the dtype and crosses to dst's device
-    });
-  }
-  // Reads `bytes` of e's data from `first_byte` on (relative to e's start) into data.
-  void read_bytes(const Entry& e, void* data, std::uint64_t bytes, std::uint64_t first_byte) const {
-    const std::uint64_t at = header.data_start + e.begin + first_byte;
-    MT_CHECK(detail::read_exact_at(fd.fd, data, bytes, at, kLoad, path), kLoad,
-             "'{}': tensor '{}': file ended while reading its data at offset {}", path, e.name, at);
-  }
-};
-
-SafetensorsFile::SafetensorsFile(const std::string& path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = path;
-  impl_->header = open_and_read_header(path, impl_->fd);
-  for (const Entry& e : impl_->header.entries) impl_->by_name.emplace(e.name, &e);
-}
-
-SafetensorsFile::~SafetensorsFile() = default;
-
-const std::string& SafetensorsFile::path() const { return impl_->path; }
-
-const std::map<std::string, std::string>& SafetensorsFile::metadata() const { return impl_->header.metadata; }
-
-std::vector<std::string> SafetensorsFile::names() const {
-  std::vector<std::string> out;
-  out.reserve(impl_->by_name.size());
-  for (const auto& [name, e] : impl_->by_name) out.push_back(name);
+  const Header h = open_and_read_header(path, fd);
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : h.entries) out.emplace(e.name, read_whole(path, fd.fd, h, e));
   return out;
 }
 
-std::optional<TensorInfo> SafetensorsFile::info(const std::string& name) const {
-  const auto it = impl_->by_name.find(name);
-  if (it == impl_->by_name.end()) return std::nullopt;
-  return TensorInfo{it->second->shape, it->second->dtype};
-}
-
-Tensor SafetensorsFile::read(const std::string& name) const {
-  const Entry& e = impl_->entry(name);
-  Tensor t = Tensor::empty(e.shape, e.dtype);
-  if (e.end > e.begin) impl_->read_bytes(e, t.data_ptr(), e.end - e.begin, 0);
-  return t;
-}
-
-void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
-  const Entry& e = impl_->entry(name);
-  MT_CHECK(dst.defined() && dst.shape() == e.shape, kLoad, "'{}': tensor '{}' has shape {} but its destination {}",
-           impl_->path, name, shape_str(e.shape), dst.defined() ? shape_str(dst.shape()) : std::string("is undefined"));
-  impl_->read_elements(e, 0, dst);
-}
-
-void SafetensorsFile::read_range_into(const std::string& name, std::int64_t first, Tensor& dst) const {
-  const Entry& e = impl_->entry(name);
-  const std::int64_t numel = shape_numel(e.shape);
-  MT_CHECK(dst.defined() && first >= 0 && first <= numel && dst.numel() <= numel - first, kLoad,
-           "'{}': elements [{}, {}) of tensor '{}' run past its {} elements", impl_->path, first,
-           first + (dst.defined() ? dst.numel() : 0), name, numel);
-  impl_->read_elements(e, first, dst);
-}
-
-std::map<std::string, Tensor> load_safetensors(const std::string& path) { return read_all(SafetensorsFile(path)); }
-
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
-  return SafetensorsFile(path).metadata();
-}
-
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  // nlohmann's ordered_json keeps the entries in the caller's order, which is the order of the data.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = std::move(m);
-  }
-  std::set<std::string> seen;
-  std::uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    MT_CHECK(!name.empty() && name != "__metadata__", kSave, "'{}': invalid tensor name \"{}\"", path, name);
-    MT_CHECK(seen.insert(name).second, kSave, "'{}': tensor name '{}' appears twice", path, name);
-    MT_CHECK(t.defined(), kSave, "'{}': tensor '{}' is undefined", path, name);
-    MT_CHECK(!t.device().is_meta(), kSave, "'{}': tensor '{}' is on the meta device, which holds no values", path,
-             name);
-    nlohmann::ordered_json e;
-    e["dtype"] = std::string(safetensors_dtype_name(t.dtype()));
-    e["shape"] = t.shape();
-    e["data_offsets"] = {offset, offset + t.nbytes()};
-    offset += t.nbytes();
-    header[name] = std::move(e);
-  }
-  std::string text = header.dump();
-  // Pad with spaces to a multiple of 8 so the data section starts aligned, as the reference writer does.
-  text.append((8 - text.size() % 8) % 8, ' ');
-
-  detail::AtomicFileWriter out(path, kSave);
-  out.reserve(8 + text.size() + offset);
-  std::array<unsigned char, 8> len{};
-  for (std::size_t i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-  out.write(len.data(), len.size());
-  out.write(text.data(), text.size());
-  StagingBuffer staging;  // for tensors whose bytes are not contiguous in host memory
-  for (const auto& [name, t] : tensors) {
-    if (contiguous_in_host_memory(t)) {
-      if (t.nbytes() > 0) out.write(t.data_ptr(), t.nbytes());
-      continue;
-    }
-    for_each_piece(t, static_cast<std::int64_t>(kStagingBytes / t.element_size()), [&](const Tensor& piece,
-                                                                                         std::int64_t) {
-      Tensor staged = staging.view(piece.shape(), t.dtype());
-      staged.copy_(piece);
-      out.write(staged.data_ptr(), staged.nbytes());
-    });
-  }
-  out.commit();
-}
-
-void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  save_safetensors(path, std::vector<std::pair<std::string, Tensor>>(tensors.begin(), tensors.end()), metadata);
-}
-
-void save_safetensors(const std::string& path, std::initializer_list<std::pair<std::string, Tensor>> tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  save_safetensors(path, std::vector<std::pair<std::string, Tensor>>(tensors), metadata);
+  Fd fd;
+  return open_and_read_header(path, fd).metadata;
 }
 
 }  // namespace memtrain::io
