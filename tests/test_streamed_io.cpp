@@ -97,6 +97,25 @@ TEST(StreamedIo, ReadIntoRefusesAnotherShapeNamingFileAndTensor) {
   EXPECT_FALSE(file.info("v").has_value());
 }
 
+// A range of a tensor's elements (a ZeRO shard's piece of a saved state) reads those elements, in any dtype;
+// a range past the end is refused naming the file, the tensor and the range.
+TEST(StreamedIo, ReadRangeIntoReadsThoseElementsAndRefusesARangePastTheEnd) {
+  mt::test_support::TempDir dir;
+  const std::string path = dir.file("r.safetensors");
+  std::vector<float> v(12);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) + 0.5f;
+  mt::io::save_safetensors(path, {{"w", mt::tensor(v, {3, 4})}});
+  const mt::io::SafetensorsFile file(path);
+  Tensor piece = mt::zeros({5}, mt::DType::f64);
+  file.read_range_into("w", 6, piece);
+  EXPECT_EQ(values(piece), std::vector<float>(v.begin() + 6, v.begin() + 11));
+  Tensor too_long = mt::zeros({7});
+  const std::string msg = mt::test_support::error_of([&] { file.read_range_into("w", 6, too_long); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[6, 13)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+}
+
 mt::nn::GPTConfig gpt_of_7_mib() {
   mt::nn::GPTConfig c;
   c.vocab_size = 512;
@@ -110,7 +129,7 @@ mt::nn::GPTConfig gpt_of_7_mib() {
 
 // A resume reads the checkpoint into the fresh trainer's parameters and its new AdamW state directly: the load's
 // peak is what the trainer holds after it (plus a little), where reading the file first held the model and the
-// state twice (about 21 MiB more here). The resumed run continues as the saved one did.
+// state twice (19.5 MiB more here). The resumed run continues as the saved one did.
 TEST(StreamedIo, CheckpointLoadHoldsTheModelAndStateOnce) {
   mt::test_support::TempDir dir;
   mt::train::TrainerConfig c = mt::test_support::quiet_config();

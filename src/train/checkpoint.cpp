@@ -341,7 +341,11 @@ void Trainer::load_checkpoint(const std::string& path) {
     // ZeRO shards: each rank's share, from the ranges of the shard files that hold it).
     if (meta.count("zero_shards") == 0 && whole_params_.empty()) optimizer_->load_state_dict(optim_sd);
     else optimizer_->load_state_dict(*checkpoint_state(path, meta, optim_sd));
-    model_->load_state_dict(model_sd, /*strict=*/true);
+    try {
+      model_->load_state_dict(model_sd, /*strict=*/true);  // checked above: what fails here is a read
+    } catch (const Error& e) {
+      throw Error(fmt::format("{} (the model is partly loaded: load a checkpoint again before training)", e.what()));
+    }
   } catch (const Error& e) {
     throw Error(fmt::format("{}: '{}': {}", where, path, e.what()));
   }

@@ -203,7 +203,12 @@ class Trainer {
 
   std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
   void save_checkpoint(const std::string& path) const;
-  void load_checkpoint(const std::string& path);  // throws naming the file and what does not match
+  // Throws naming the file and what does not match, before anything changes: every name, shape and dtype is
+  // checked against the file's header first. Then each tensor is read from the file straight into the parameter
+  // or optimizer state it restores, so nothing is held twice. The optimizer's state is replaced only once all of
+  // it has loaded; a read of the model that fails after the checks (the file changed underneath) leaves the model
+  // partly loaded, and the error says to load again.
+  void load_checkpoint(const std::string& path);
   // Loads the newest checkpoint of config.checkpoint_dir; false when there is none.
   bool resume_latest();
 
