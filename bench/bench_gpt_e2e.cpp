@@ -25,8 +25,9 @@
 // MLP weights in GaLore's rank-R space (as train::Trainer builds it, base rule --optimizer). --head-grads
 // forward (the default, as train::Trainer runs) declares the backward's seed (ops::LossGradientSeed) so the
 // fused LM head makes its gradients in the forward; recompute leaves it undeclared, and the head's backward
-// recomputes the logits. --head-gemm compute runs the head's GEMMs in the autocast dtype
-// (ops::HeadGemmsInComputeDtype; TrainerConfig.head_gemms_in_compute_dtype). --reserve-limit sets the device
+// recomputes the logits. --head-gemm compute (the default, as train::Trainer runs) runs the head's GEMMs in the
+// autocast dtype (ops::HeadGemmsInComputeDtype; TrainerConfig.head_gemms_in_compute_dtype); f32 keeps them in
+// f32. --reserve-limit sets the device
 // allocator's Allocator::set_reserve_limit ratio (none: the cache keeps every freed block; default: the allocator's;
 // a ratio keeps the allocator's byte cap above the peak), --reserve-slack that cap (MiB above the live peak, or none),
 // and the peak reserved bytes are printed beside the live peak. --release-heap no skips the
@@ -85,7 +86,7 @@ struct Args {
   std::int64_t galore_rank = 0;
   std::int64_t galore_gap = 200;
   std::string head_grads = "forward";
-  std::string head_gemm = "f32";
+  std::string head_gemm = "compute";  // as train::Trainer runs
   std::string reserve_limit;  // empty: the allocator's default
   std::string reserve_slack;  // empty: the allocator's default
   std::string release_heap = "yes";

@@ -6,8 +6,8 @@
 #
 # The programs (all run with the same --model --seq-len --batch --steps --warmup --threads):
 #   memtrain  $MEMTRAIN_BUILD_DIR/bench/bench_gpt_e2e --precision fp32|bf16 (bf16 = amp::Autocast, with the LM
-#             head's GEMMs in bf16 too: --head-gemm $MT_BF16_HEAD_GEMM, default compute; f32 is the Trainer's
-#             memory-first default)
+#             head's GEMMs in bf16 too: --head-gemm $MT_BF16_HEAD_GEMM, default compute, as the Trainer's
+#             default)
 #   libtorch  bench/torch_peer/gpt_step_torch.cpp, libtorch 1.13.1 from Debian (fp32 only: "-" in bf16 rows)
 #   pytorch2  bench/torch_peer/gpt_step_pytorch.py --precision fp32|bf16 (bf16 = torch.autocast("cpu",
 #             dtype=torch.bfloat16) around forward + loss), PyTorch 2.x defaults: eager, no torch.compile

@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "memtrain/amp/autocast.h"
+#include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/nn/gpt.h"
 #include "memtrain/ops/elementwise.h"
@@ -217,7 +218,7 @@ TEST(FusedHeadGrads, PerRowLossesAlwaysRecompute) {
 }
 
 TEST(FusedHeadGrads, Bf16AutocastRunsTheGemmsInBf16) {
-  // Under bf16 autocast the GEMMs read bf16 copies of the weight: not the f32 head's bits, but within bf16
+  // Under bf16 autocast the GEMMs read the weight cast to bf16: not the f32 head's bits, but within bf16
   // rounding of the float64 reference on the bf16 rows and the f32 weight; both gradient paths agree bit for bit.
   const Case c = make_case(40, 32, 50, DType::bf16, true, 80);
   const Reference ref = reference(c, Reduction::mean, 1.0);
@@ -234,6 +235,26 @@ TEST(FusedHeadGrads, Bf16AutocastRunsTheGemmsInBf16) {
   expect_same_bits(run(c, Reduction::mean, 16, 1.0, 1.0, nullptr, DType::bf16, false), f32_gemms);
   expect_near_reference(in_forward, ref, 2e-2);
   expect_near_reference(f32_gemms, ref, 1e-2);
+}
+
+// Past 4096 classes the f32 weight is cast in blocks of 4096 rows (the logits written block by block, dx summed
+// over the blocks in f32): within bf16 rounding of the float64 reference, both gradient paths bit for bit, and
+// no whole bf16 copy of the weight is made (autocast's copies count as compute_weights; the block is workspace).
+TEST(FusedHeadGrads, Bf16GemmsCastTheWeightABlockAtATime) {
+  const Case c = make_case(12, 16, 4096 + 904, DType::bf16, true, 81);
+  const Reference ref = reference(c, Reduction::mean, 1.0);
+  Allocator& host = Allocator::get(Device::cpu());
+  host.reset_peak();
+  const std::size_t copies_before = host.stats()[MemoryCategory::compute_weights].live_bytes;
+  const Result in_forward = run(c, Reduction::mean, 8, 1.0, 1.0, nullptr, DType::bf16);
+  EXPECT_EQ(host.stats()[MemoryCategory::compute_weights].peak_bytes, copies_before)
+      << "a copy of the weight was made";
+  const Result recomputed = run(c, Reduction::mean, 8, std::nullopt, 1.0, nullptr, DType::bf16);
+  EXPECT_EQ(recomputed.recomputes, 1);
+  expect_same_bits(in_forward, recomputed);
+  EXPECT_NE(values_of(in_forward.dw), values_of(run(c, Reduction::mean, 8, 1.0, 1.0).dw))
+      << "the head's GEMMs did not run in bf16";
+  expect_near_reference(in_forward, ref, 2e-2);
 }
 
 TEST(FusedHeadGrads, F16AutocastOnTheCpuKeepsF32Gemms) {

@@ -82,6 +82,7 @@ class AutocastCastMode final : public ops::CastMode, public autograd::TensorRema
   std::optional<std::vector<Tensor>> to_compute(const std::vector<Tensor>& inputs) override {
     return cast_floating(inputs, mode_.dtype, true);
   }
+  std::optional<DType> compute_dtype() const override { return mode_.dtype; }
   // Floating tensors of another dtype cast to f32.
   std::optional<std::vector<Tensor>> to_f32(const std::vector<Tensor>& inputs) override {
     return cast_floating(inputs, DType::f32, false);

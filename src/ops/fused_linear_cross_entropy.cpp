@@ -3,11 +3,13 @@
 //
 //   per chunk of r rows:   copy                     x rows (r, C) widened to f32 (f32 GEMMs over bf16/f16 x)
 //                          linear_forward / matmul  logits (r, V) = x W^T (+ b), f32 GEMMs
-//                          (copy +) gemm_f32        the same from x's dtype (narrow GEMMs under autocast)
+//                          (copy +) gemm_f32        the same from x's dtype (narrow GEMMs under autocast: an f32
+//                                                   weight cast a block of V rows at a time into a buffer)
 //                          cross_entropy_forward    losses, lse (r)
 //   gradients, per chunk:  cross_entropy_backward   dlogits (r, V), in place over the logits
 //                          copy                     dlogits rounded to x's dtype (narrow GEMMs)
-//                          matmul (+ copy)          dx (r, C) = dlogits W, rounded once to x's dtype
+//                          matmul (+ copy)          dx (r, C) = dlogits W, rounded once to x's dtype (narrow
+//                                                   GEMMs over a cast weight: summed in f32 block by block)
 //                          gemm_f32, beta 1         dW (V, C) += dlogits^T x
 //                          (copy, gemm_f32, copy)   the same into a bf16/f16 weight's dW, a block of V rows at a
 //                                                   time: widened, accumulated in f32, rounded once per chunk
@@ -78,6 +80,9 @@ Grads allocate_grads(const Tensor& x, const Tensor& weight, bool want_dx, bool w
 
 // Rows of a narrow dW accumulated per block: 4096 x C f32 of scratch (12 MiB at C = 768).
 constexpr std::int64_t kNarrowDwRows = 4096;
+// Rows of an f32 weight cast at a time for narrow GEMMs: 4096 x C in x's dtype (6 MiB of bf16 at C = 768), where
+// a cast of the whole weight would sit at the step's peak (73.6 MiB of gpt2-124M's wte).
+constexpr std::int64_t kCastRows = 4096;
 
 // The f32 loss gradient of every row of a mean or sum from the loss's gradient g, formed on the host in f32 on
 // every device (the same float whether the forward or the backward forms it).
@@ -88,30 +93,35 @@ Tensor reduced_dloss(float g, Reduction reduction, std::int64_t count, Device de
 }
 
 // The operands of a walk, dense as the primitives read them best, and its buffers (workspace, on x's device).
-// gemm_weight is the weight the GEMMs read: the f32 weight, or its copy in x's narrow dtype (narrow GEMMs with
-// f32 accumulation). Buffers: the (chunk, V) f32 logits, then as the walk needs them: for f32 GEMMs over a
-// narrow x, the (chunk, C) f32 rows and the rows of dx; for narrow GEMMs, the (chunk, V) dlogits rounded to x's
-// dtype; with a bias gradient, one (V) f32 column sum.
+// gemm_dtype is what the GEMMs read: f32, or x's narrow dtype (narrow GEMMs with f32 accumulation), from a weight
+// stored in it or from an f32 weight cast a block of kCastRows rows at a time. Buffers: the (chunk, V) f32 logits,
+// then as the walk needs them: for f32 GEMMs over a narrow x, the (chunk, C) f32 rows; for those and for narrow
+// GEMMs over a cast weight, the (chunk, C) f32 rows of dx; for narrow GEMMs, the (chunk, V) dlogits rounded to
+// x's dtype, or over a cast weight one block's (chunk, kCastRows) and the cast block of the weight; with a bias
+// gradient, one (V) f32 column sum.
 class ChunkWalk {
  public:
-  ChunkWalk(const Tensor& x, const Tensor& gemm_weight, const Tensor& bias, const Tensor& targets,
+  ChunkWalk(const Tensor& x, const Tensor& weight, DType gemm_dtype, const Tensor& bias, const Tensor& targets,
             std::int64_t chunk_rows, const Grads& grads)
       : be_(::memtrain::detail::backend_for(x.device())),
         x_(dense(x)),
-        w_(dense(gemm_weight)),
+        w_(dense(weight)),
         b_(dense(bias)),
         t_(dense(targets)),
+        gemm_dtype_(gemm_dtype),
         N_(x.size(0)),
         C_(x.size(1)),
-        V_(gemm_weight.size(0)),
+        V_(weight.size(0)),
         chunk_(std::min(chunk_rows, N_)) {
     if (chunk_ == 0) return;
     const Device dev = x.device();
     logits_ = workspace_on(dev, chunk_ * V_, DType::f32);
     if (widened()) wide_ = workspace_on(dev, chunk_ * C_, DType::f32);
-    if (widened() && grads.dx.defined()) dx_wide_ = workspace_on(dev, chunk_ * C_, DType::f32);
+    if ((widened() || cast_blocks()) && grads.dx.defined()) dx_wide_ = workspace_on(dev, chunk_ * C_, DType::f32);
+    // The dlogits in the GEMMs' dtype: a chunk's, or over a cast weight one block's (chunk x kCastRows).
     if (narrow_gemm() && (grads.dx.defined() || grads.dw.defined()))
-      dl_narrow_ = workspace_on(dev, chunk_ * V_, w_.dtype());
+      dl_narrow_ = workspace_on(dev, chunk_ * (cast_blocks() ? std::min(V_, kCastRows) : V_), gemm_dtype_);
+    if (cast_blocks()) w_block_ = workspace_on(dev, std::min(V_, kCastRows) * C_, gemm_dtype_);
     if (grads.db.defined()) db_chunk_ = workspace_on(dev, V_, DType::f32).view({1, V_});
     if (grads.dw.defined() && grads.dw.dtype() != DType::f32)
       dw_block_ = workspace_on(dev, std::min(V_, kNarrowDwRows) * C_, DType::f32);
@@ -135,7 +145,14 @@ class ChunkWalk {
   Tensor logits(const Tensor& rows) const {
     const std::int64_t r = rows.size(0);
     const Tensor out = logits_.narrow(0, 0, r * V_).view({r, V_});
-    if (narrow_gemm()) {
+    if (cast_blocks()) {
+      for (std::int64_t v0 = 0; v0 < V_; v0 += kCastRows) {
+        const std::int64_t vb = std::min(kCastRows, V_ - v0);
+        const Tensor cols = out.narrow(1, v0, vb);  // rows V apart: the GEMM writes through its row stride
+        if (b_.defined()) be_.copy(cols, b_.narrow(0, v0, vb).view({1, vb}).expand({r, vb}));
+        be_.gemm_f32(cols, rows, cast_block(v0, vb), false, true, 1.0, b_.defined() ? 1.0 : 0.0);
+      }
+    } else if (narrow_gemm()) {
       if (b_.defined()) be_.copy(out, b_.view({1, V_}).expand({r, V_}));  // the bias, summed into by the GEMM
       be_.gemm_f32(out, rows, w_, false, true, 1.0, b_.defined() ? 1.0 : 0.0);
     } else if (b_.defined()) {
@@ -150,7 +167,9 @@ class ChunkWalk {
   // rounded once to x's dtype; dW += dl^T rows; db += column sums of dl.
   void gradients(const Tensor& dl, std::int64_t n0, const Tensor& rows, const Grads& g) const {
     const std::int64_t r = dl.size(0);
-    if (g.dx.defined() || g.dw.defined()) {
+    if (cast_blocks() && (g.dx.defined() || g.dw.defined())) {
+      gradients_by_block(dl, n0, rows, g);
+    } else if (g.dx.defined() || g.dw.defined()) {
       // Narrow GEMMs read dlogits rounded to x's dtype, as the backward of a narrow matmul would.
       Tensor dl_gemm = dl;
       if (narrow_gemm()) {
@@ -175,6 +194,22 @@ class ChunkWalk {
   }
 
  private:
+  // gradients() over an f32 weight cast a block of kCastRows rows at a time: per block, the dlogits rounded to
+  // the GEMMs' dtype, dx rows += dl_block W_block (summed in f32 over the blocks, rounded once), and the block's
+  // rows of the f32 dW += dl_block^T rows.
+  void gradients_by_block(const Tensor& dl, std::int64_t n0, const Tensor& rows, const Grads& g) const {
+    const std::int64_t r = dl.size(0);
+    const Tensor dx_acc = g.dx.defined() ? dx_wide_.narrow(0, 0, r * C_).view({r, C_}) : Tensor();
+    for (std::int64_t v0 = 0; v0 < V_; v0 += kCastRows) {
+      const std::int64_t vb = std::min(kCastRows, V_ - v0);
+      const Tensor dl_block = dl_narrow_.narrow(0, 0, r * vb).view({r, vb});
+      be_.copy(dl_block, dl.narrow(1, v0, vb));
+      if (g.dx.defined()) be_.gemm_f32(dx_acc, dl_block, cast_block(v0, vb), false, false, 1.0, v0 == 0 ? 0.0 : 1.0);
+      if (g.dw.defined()) be_.gemm_f32(g.dw.narrow(0, v0, vb), dl_block, rows, true, false, 1.0, 1.0);
+    }
+    if (g.dx.defined()) be_.copy(g.dx.narrow(0, n0, r), dx_acc);
+  }
+
   // dW (V, C) += dl^T rows. A narrow dW a block of V rows at a time through the f32 block buffer: widened
   // (exactly), the chunk's products summed into it in f32, rounded once back.
   void add_dw(const Tensor& dw, const Tensor& dl, const Tensor& rows) const {
@@ -192,18 +227,28 @@ class ChunkWalk {
     }
   }
 
-  bool narrow_gemm() const { return w_.dtype() != DType::f32; }
+  // Weight rows [v0, v0 + vb) cast to the GEMMs' dtype in the block buffer (the rounding a whole cast makes).
+  Tensor cast_block(std::int64_t v0, std::int64_t vb) const {
+    const Tensor block = w_block_.narrow(0, 0, vb * C_).view({vb, C_});
+    be_.copy(block, w_.narrow(0, v0, vb));
+    return block;
+  }
+
+  bool narrow_gemm() const { return gemm_dtype_ != DType::f32; }
+  bool cast_blocks() const { return narrow_gemm() && w_.dtype() == DType::f32; }
   bool widened() const { return x_.dtype() != DType::f32 && !narrow_gemm(); }
 
   const Backend& be_;
   Tensor x_, w_, b_, t_;  // x (N, C), w (V, C), b (V) or undefined, t (N)
+  DType gemm_dtype_;
   std::int64_t N_, C_, V_, chunk_;
   Tensor logits_;     // (chunk * V) f32
   Tensor wide_;       // (chunk * C) f32: f32 GEMMs over a narrow x; else undefined
   Tensor dx_wide_;    // (chunk * C) f32: likewise, for dx's rows
-  Tensor dl_narrow_;  // (chunk * V) in x's dtype: narrow GEMMs
+  Tensor dl_narrow_;  // (chunk * V), or (chunk * min(V, kCastRows)) over a cast weight, in x's dtype: narrow GEMMs
   Tensor db_chunk_;   // (1, V) f32: with a bias gradient
   Tensor dw_block_;   // (min(V, kNarrowDwRows) * C) f32: a narrow dW's accumulator
+  Tensor w_block_;    // (min(V, kCastRows) * C) in gemm_dtype_: narrow GEMMs over an f32 weight
 };
 
 // losses and lse [N] (f32, on x's device) of every row, chunk by chunk. With dloss defined (a mean's or sum's
@@ -244,17 +289,16 @@ void recompute_walk(const ChunkWalk& walk, const Tensor& dloss, const Tensor& ls
 
 thread_local bool t_narrow_gemms = false;  // a HeadGemmsInComputeDtype guard is alive
 
-// The weight the GEMMs read: the f32 weight, or, under HeadGemmsInComputeDtype when a CastMode (autocast) casts
-// it to x's narrow dtype and the backend multiplies that dtype natively, the narrow copy (data only: the
-// gradient goes to the f32 weight).
-
-Tensor gemm_weight_for(const Tensor& x, const Tensor& weight) {
+// The dtype the GEMMs read: a narrow weight's own (read as it is); x's narrow dtype under HeadGemmsInComputeDtype
+// when the CastMode (autocast) computes in it and the backend multiplies it natively (the f32 weight is then
+// cast a block at a time by the walk, its gradient f32); else f32.
+DType gemm_dtype_for(const Tensor& x, const Tensor& weight) {
   const DType dt = x.dtype();
-  if (weight.dtype() != DType::f32) return weight;  // stored narrow: read as it is
-  if (!t_narrow_gemms || dt == DType::f32 || !::memtrain::detail::backend_for(x.device()).gemm_narrow_native(dt)) return weight;
-  const auto cast = detail::cast_mode_to_compute(x, weight);
-  if (!cast || (*cast)[1].dtype() != dt) return weight;
-  return (*cast)[1].detach();
+  if (weight.dtype() != DType::f32) return weight.dtype();
+  if (!t_narrow_gemms || dt == DType::f32 || !::memtrain::detail::backend_for(x.device()).gemm_narrow_native(dt))
+    return DType::f32;
+  const CastMode* mode = detail::current_cast_mode();
+  return mode != nullptr && mode->compute_dtype() == dt ? dt : DType::f32;
 }
 
 thread_local double t_seed = 0.0;
@@ -303,12 +347,7 @@ std::vector<Tensor> fused_backward(const Tensor& g, Saved& s) {
                              ? g.detach().to(DType::f32).contiguous()
                              : reduced_dloss(g_scale, s.reduction, s.count, dev);
     grads = allocate_grads(x, w, s.want_dx, s.want_dw, s.want_db);
-    Tensor gemm_w = w;
-    if (s.gemm_dtype != DType::f32) {
-      const CategoryGuard scratch(MemoryCategory::workspace);
-      gemm_w = w.detach().to(s.gemm_dtype);  // the same rounding the forward's cast made
-    }
-    const ChunkWalk walk(x, gemm_w, b, t, s.chunk_rows, grads);
+    const ChunkWalk walk(x, w, s.gemm_dtype, b, t, s.chunk_rows, grads);  // casts w's blocks as the forward did
     if (walk.chunk() > 0) recompute_walk(walk, dloss, lse, s.ignore_index, grads);
   }
   std::vector<Tensor> out{grads.dx, grads.dw};
@@ -373,8 +412,7 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
   s->want_dx = x.requires_grad();
   s->want_dw = weight.requires_grad();
   s->want_db = bias.defined() && bias.requires_grad();
-  const Tensor gemm_w = gemm_weight_for(x, weight);
-  s->gemm_dtype = gemm_w.dtype();
+  s->gemm_dtype = gemm_dtype_for(x, weight);
   // With the loss's gradient declared, the forward makes the gradients (Grads) as it goes.
   Tensor dloss;
   if (needs_grad && t_has_seed && reduction != Reduction::none) {
@@ -382,7 +420,7 @@ Tensor fused_linear_cross_entropy(const Tensor& x, const Tensor& weight, const T
     s->made = allocate_grads(x, weight, s->want_dx, s->want_dw, s->want_db);
     dloss = reduced_dloss(s->seed, reduction, count, dev);
   }
-  const ChunkWalk walk(x, gemm_w, bias, t, chunk_rows, s->made ? *s->made : Grads{});
+  const ChunkWalk walk(x, weight, s->gemm_dtype, bias, t, chunk_rows, s->made ? *s->made : Grads{});
   forward_walk(losses, lse, walk, ignore_index, dloss, s->made ? *s->made : Grads{});
 
   Tensor out;

@@ -40,6 +40,10 @@ class CastMode {
   virtual std::optional<std::vector<Tensor>> to_f32(const std::vector<Tensor>& inputs) = 0;
   // linear computed by the mode itself (e.g. in FP8); asked before to_compute. bias may be undefined.
   virtual std::optional<Tensor> linear(const Tensor& x, const Tensor& weight, const Tensor& bias) = 0;
+  // The dtype to_compute casts floating inputs to, for an op that casts an operand itself a piece at a time
+  // (the fused LM head casts its weight a block of rows at a time, never whole); nullopt when the mode does
+  // not say, and such an op then runs uncast.
+  virtual std::optional<DType> compute_dtype() const { return std::nullopt; }
   // The operands of a binary elementwise op (add, sub, mul, div) whose dtypes differ, cast to the one dtype
   // the op is to run in; nullopt leaves them as they are, and the op refuses the mismatch. The default
   // promotes nothing.

@@ -19,8 +19,9 @@ namespace memtrain::ops {
 // The GEMMs run in f32 (narrow rows widened chunk by chunk), or, under a HeadGemmsInComputeDtype guard and
 // autocast (a CastMode that casts the weight to x's bf16/f16 dtype) where the backend multiplies that dtype
 // natively (Backend::gemm_narrow_native), in x's dtype with f32 accumulation: logits and the loss stay f32,
-// dlogits are rounded to x's dtype for the dx and dW products, and dW is summed in f32. The narrow weight lives
-// only while the forward runs (the backward casts the f32 weight again where it needs it).
+// dlogits are rounded to x's dtype for the dx and dW products, and dW is summed in f32. An f32 weight is cast a
+// block of 4096 rows at a time into a workspace buffer just before each block's product, so no whole narrow copy
+// of it is ever made.
 //
 // The gradients: with a mean or sum reduction, under a LossGradientSeed guard (below) and when x, weight or
 // bias needs a gradient, they are computed during the forward, chunk by chunk from each chunk's logits, and
@@ -52,9 +53,10 @@ class LossGradientSeed {
 };
 
 // While alive on this thread, fused_linear_cross_entropy under autocast runs its GEMMs in the compute dtype
-// (above): about twice as fast on a CPU with bf16 instructions, for the narrow copy of the weight, alive while
-// the head's forward runs, which is a step's peak moment (73.6 MiB of wte on gpt2-124M). Without the guard the
-// head keeps f32 GEMMs and no copy. train::TrainerConfig::head_gemms_in_compute_dtype installs it.
+// (above): about twice as fast on a CPU with bf16 instructions. It costs workspace at the head, a step's peak
+// moment: the chunk's dlogits in the compute dtype (half the f32 logits chunk) and one cast block of the weight
+// (4096 x C), against the f32 GEMMs' widened rows. Without the guard the head keeps f32 GEMMs.
+// train::TrainerConfig::head_gemms_in_compute_dtype installs it.
 class HeadGemmsInComputeDtype {
  public:
   HeadGemmsInComputeDtype();

@@ -93,9 +93,10 @@ struct TrainerConfig {
   // every logit in the backward: the same bits, a third fewer head FLOPs. false: the recompute, for comparison.
   bool head_gradients_in_forward = true;
   // Under bf16/fp16 autocast the fused head runs its GEMMs in the compute dtype (ops::HeadGemmsInComputeDtype):
-  // faster where the backend has narrow GEMMs, for a narrow copy of the head weight at the forward's peak
-  // (+73.6 MiB on gpt2-124M). Off by default: a memory-first default.
-  bool head_gemms_in_compute_dtype = false;
+  // faster where the backend has narrow GEMMs (bf16 on the CPU). An f32 head weight is cast a block of 4096 rows
+  // at a time, so no narrow copy of it is made; the head's workspace holds its dlogits in the compute dtype too.
+  // false: f32 GEMMs.
+  bool head_gemms_in_compute_dtype = true;
   // Where the model trains (JSON: "cpu", "cuda" = cuda:0, "cuda:N"). The Trainer moves the model there
   // (nn::Module::to) and each batch as it comes; it throws naming CUDA when the device is not usable.
   Device device = Device::cpu();
