@@ -30,14 +30,15 @@ struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, param_dtype, weight_casts, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
-      grad_compression, galore_targets, lora_targets, save_adapter, load_adapter;
+      grad_compression, pipeline_schedule, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
-      checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
+      pipeline_stages, checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
   std::optional<double> galore_scale, lora_alpha, lora_dropout;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
   std::int64_t sample_tokens = 96;
-  bool eval_only = false, resume = false, layerwise = false, plan_only = false, rslora = false;
+  bool eval_only = false, resume = false, layerwise = false, plan_only = false, rslora = false,
+       canonical_reduction = false;
   std::optional<std::string> quantize_base;
 };
 
@@ -95,6 +96,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.galore_scale) c.galore_scale = *f.galore_scale;
   if (f.galore_targets) c.galore_targets = split_commas(*f.galore_targets);
   if (f.layerwise) c.layerwise_update = true;
+  if (f.canonical_reduction) c.canonical_reduction = true;
   if (f.lora_rank) c.lora.rank = *f.lora_rank;
   if (f.lora_alpha) c.lora.alpha = *f.lora_alpha;
   if (f.lora_dropout) c.lora.dropout = *f.lora_dropout;
@@ -164,14 +166,18 @@ Corpus prepare_data(const Flags& f, std::int64_t vocab_size) {
   return corpus;
 }
 
-std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t vocab_size) {
-  if (!c.model.init_from.empty()) return nn::gpt2_from_pretrained(c.model.init_from);
+std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t vocab_size, nn::GPTStage stage = {}) {
+  if (!c.model.init_from.empty()) {
+    MT_CHECK(stage.count == 1, "train_gpt", "--init-from with --pipeline-stages: a stage cannot load part of a "
+             "Hugging Face checkpoint yet");
+    return nn::gpt2_from_pretrained(c.model.init_from);
+  }
   nn::GPTConfig g = nn::GPTConfig::preset(c.model.preset);
   g.vocab_size = vocab_size;
   if (c.model.seq_len > 0) g.block_size = c.model.seq_len;
   g.dropout = c.model.dropout;
   manual_seed(c.seed);
-  return std::make_shared<nn::GPT>(g);
+  return std::make_shared<nn::GPT>(g, DType::f32, stage);
 }
 
 // The training and evaluation window: --seq-len when given, else the model's block size. A model from
@@ -385,6 +391,11 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step (per rank under mpirun)");
   app.add_option("--zero", f.zero, "ZeRO stage of a data-parallel run under mpirun (0: plain data parallel, "
                  "1: optimizer state sharded, checkpoints with a file per rank)");
+  app.add_option("--pipeline-stages", f.pipeline_stages,
+                 "under mpirun: cut the model into this many pipeline stages, one per rank (the launcher's count); "
+                 "the --grad-accum micro-batches (at least one per stage) flow through them");
+  app.add_option("--pipeline-schedule", f.pipeline_schedule,
+                 "pipeline order: 1f1b (default: at most one micro-batch per stage in flight) or gpipe");
   app.add_option("--bucket", f.bucket, "data parallel: gradient bucket size after the first (default 25MiB; "
                  "smaller buckets start their sums sooner and, with --zero 2, hold fewer whole gradients)");
   app.add_option("--grad-compression", f.grad_compression,
@@ -438,6 +449,9 @@ int main(int argc, char** argv) {
                  "--lora-* flags");
   app.add_option("--device", f.device, "cpu (default), cuda or cuda:N (needs a build with CUDA and a GPU)");
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 model.safetensors (config.json beside it)");
+  app.add_flag("--canonical-reduction", f.canonical_reduction,
+               "sum each step's micro-batch gradients in the canonical tree (the bits of a data-parallel or pipeline "
+               "run of the same global batch, alone)");
   app.add_flag("--layerwise", f.layerwise,
                "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training; the summary gets the val loss and what it covered");
@@ -470,6 +484,23 @@ int main(int argc, char** argv) {
     train::TrainerConfig config = resolve_config(f);
     config.world_size = world->size();
     if (f.zero) config.zero = *f.zero;
+    // A pipeline's ranks are its stages, not data-parallel ranks.
+    const bool pipelined = f.pipeline_stages.value_or(1) > 1;
+    if (f.pipeline_schedule) config.pipeline_schedule = *f.pipeline_schedule;
+    if (f.pipeline_stages) {
+      MT_CHECK(*f.pipeline_stages == world->size(), "train_gpt",
+               "--pipeline-stages {} under {} ranks: one stage per rank (launch with mpirun -np {})",
+               *f.pipeline_stages, world->size(), *f.pipeline_stages);
+      config.pipeline_stages = *f.pipeline_stages;
+      config.world_size = 1;
+    }
+    if (pipelined) {
+      MT_CHECK(!f.plan_only && !f.fit && !f.resume && !f.eval_only && !f.checkpoint_interval, "train_gpt",
+               "--pipeline-stages with --plan-only, --fit, --resume, --eval-only or --checkpoint-interval: not built "
+               "yet for a pipeline");
+      config.checkpoint_dir.clear();  // a stage's checkpoint files are not built yet
+      config.checkpoint_interval = 0;
+    }
     // One GPU per rank: a data-parallel --device cuda run puts each rank on cuda:<its local rank>.
     if (config.device.is_cuda() && world->size() > 1) config.device = Device::cuda(world->local_rank());
     config.validate();
@@ -494,10 +525,15 @@ int main(int argc, char** argv) {
       config = fit_config(f, config, corpus.tokenizer ? std::optional(corpus.tokenizer->vocab_size()) : std::nullopt,
                           *world);
     }
-    auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab);
+    const nn::GPTStage stage = pipelined ? nn::GPTStage{world->rank(), world->size()} : nn::GPTStage{};
+    auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab, stage);
     const std::int64_t T = window_length(config, *model);
-    fmt::print("model: {} parameters (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",
-               model->num_parameters(), model->config().n_layer, model->config().n_head, model->config().n_embd,
+    fmt::print("model: {} parameters{} (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",
+               model->num_parameters(),
+               pipelined ? fmt::format(" on stage {} of {} (blocks {}..{})", stage.index, stage.count,
+                                       stage.blocks(model->config().n_layer).first,
+                                       stage.blocks(model->config().n_layer).second - 1)
+                         : std::string(), model->config().n_layer, model->config().n_head, model->config().n_embd,
                model->config().vocab_size, model->config().block_size, T, config.optimizer.to_string(), device.str());
 
     auto train_set = std::make_shared<data::TokenWindowDataset>(corpus.train, T, model->config().vocab_size);
@@ -532,20 +568,22 @@ int main(int argc, char** argv) {
     const bool compressed = train::parse_grad_compression(config.grad_compression).enabled();
     const std::shared_ptr<dist::DgcSync> dgc = compressed ? dist::attach_dgc(trainer, group) : nullptr;
     const std::shared_ptr<dist::DataParallel> data_parallel =
-        compressed ? nullptr : dist::attach_data_parallel(trainer, group, dp_options(f));
+        compressed || pipelined ? nullptr : dist::attach_data_parallel(trainer, group, dp_options(f));
+    if (pipelined) dist::attach_gpt_pipeline(trainer, model, world);
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();
     trainer.memory_notes = [model, data_parallel, dgc, state_per_rank] {
       std::string notes = model->checkpointing().describe(model->config().n_layer);
-      if (data_parallel) notes += (notes.empty() ? "" : "\n") + data_parallel->stats().describe() + *state_per_rank;
+      if (data_parallel) notes += (notes.empty() ? "" : "\n") + data_parallel->stats().describe();
+      notes += *state_per_rank;
       if (dgc) notes += (notes.empty() ? "" : "\n") + dgc->stats().describe();
       return notes;
     };
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {
-      if (lead && corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
+      if (lead && !pipelined && corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
     };
     if (f.eval_only) {
       // Also written to the summary (--summary-json): the loss and what it was measured over.
@@ -562,6 +600,20 @@ int main(int argc, char** argv) {
       trainer.on_step = [&](const train::StepMetrics& m) {
         timeline.after_step(m.step);
         if (m.step != config.max_steps) return;
+        if (pipelined) {
+          // Every stage's own peak and what it holds for good (parameters, gradients' peak, optimizer state).
+          const MemoryStats mem = Allocator::get(device).stats();
+          const std::vector<std::int64_t> all = world->all_gather_i64(
+              {static_cast<std::int64_t>(mem.peak_bytes),
+               static_cast<std::int64_t>(mem[MemoryCategory::parameters].live_bytes),
+               static_cast<std::int64_t>(mem[MemoryCategory::activations].peak_bytes),
+               static_cast<std::int64_t>(trainer.optimizer().state_bytes())});
+          for (std::size_t r = 0; r < all.size(); r += 4)
+            *state_per_rank += fmt::format(
+                "\nstage {}: peak {:.2f} MiB, parameters {:.2f} MiB, activations peak {:.2f} MiB, optimizer state "
+                "{:.2f} MiB", r / 4, all[r] / 1048576.0, all[r + 1] / 1048576.0, all[r + 2] / 1048576.0,
+                all[r + 3] / 1048576.0);
+        }
         if (data_parallel) {
           const std::vector<std::int64_t> bytes =
               world->all_gather_i64({static_cast<std::int64_t>(trainer.optimizer().state_bytes())});
@@ -569,7 +621,7 @@ int main(int argc, char** argv) {
                                         fmt::join(bytes, ", "));
         }
         sample();
-        print_scale_up_hints();
+        if (lead) print_scale_up_hints();
       };
       trainer.fit();  // ends with the memory report and the run summary (also in <out-dir>/summary.json)
       if (f.save_adapter && lead) {

@@ -17,6 +17,13 @@ void check_root(std::string_view op, int root, int size) {
   MT_CHECK(root >= 0 && root < size, op, "root {} is not a rank of this group of {}", root, size);
 }
 
+void check_peer(std::string_view op, const Communicator& comm, int peer, int tag) {
+  MT_CHECK(peer >= 0 && peer < comm.size() && peer != comm.rank(), op,
+           "peer {} is not another rank of this group of {} (this is rank {})", peer, comm.size(), comm.rank());
+  MT_CHECK(tag >= Communicator::kFirstUserTag, op, "tag {} is below {}, the collectives' own tags", tag,
+           Communicator::kFirstUserTag);
+}
+
 void check_sharded(std::string_view op, const Communicator& comm, const Tensor& full,
                    const std::vector<std::int64_t>& bounds, const Tensor& mine) {
   check_host_tensor(op, full, "the full tensor");

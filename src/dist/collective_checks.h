@@ -15,6 +15,8 @@ void check_host_tensor(std::string_view op, const Tensor& t, std::string_view wh
 // A dtype the sums support: f64, f32, bf16, f16.
 void check_summable(std::string_view op, DType dtype);
 void check_root(std::string_view op, int root, int size);
+// A point-to-point peer: another rank of the group; a tag at or above Communicator::kFirstUserTag.
+void check_peer(std::string_view op, const Communicator& comm, int peer, int tag);
 // The arguments of reduce_scatter_canonical (full = contribution) and all_gather (full = the gathered tensor):
 // bounds of size + 1 non-decreasing entries from 0 to full's numel, `mine` with this rank's part's numel,
 // both of one dtype.

@@ -90,6 +90,17 @@ void Communicator::all_reduce_canonical(Tensor& t) {
   all_gather(mine, bounds, t);
 }
 
+std::unique_ptr<Communicator::PendingSend> Communicator::send(const Tensor&, int peer, int tag) {
+  MT_CHECK(false, "Communicator::send", "the '{}' backend sends no point-to-point messages (to rank {}, tag {})",
+           backend(), peer, tag);
+  return nullptr;
+}
+
+void Communicator::recv(Tensor&, int peer, int tag) {
+  MT_CHECK(false, "Communicator::recv", "the '{}' backend receives no point-to-point messages (from rank {}, tag {})",
+           backend(), peer, tag);
+}
+
 std::shared_ptr<Communicator> world() {
   // A function-local static: built once, thread-safely; a failed build throws and is retried by the next call.
   static const std::shared_ptr<Communicator> the_world = make_world();

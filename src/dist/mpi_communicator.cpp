@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -68,6 +69,23 @@ struct Requests {
   }
 };
 
+class MpiCommunicator;
+
+// A send's requests, completed by wait() (or the destructor) under the communicator's lock.
+class MpiPendingSend final : public Communicator::PendingSend {
+ public:
+  MpiPendingSend(MpiCommunicator& comm, int peer) : comm_(comm), peer_(peer) {}
+  ~MpiPendingSend() override;
+  void wait() override;
+  bool test() override;
+  Requests requests;
+
+ private:
+  MpiCommunicator& comm_;
+  int peer_;
+  bool done_ = false;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() : chunk_bytes_(chunk_bytes_from_environment()) {
@@ -113,6 +131,26 @@ class MpiCommunicator final : public Communicator {
     r.buffers.push_back(t.storage());
     post_broadcast(r, t.data_ptr(), t.nbytes(), root, "broadcast");
     wait("broadcast", r);
+  }
+
+  std::unique_ptr<PendingSend> send(const Tensor& t, int peer, int tag) override {
+    detail::check_host_tensor("send", t, "the tensor");
+    detail::check_peer("send", *this, peer, tag);
+    std::lock_guard lock(mutex_);
+    auto pending = std::make_unique<MpiPendingSend>(*this, peer);
+    pending->requests.buffers.push_back(t.storage());
+    post_send(pending->requests, t.data_ptr(), t.nbytes(), peer, tag);
+    return pending;
+  }
+
+  void recv(Tensor& t, int peer, int tag) override {
+    detail::check_host_tensor("recv", t, "the tensor");
+    detail::check_peer("recv", *this, peer, tag);
+    std::lock_guard lock(mutex_);
+    Requests r;
+    r.buffers.push_back(t.storage());
+    post_recv(r, t.data_ptr(), t.nbytes(), peer, tag);
+    wait("recv", r);
   }
 
   std::string broadcast_string(const std::string& s, int root) override {
@@ -247,6 +285,20 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // MpiPendingSend::wait: a send's own requests, under the lock every operation takes.
+  friend class MpiPendingSend;
+  void wait_send(Requests& r) {
+    std::lock_guard lock(mutex_);
+    wait("send", r);
+  }
+  bool test_send(Requests& r) {
+    std::lock_guard lock(mutex_);
+    int done = 0;
+    check_mpi(MPI_Testall(static_cast<int>(r.requests.size()), r.requests.data(), &done, MPI_STATUSES_IGNORE),
+              "send", "MPI_Testall");
+    return done != 0;
+  }
+
   // Polls until every request completes; on timeout parks them (mpi_runtime.h) and raises PeerTimeout naming
   // the peers of the requests still open.
   void wait(std::string_view op, Requests& r) {
@@ -349,6 +401,26 @@ class MpiCommunicator final : public Communicator {
   std::size_t chunk_bytes_;
   std::mutex mutex_;  // one operation at a time: every rank must post them in the same order
 };
+
+void MpiPendingSend::wait() {
+  if (done_) return;
+  done_ = true;  // a timeout parks the requests: they are not waited on twice
+  comm_.wait_send(requests);
+}
+
+bool MpiPendingSend::test() {
+  if (done_) return true;
+  done_ = comm_.test_send(requests);
+  return done_;
+}
+
+MpiPendingSend::~MpiPendingSend() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memtrain: a send to rank %d did not complete: %s\n", peer_, e.what());
+  }
+}
 
 }  // namespace
 

@@ -10,33 +10,72 @@
 
 namespace memtrain::nn {
 
-GPT::GPT(const GPTConfig& config, DType dtype) : config_(config) {
-  config_.validate();
-  const auto& c = config_;
-  wte_ = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype));
-  wpe_ = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, dtype));
-  drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
-  // Blocks register as "h.0", "h.1", ... directly, which yields HF's dotted names without a list module.
-  for (std::int64_t i = 0; i < c.n_layer; ++i)
-    h_.push_back(register_module(fmt::format("h.{}", i),
-                                 std::make_shared<TransformerBlock>(c.n_embd, c.n_head, c.n_layer, c.bias, c.dropout,
-                                                                    dtype)));
-  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(c.n_embd, c.bias, 1e-5, dtype));
+std::pair<std::int64_t, std::int64_t> GPTStage::blocks(std::int64_t n_layer) const {
+  const std::int64_t base = n_layer / count, extra = n_layer % count;  // extra < count: never the last stage
+  const std::int64_t begin = index * base + std::min<std::int64_t>(index, extra);
+  return {begin, begin + base + (index < extra ? 1 : 0)};
 }
 
-Tensor GPT::hidden(const Tensor& idx) const {
-  MT_CHECK(idx.dim() == 2, "GPT::forward", "expected idx [B, T], got {}", shape_str(idx.shape()));
-  const std::int64_t T = idx.size(1);
-  MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
-           config_.block_size);
-  Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);            // (T)
-  pos = pos.to(idx.device());                                                   // beside the token ids
-  Tensor x = drop_->forward(wte_->forward(idx) + wpe_->forward(pos));           // (B,T,C)
+GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config), stage_(stage) {
+  config_.validate();
+  const auto& c = config_;
+  MT_CHECK(stage.count >= 1 && stage.index >= 0 && stage.index < stage.count, "GPT",
+           "pipeline stage {} of {}: the index must be in [0, count)", stage.index, stage.count);
+  MT_CHECK(stage.count <= c.n_layer, "GPT", "{} pipeline stages for {} blocks: every stage needs a block",
+           stage.count, c.n_layer);
+  const auto [begin, end] = stage.blocks(c.n_layer);
+  first_block_ = begin;
+  // A part this stage does not hold is made on meta and dropped: its init still draws from the default stream,
+  // so the parts that are held get the whole model's values.
+  const auto make = [&](bool held, auto build) {
+    if (held) return build();
+    ParameterDeviceGuard on_meta(Device::meta());
+    build();
+    return decltype(build())();
+  };
+  const bool whole = stage.count == 1;
+  wte_ = make(stage.first() || stage.last(), [&] { return std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype); });
+  if (wte_) {
+    register_module("wte", wte_);
+    if (!whole && !stage.last()) Tensor(wte_->weight()).set_requires_grad(false);  // the first stage's copy
+  }
+  wpe_ = make(stage.first(), [&] { return std::make_shared<Embedding>(c.block_size, c.n_embd, dtype); });
+  if (wpe_) register_module("wpe", wpe_);
+  drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
+  // Blocks register as "h.0", "h.1", ... directly, which yields HF's dotted names without a list module.
+  for (std::int64_t i = 0; i < c.n_layer; ++i) {
+    auto block = make(i >= begin && i < end, [&] {
+      return std::make_shared<TransformerBlock>(c.n_embd, c.n_head, c.n_layer, c.bias, c.dropout, dtype);
+    });
+    if (block) h_.push_back(register_module(fmt::format("h.{}", i), block));
+  }
+  ln_f_ = make(stage.last(), [&] { return std::make_shared<LayerNorm>(c.n_embd, c.bias, 1e-5, dtype); });
+  if (ln_f_) register_module("ln_f", ln_f_);
+}
+
+Tensor GPT::embed(const Tensor& tokens) const {
+  const std::int64_t T = tokens.size(1);
+  Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);  // (T)
+  pos = pos.to(tokens.device());                                      // beside the token rows
+  return drop_->forward(tokens + wpe_->forward(pos));                 // (B,T,C)
+}
+
+Tensor GPT::run_blocks(Tensor x) const {
   const auto n = static_cast<std::int64_t>(h_.size());
   for (std::int64_t i = 0; i < n; ++i) {
     x = run_block(i, n, [block = h_[i].get()](const Tensor& in) { return block->forward(in); }, x);
   }
-  return ln_f_->forward(x);
+  return x;
+}
+
+Tensor GPT::hidden(const Tensor& idx) const {
+  MT_CHECK(stage_.count == 1, "GPT::forward", "stage {} of {} holds part of the model: use forward_stage",
+           stage_.index, stage_.count);
+  MT_CHECK(idx.dim() == 2, "GPT::forward", "expected idx [B, T], got {}", shape_str(idx.shape()));
+  const std::int64_t T = idx.size(1);
+  MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
+           config_.block_size);
+  return ln_f_->forward(run_blocks(embed(wte_->forward(idx))));
 }
 
 Tensor GPT::forward(const Tensor& idx) const {
@@ -47,8 +86,11 @@ Tensor GPT::forward(const Tensor& idx) const {
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   MT_CHECK(targets.shape() == idx.shape(), "GPT::loss", "targets {} must match idx {}", shape_str(targets.shape()),
            shape_str(idx.shape()));
-  const std::int64_t N = idx.numel();
-  const Tensor h = hidden(idx);
+  return head_loss(hidden(idx), targets);
+}
+
+Tensor GPT::head_loss(const Tensor& h, const Tensor& targets) const {
+  const std::int64_t N = targets.numel();
   const Tensor& head = wte_->weight();
   // Under amp::Autocast h is bf16/f16; the fused head widens it and computes the loss in f32 either way.
   // The fused head takes x in f32, bf16 or f16 on the CPU and on CUDA, and a weight in f32 or x's dtype (bf16
@@ -61,6 +103,39 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   const Tensor logits = ops::matmul(h, head.t());
   return ops::cross_entropy(logits.reshape({N, config_.vocab_size}), targets.reshape({N}), ops::Reduction::mean,
                             -100);
+}
+
+GPT::StageOutput GPT::forward_stage(const Tensor& idx, const Tensor& input, const Tensor& targets) const {
+  const char* op = "GPT::forward_stage";
+  MT_CHECK(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= config_.block_size, op,
+           "expected idx [B, T] with T in [1, block_size {}], got {}", config_.block_size, shape_str(idx.shape()));
+  StageOutput out;
+  Tensor x;
+  if (stage_.first()) {
+    Tensor tokens = wte_->forward(idx);
+    if (stage_.count > 1) {
+      // The copy is frozen: the lookup's gradient is taken here and scattered into wte's on the last stage.
+      tokens = tokens.detach();
+      tokens.set_requires_grad(true);
+      out.token_rows = tokens;
+    }
+    x = embed(tokens);
+  } else {
+    const Shape expected{idx.size(0), idx.size(1), config_.n_embd};
+    MT_CHECK(input.defined() && input.shape() == expected, op, "stage {} of {} expects the previous stage's {}, got {}",
+             stage_.index, stage_.count, shape_str(expected),
+             input.defined() ? shape_str(input.shape()) : std::string("nothing"));
+    x = input;
+  }
+  x = run_blocks(x);
+  if (!stage_.last()) {
+    out.output = x;
+    return out;
+  }
+  MT_CHECK(targets.shape() == idx.shape(), op, "targets {} must match idx {}", shape_str(targets.shape()),
+           shape_str(idx.shape()));
+  out.output = head_loss(ln_f_->forward(x), targets);
+  return out;
 }
 
 }  // namespace memtrain::nn

@@ -2,6 +2,7 @@
 // scatters the output gradient into a zero [V, C] gradient. Kernels: the device's backend (src/core/backend.h;
 // src/cpu/embedding.cpp, src/cuda/cuda_nn_backend.cpp), which range-checks the indices where their data is.
 #include "core/backend.h"
+#include "memtrain/autograd/grad_mode.h"
 #include "memtrain/autograd/node.h"
 #include "memtrain/autograd/saved_tensor.h"
 #include "memtrain/ops/dispatch_modes.h"
@@ -50,6 +51,22 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   // Under autocast the lookup stays exact and its output is stored in the compute dtype (amp/autocast.h).
   if (auto c = detail::cast_mode_to_compute(out)) return (*c)[0];
   return out;
+}
+
+void embedding_scatter_add_(Tensor& weight_grad, const Tensor& dout, const Tensor& indices) {
+  const char* op = "embedding_scatter_add_";
+  detail::check_floating(op, weight_grad);
+  detail::check_index(op, "indices", indices);
+  MT_CHECK(weight_grad.dim() == 2 && weight_grad.is_contiguous(), op, "weight_grad must be a contiguous [V, C], got {}",
+           shape_str(weight_grad.shape()));
+  Shape expected = indices.shape();
+  expected.push_back(weight_grad.size(1));
+  MT_CHECK(dout.shape() == expected && dout.dtype() == weight_grad.dtype(), op,
+           "dout must be {} {} (indices {} and weight_grad's rows), got {} {}", dtype_name(weight_grad.dtype()),
+           shape_str(expected), shape_str(indices.shape()), dtype_name(dout.dtype()), shape_str(dout.shape()));
+  detail::check_same_device(op, "weight_grad", weight_grad, "dout", dout);
+  autograd::NoGradGuard no_grad;
+  scatter_rows(weight_grad, dout.contiguous(), indices.detach(), true);
 }
 
 }  // namespace memtrain::ops

@@ -156,6 +156,16 @@ GaLore::GaLore(const Spec& base, const GaLoreSpec& galore, std::pair<std::size_t
   }
 }
 
+void GaLore::key_streams(const std::vector<std::size_t>& stream_index) {
+  MT_CHECK(stream_index.size() == entries_.size(), kWhere, "{} stream indices for {} parameters",
+           stream_index.size(), entries_.size());
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].projector) continue;
+    MT_CHECK(steps_taken(i) == 0, kWhere, "key_streams after parameter {} has stepped", i);
+    entries_[i].projector = std::make_unique<GaLoreProjector>(projector_options(stream_index[i]));
+  }
+}
+
 GaLoreProjectorOptions GaLore::projector_options(std::size_t index) const {
   GaLoreProjectorOptions o = galore_;
   o.seed = galore_.seed + index;  // Philox keys: each parameter its own stream

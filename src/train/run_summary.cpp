@@ -43,6 +43,7 @@ nlohmann::json RunSummary::to_json() const {
       {"device", device},
       {"host_peak_bytes", host_peak_bytes},
   };
+  if (!stages.is_null()) j["stages"] = stages;
   for (const auto& [name, value] : metrics) {
     MT_CHECK(!j.contains(name), "RunSummary::to_json", "metric '{}' has the name of a summary field", name);
     j[name] = value;

@@ -20,6 +20,7 @@
 #include "train/gradient_tree.h"
 #include "train/layerwise.h"
 #include "train/lisa.h"
+#include "train/pipeline_stage.h"
 #include "train/progress.h"
 #include "train/run_summary.h"
 #include "train/sync_hooks.h"
@@ -34,6 +35,7 @@
 #include <filesystem>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <unordered_map>
@@ -141,6 +143,19 @@ data::Batch on_device(data::Batch batch, Device device) {
 }
 
 }  // namespace
+
+std::vector<std::string> detail::trained_order(const TrainerConfig& config, const nn::NamedTensors& whole) {
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, t] : whole) names[t.impl_ptr().get()] = name;
+  nn::NamedTensors trained;
+  std::copy_if(whole.begin(), whole.end(), std::back_inserter(trained),
+               [](const auto& e) { return e.second.requires_grad(); });
+  std::vector<std::string> order;
+  const std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(config, trained);
+  for (const auto& g : optimizer->param_groups())
+    for (const Tensor& p : g.params) order.push_back(names.at(p.impl_ptr().get()));
+  return order;
+}
 
 Trainer::Trainer(TrainerConfig config, std::shared_ptr<nn::Module> model, LossFn loss_fn,
                  std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
@@ -304,7 +319,11 @@ void Trainer::step_landed(std::size_t index, double norm) {
 }
 
 bool Trainer::canonical_reduction_on() const {
-  return config_.canonical_reduction || config_.world_size > 1 || sync_ != nullptr;
+  return config_.canonical_reduction || config_.world_size > 1 || sync_ != nullptr || config_.pipeline_stages > 1;
+}
+
+bool Trainer::writes_files() const {
+  return (!sync_ || sync_->rank() == 0) && (!pipeline_ || pipeline_->first());
 }
 
 double Trainer::clip_gradients(const std::vector<Tensor>& params) {
@@ -315,8 +334,13 @@ double Trainer::clip_gradients(const std::vector<Tensor>& params) {
     return clip > 0.0 ? clip_grad_norm(params, clip) : global_grad_norm(params);
   // A norm in one order whatever the split over ranks, so a sharded run clips with the run alone's bits.
   const bool sharded = config_.zero >= 2 && !whole_params_.empty();
+  // A pipeline stage fills in its own parameters' blocks of the whole model's list, in one rank's order.
   std::vector<std::int64_t> numels;
-  for (const Tensor& p : params) numels.push_back(p.numel());
+  if (pipeline_) {
+    numels = pipeline_->global_numels;
+  } else {
+    for (const Tensor& p : params) numels.push_back(p.numel());
+  }
   std::vector<Tensor> grads;  // what the clip scales: the shards' gradients, or the whole ones
   std::vector<detail::GradPiece> pieces;
   if (sharded) {
@@ -333,14 +357,14 @@ double Trainer::clip_gradients(const std::vector<Tensor>& params) {
     for (std::size_t i = 0; i < params.size(); ++i) {
       grads.push_back(params[i].grad());
       const Tensor& g = grads.back();
-      pieces.push_back({i, 0, g.defined() ? g.to(DType::f32).contiguous().view({g.numel()}) : Tensor()});
+      pieces.push_back({pipeline_ ? pipeline_->global_index[i] : i, 0,
+                        g.defined() ? g.to(DType::f32).contiguous().view({g.numel()}) : Tensor()});
     }
   }
-  const double norm = detail::canonical_grad_norm(
-      numels, pieces, sharded ? std::function<void(std::vector<double>&)>([this](std::vector<double>& blocks) {
-        sync_->combine_disjoint(blocks);
-      })
-                              : nullptr);
+  std::function<void(std::vector<double>&)> combine;
+  if (sharded) combine = [this](std::vector<double>& blocks) { sync_->combine_disjoint(blocks); };
+  if (pipeline_) combine = [this](std::vector<double>& blocks) { detail::combine_stage_blocks(*pipeline_, blocks); };
+  const double norm = detail::canonical_grad_norm(numels, pieces, combine);
   if (clip > 0.0 && std::isfinite(norm) && norm > clip) {
     autograd::NoGradGuard no_grad;
     CategoryGuard category(MemoryCategory::workspace);
@@ -519,6 +543,9 @@ StepMetrics Trainer::train_step() {
     total += batches.back().targets_count;
     samples += batches.back().samples;
   }
+  MT_CHECK(config_.pipeline_stages == 1 || pipeline_, where,
+           "config.pipeline_stages is {} but no stages are attached: launch with mpirun and call "
+           "train::attach_gpt_pipeline", config_.pipeline_stages);
   MT_CHECK(config_.world_size == 1 || sync_, where,
            "config.world_size is {} but no ranks are attached: launch with mpirun and call "
            "dist::attach_data_parallel (train alone with world_size 1)", config_.world_size);
@@ -541,10 +568,11 @@ StepMetrics Trainer::train_step() {
 
   // The canonical tree keeps each micro-batch's gradients apart until its subtree is complete.
   std::optional<detail::GradientTree> tree;
-  if (canonical_reduction_on()) tree.emplace(params);
+  if (canonical_reduction_on()) tree.emplace(pipeline_ ? detail::untied(*pipeline_, params) : params);
   std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
   if (sync_) sync_->begin_gradients(params, gradient_shards());
-  for (std::size_t i = 0; i < batches.size(); ++i) {
+  if (pipeline_) weighted_losses = pipeline_micro_batches(batches, total, *tree);
+  for (std::size_t i = 0; i < batches.size() && !pipeline_; ++i) {
     data::Batch batch = std::move(batches[i]);
     if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add
       if (tree) tree->push_leaf();   // but the leaf keeps the tree's shape
@@ -616,9 +644,10 @@ StepMetrics Trainer::train_step() {
       for (const Tensor& p : params) grads.push_back(p.grad());
     }
     skipped = !scaler_->unscale_(grads);
-    // Each rank saw only its shards: the step is skipped when any rank found an overflow.
-    if (grad_shards) {
-      const std::vector<std::int64_t> any = sync_->gather_i64({skipped ? 1 : 0});
+    // Each rank saw only its shards (or its stage): the step is skipped when any rank found an overflow.
+    if (grad_shards || pipeline_) {
+      const std::vector<std::int64_t> any = grad_shards ? sync_->gather_i64({skipped ? 1 : 0})
+                                                         : pipeline_->link->gather_i64({skipped ? 1 : 0});
       skipped = std::find(any.begin(), any.end(), 1) != any.end();
     }
   }
@@ -642,6 +671,7 @@ StepMetrics Trainer::train_step() {
       if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
     }
   }
+  if (pipeline_) pipeline_share_tied();
   if (scaler_) scaler_->update(skipped);
   if (fp8_) {
     // Data parallel: every rank's scales follow the amaxes of the whole global batch, as the run alone's do.
@@ -715,11 +745,18 @@ double Trainer::evaluate() {
     batch = on_device(std::move(batch), device_);
     CategoryGuard category(MemoryCategory::activations);
     amp::Autocast autocast(autocast_mode());
-    const Tensor loss = loss_fn_(batch);
-    MT_CHECK(loss.defined() && loss.numel() == 1, "Trainer::evaluate", "loss_fn must return a one-element tensor");
-    sum += loss.item() * static_cast<double>(batch.targets_count);
+    double loss = 0.0;
+    if (pipeline_) {
+      loss = pipeline_eval_loss(batch);
+    } else {
+      const Tensor t = loss_fn_(batch);
+      MT_CHECK(t.defined() && t.numel() == 1, "Trainer::evaluate", "loss_fn must return a one-element tensor");
+      loss = t.item();
+    }
+    sum += loss * static_cast<double>(batch.targets_count);
     count += batch.targets_count;
   }
+  if (pipeline_) sum = pipeline_->link->gather_f64({sum}).back();  // the last stage's
   result.tokens = count;
   result.loss = count > 0 ? sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
   last_eval_ = result;
@@ -743,6 +780,7 @@ RunSummary Trainer::summarize(const std::vector<StepMetrics>& ran) const {
     summary.metrics["grad_bytes_dense_total"] = dense;
     summary.metrics["grad_compression_ratio"] = sent > 0.0 ? dense / sent : 0.0;
   }
+  if (pipeline_) summary.stages = detail::stage_table(*pipeline_, allocator.stats(), optimizer_->state_bytes());
   summary.device = device_.str();
   summary.host_peak_bytes = Allocator::get(Device::cpu()).stats().peak_bytes;
   if (summary.final_val_loss) summary.final_eval = last_eval_;

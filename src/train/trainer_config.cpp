@@ -90,6 +90,8 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("grad_accum", c.grad_accum);
   v.field("world_size", c.world_size);
   v.field("zero", c.zero);
+  v.field("pipeline_stages", c.pipeline_stages);
+  v.field("pipeline_schedule", c.pipeline_schedule);
   v.field("grad_compression", c.grad_compression);
   v.field("canonical_reduction", c.canonical_reduction);
   v.field("head_gradients_in_forward", c.head_gradients_in_forward);
@@ -314,6 +316,31 @@ GradCompression parse_grad_compression(const std::string& spec) {
   return c;
 }
 
+void TrainerConfig::validate_pipeline() const {
+  MT_CHECK(pipeline_stages >= 1, kWhere, "pipeline_stages must be >= 1, got {}", pipeline_stages);
+  MT_CHECK(pipeline_schedule == "1f1b" || pipeline_schedule == "gpipe", kWhere,
+           "pipeline_schedule '{}' is not one of: 1f1b, gpipe", pipeline_schedule);
+  if (pipeline_stages == 1) return;
+  const std::int64_t p = pipeline_stages;
+  MT_CHECK(grad_accum >= p, kWhere,
+           "pipeline_stages {} with grad_accum {}: the pipeline needs at least one micro-batch per stage", p,
+           grad_accum);
+  MT_CHECK(!device.is_cuda(), kWhere, "pipeline_stages {} on {}: stages exchange activations over MPI on the CPU "
+           "only, for now", p, device.str());
+  const auto refuse = [&](bool on, std::string_view what) {
+    MT_CHECK(!on, kWhere, "pipeline_stages {} with {}: not built yet (pipeline stages run alone, without it)", p,
+             what);
+  };
+  refuse(world_size > 1, fmt::format("world_size {} (data parallel)", world_size));
+  refuse(zero > 0, fmt::format("zero {}", zero));
+  refuse(layerwise_update, "layerwise_update");
+  refuse(lisa_layers > 0, "lisa_layers");
+  refuse(lora.enabled(), "lora");
+  refuse(param_dtype != amp::ParamDtype::f32, "param_dtype other than f32");
+  refuse(grad_compression != "none", "grad_compression");
+  refuse(!checkpoint_dir.empty(), "checkpoint_dir (checkpoint files per stage)");
+}
+
 void TrainerConfig::validate() const {
   MT_CHECK(micro_batch >= 1, kWhere, "micro_batch must be >= 1, got {}", micro_batch);
   MT_CHECK(grad_accum >= 1, kWhere, "grad_accum must be >= 1, got {}", grad_accum);
@@ -336,6 +363,7 @@ void TrainerConfig::validate() const {
              "zero {} with optimizer 'adafactor' on {}: the row-shard step exchanges its statistics from host memory "
              "(CPU only); use zero 0 on GPUs", zero, device.str());
   }
+  validate_pipeline();
   MT_CHECK(world_size == 1 || std::has_single_bit(static_cast<std::uint64_t>(grad_accum)), kWhere,
            "grad_accum {} with world_size {}: a data-parallel step sums its micro-batch gradients in one canonical "
            "tree over the global batch, and each rank's block must be one subtree of it, so grad_accum must be a "

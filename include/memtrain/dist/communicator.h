@@ -82,6 +82,24 @@ class Communicator {
   // all_gather.
   void all_reduce_canonical(Tensor& t);
 
+  // Point to point (pipeline stages). A message is one tensor's bytes; messages from one rank with one tag
+  // arrive in the order they were sent. Tags below kFirstUserTag are the collectives' own.
+  static constexpr int kFirstUserTag = 100;
+  // A send still in flight: wait() returns once its bytes have left `t` (bounded by timeout_seconds()); the
+  // destructor waits too (a timeout there is reported on stderr, not thrown).
+  class PendingSend {
+   public:
+    virtual ~PendingSend() = default;
+    virtual void wait() = 0;
+    virtual bool test() = 0;  // whether it has completed, without waiting
+  };
+  // Starts sending `t` (contiguous, where device() says) to rank `peer` and returns at once; t's storage is
+  // kept alive until the send completes. Refused by backends without messages (single, nccl for now).
+  virtual std::unique_ptr<PendingSend> send(const Tensor& t, int peer, int tag);
+  // t := the next message from `peer` with `tag`: blocks until it has arrived (bounded by timeout_seconds()).
+  // t must be contiguous and exactly as large as what was sent (a larger message is an error).
+  virtual void recv(Tensor& t, int peer, int tag);
+
  protected:
   Communicator();
 

@@ -22,10 +22,27 @@
 
 namespace memtrain::nn {
 
+// One stage of a pipeline (TrainerConfig::pipeline_stages): the part of the model one process builds and runs.
+// Stage `index` of `count` holds blocks stage_blocks(n_layer) of the model, contiguous and as even as whole blocks
+// allow, the extra ones on the earliest stages (never on the last, which holds the head). The first stage holds
+// wte and wpe, the last ln_f and the head. The head is tied to wte: the last stage trains wte; the first keeps a
+// copy with requires_grad false for its lookups, which the pipeline refreshes after every step (train/pipeline.h).
+struct GPTStage {
+  int index = 0;
+  int count = 1;
+  bool first() const { return index == 0; }
+  bool last() const { return index + 1 == count; }
+  // [begin, end) of the model's n_layer blocks.
+  std::pair<std::int64_t, std::int64_t> blocks(std::int64_t n_layer) const;
+};
+
 // Checkpointable blocks (BlockCheckpointedModule): the transformer blocks, one region each.
 class GPT : public BlockCheckpointedModule {
  public:
-  explicit GPT(const GPTConfig& config, DType dtype = DType::f32);
+  // With a stage of count > 1, only that stage's parameters are made (same names and values as the whole
+  // model's: the other parts are made on the meta device, so the default RNG stream advances as for the whole
+  // model). Refused when the stage has no block (count > n_layer) or its index is outside [0, count).
+  explicit GPT(const GPTConfig& config, DType dtype = DType::f32, GPTStage stage = {});
   // idx [B, T] integer, T <= block_size -> logits [B, T, V].
   Tensor forward(const Tensor& idx) const;
   // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored. With an f32
@@ -34,15 +51,34 @@ class GPT : public BlockCheckpointedModule {
   // logits are formed and ops::cross_entropy is applied.
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
+  const GPTStage& stage() const { return stage_; }
+
+  // What one stage's part of the forward made for one micro-batch.
+  struct StageOutput {
+    // The last stage's mean loss against targets (as loss()); elsewhere the hidden states [B, T, C] that the next
+    // stage takes as `input`.
+    Tensor output;
+    // First stage of several: the rows looked up in its wte copy, a leaf whose gradient the last stage scatters
+    // into wte's (ops::embedding_scatter_add_); undefined elsewhere.
+    Tensor token_rows;
+  };
+  // This stage's part of loss(idx, targets): the first stage starts from idx, the others from `input` (the
+  // previous stage's output, which should require grad so that its gradient can be sent back).
+  StageOutput forward_stage(const Tensor& idx, const Tensor& input, const Tensor& targets) const;
 
  private:
   GPTConfig config_;
+  GPTStage stage_;
+  std::int64_t first_block_ = 0;  // h_[i] is the model's block first_block_ + i
   std::shared_ptr<Embedding> wte_;
   std::shared_ptr<Embedding> wpe_;
   std::shared_ptr<Dropout> drop_;
   std::vector<std::shared_ptr<TransformerBlock>> h_;
   std::shared_ptr<LayerNorm> ln_f_;
   Tensor hidden(const Tensor& idx) const;  // ln_f output (B,T,C)
+  Tensor embed(const Tensor& tokens) const;  // drop(tokens + wpe[positions]): tokens [B, T, C] from wte
+  Tensor run_blocks(Tensor x) const;         // this stage's blocks
+  Tensor head_loss(const Tensor& h, const Tensor& targets) const;  // ln_f'd h against targets, mean
 };
 
 }  // namespace memtrain::nn

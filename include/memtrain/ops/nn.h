@@ -25,6 +25,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 
 // weight [V, C], indices integer [...] -> [..., C]. Indices outside [0, V) throw.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+// weight_grad [V, C] += the rows of dout [..., C] scattered by indices [...] (no autograd): the embedding's own
+// backward, for a gradient that reaches the table from elsewhere (a pipeline's tied embedding, whose lookup ran
+// on another stage). weight_grad is written in place, in its dtype; dout must have the same dtype.
+void embedding_scatter_add_(Tensor& weight_grad, const Tensor& dout, const Tensor& indices);
 
 enum class Reduction { mean, sum, none };
 // logits [N, V], targets integer [N] -> scalar (mean over non-ignored targets, or sum) or [N] (none).

@@ -95,6 +95,11 @@ class GaLore final : public Optimizer {
   StateDict collect_state(StateCopy copy) const override;
   void load_rule_state(const TensorSource& state) override;
 
+  // Keys each projected weight's random stream by stream_index[i] (one entry per parameter, in the groups'
+  // order) instead of by its own index i: a pipeline stage holds part of the model and keys its weights as the
+  // whole model does, so their random projections are the whole model's. Before the first step only.
+  void key_streams(const std::vector<std::size_t>& stream_index);
+
   // Refused: a projected weight's state lives with its projector, which is not rebuilt mid-run.
   void reset_state(const Tensor& param) override;
 

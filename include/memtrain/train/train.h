@@ -5,6 +5,7 @@
 #include "memtrain/train/classifier_eval.h"
 #include "memtrain/train/fit.h"
 #include "memtrain/train/metrics_plot.h"
+#include "memtrain/train/pipeline.h"
 #include "memtrain/train/predict.h"
 #include "memtrain/train/timeline.h"
 #include "memtrain/train/trainer.h"

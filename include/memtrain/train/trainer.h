@@ -66,9 +66,17 @@
 #include <string>
 #include <vector>
 
+namespace memtrain::nn {
+class GPT;
+}  // namespace memtrain::nn
+
 namespace memtrain::train {
 
+class PipelineLink;
+
 namespace detail {
+class GradientTree;
+struct PipelineStage;
 class LayerwiseUpdater;
 class Lisa;
 class SyncHooks;
@@ -136,6 +144,10 @@ struct RunSummary {
   std::size_t reserved_peak_bytes = 0;  // their peak over the run
   std::string device = "cpu";       // where the model trained; the peaks above are that device's allocator's
   std::size_t host_peak_bytes = 0;  // the CPU allocator's peak (the same as peak_bytes_total on a CPU run)
+  // A pipeline run: one entry per stage, in stage order, with its "peak_bytes_total", its own peak of each
+  // category ("peak_bytes_by_category"), "optimizer_state_bytes", and "idle_fraction" (the share of its
+  // micro-batch loop spent waiting for the other stages); null otherwise.
+  nlohmann::json stages;
   // A program's own results (e.g. test_accuracy), written as top-level keys beside the fields above.
   std::map<std::string, double> metrics;
   // Field names as above; peak_bytes_by_category keyed by category_name; final_val_loss null when absent;
@@ -199,7 +211,11 @@ class Trainer {
   // between ranks.
   void set_gradient_sync(std::shared_ptr<GradientSync> sync);
   // Whether this process writes the run's files and prints its report (rank 0, or a run alone).
-  bool writes_files() const { return !sync_ || sync_->rank() == 0; }
+  bool writes_files() const;
+  // Makes this trainer stage link->stage() of a pipeline (train/pipeline.h) over `model`, the GPT stage it was
+  // built over; what dist::attach_gpt_pipeline calls once it has checked the ranks agree. Before the first step,
+  // with the config's optimizer.
+  void attach_pipeline(std::shared_ptr<PipelineLink> link, std::shared_ptr<const nn::GPT> model);
 
   std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
   void save_checkpoint(const std::string& path) const;
@@ -236,6 +252,13 @@ class Trainer {
   std::unique_ptr<data::Loader> train_loader_;
   std::shared_ptr<GradientSync> sync_;  // data parallel; null when training alone
   std::shared_ptr<detail::SyncHooks> sync_hooks_;  // with sync_: its gradient-ready hooks
+  std::shared_ptr<detail::PipelineStage> pipeline_;  // pipeline parallel (train/pipeline.h); null otherwise
+  // trainer_pipeline.cpp: a step's micro-batches through the stages (the loss weighted per micro-batch, every
+  // rank's copy of the last stage's), one val batch's loss (NaN off the last stage), the tied weight's update.
+  std::vector<double> pipeline_micro_batches(std::vector<data::Batch>& batches, std::int64_t total,
+                                             detail::GradientTree& tree);
+  double pipeline_eval_loss(const data::Batch& batch);
+  void pipeline_share_tied();
   bool user_optimizer_ = false;                    // given to the constructor, not built from the config
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
   // whole_params_ are the parameters themselves, in the groups' order. A GaLore-projected weight is held whole

@@ -78,6 +78,15 @@ struct TrainerConfig {
   // skipped when any rank saw an overflow. GaLore-projected weights keep their whole summed gradients, as at
   // ZeRO-1 (the projection reads all of it); the other gradients are sharded.
   std::int64_t zero = 0;
+  // Pipeline parallelism (train/pipeline.h): the model's blocks cut into pipeline_stages contiguous stages, one
+  // per rank of the launcher's group, the grad_accum micro-batches (>= pipeline_stages) flowing through them in
+  // pipeline_schedule's order: "1f1b" (warm-up forwards, then one forward / one backward: a stage keeps at most
+  // pipeline_stages micro-batches in flight) or "gpipe" (every forward, then every backward: grad_accum in
+  // flight). The canonical reduction is on, so the run has the bits of one rank with canonical_reduction.
+  // On the CPU over MPI; not yet with data parallel, ZeRO, layer-wise updates, LISA, LoRA, bf16 parameters,
+  // gradient compression or checkpoint files.
+  std::int64_t pipeline_stages = 1;
+  std::string pipeline_schedule = "1f1b";
   // Gradient compression of a data-parallel run: "none", or Deep Gradient Compression (Lin et al. 2018,
   // dist::DgcSync) as "dgc:RATIO[,momentum=M][,warmup=STEPS]": each rank sends only the largest
   // (1 - RATIO) of each tensor's accumulated gradient as (index, value) pairs and keeps the rest for later
@@ -171,6 +180,7 @@ struct TrainerConfig {
   // Throws memtrain::Error("TrainerConfig", ...) naming the field and the reason: sizes and intervals in
   // range, the schedule consistent with max_steps, and options whose feature is not built yet refused.
   void validate() const;
+  void validate_pipeline() const;  // validate()'s part for pipeline_stages
 
   nlohmann::json to_json() const;
   // Unknown keys are an error (a typo must not silently fall back to a default); missing keys keep defaults.

@@ -1,0 +1,97 @@
+// dist::attach_gpt_pipeline: a train::PipelineLink over a Communicator's point-to-point messages. A tensor
+// travels as two messages with the same tag: a header (dtype, rank, sizes), then its bytes.
+#include "memtrain/dist/pipeline.h"
+
+#include "memtrain/core/error.h"
+#include "memtrain/train/pipeline.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <deque>
+
+namespace memtrain::dist {
+
+namespace {
+
+constexpr std::int64_t kMaxDims = 6;
+constexpr std::int64_t kHeaderLength = 2 + kMaxDims;  // dtype, rank, sizes
+
+class CommunicatorLink final : public train::PipelineLink {
+ public:
+  explicit CommunicatorLink(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  ~CommunicatorLink() override {
+    try {
+      flush_sends();
+    } catch (const std::exception&) {  // each PendingSend reports its own failure as it goes
+    }
+  }
+  int stage() const override { return comm_->rank(); }
+  int stages() const override { return comm_->size(); }
+
+  void send(const Tensor& t, int to, int tag) override {
+    MT_CHECK(t.dim() <= kMaxDims, "pipeline send", "a tensor of {} dimensions (at most {})", t.dim(), kMaxDims);
+    Tensor header = Tensor::empty({kHeaderLength}, DType::i64, Device::cpu());
+    auto* h = header.data<std::int64_t>();
+    std::fill(h, h + kHeaderLength, 0);
+    h[0] = static_cast<std::int64_t>(t.dtype());
+    h[1] = t.dim();
+    for (std::int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
+    pending_.push_back(comm_->send(header, to, Communicator::kFirstUserTag + tag));
+    pending_.push_back(comm_->send(t.contiguous(), to, Communicator::kFirstUserTag + tag));
+  }
+
+  Tensor receive(int from, int tag) override {
+    Tensor header = Tensor::empty({kHeaderLength}, DType::i64, Device::cpu());
+    comm_->recv(header, from, Communicator::kFirstUserTag + tag);
+    const auto* h = header.data<std::int64_t>();
+    MT_CHECK(h[1] >= 0 && h[1] <= kMaxDims && h[0] >= 0 && h[0] < kNumDTypes, "pipeline receive",
+             "rank {} sent a header of dtype {} and rank {} (tag {})", from, h[0], h[1], tag);
+    Tensor t = Tensor::empty(Shape(h + 2, h + 2 + h[1]), static_cast<DType>(h[0]), Device::cpu());
+    comm_->recv(t, from, Communicator::kFirstUserTag + tag);
+    return t;
+  }
+
+  void reap_sends() override {
+    while (!pending_.empty() && pending_.front()->test()) pending_.pop_front();
+  }
+  void flush_sends() override {
+    for (auto& p : pending_) p->wait();
+    pending_.clear();
+  }
+  std::vector<double> gather_f64(const std::vector<double>& mine) override { return comm_->all_gather_f64(mine); }
+  std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override {
+    return comm_->all_gather_i64(mine);
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  std::deque<std::unique_ptr<Communicator::PendingSend>> pending_;
+};
+
+}  // namespace
+
+void attach_gpt_pipeline(train::Trainer& trainer, std::shared_ptr<const nn::GPT> stage_model,
+                         std::shared_ptr<Communicator> comm) {
+  const char* where = "dist::attach_gpt_pipeline";
+  MT_CHECK(stage_model != nullptr && comm != nullptr, where, "the stage model or the group is null");
+  const train::TrainerConfig& config = trainer.config();
+  const nn::GPTStage& stage = stage_model->stage();
+  MT_CHECK(config.pipeline_stages == comm->size(), where,
+           "config.pipeline_stages is {} but the group has {} ranks (launch with mpirun -np {})",
+           config.pipeline_stages, comm->size(), config.pipeline_stages);
+  MT_CHECK(stage.count == comm->size() && stage.index == comm->rank(), where,
+           "the model is stage {} of {}, but this is rank {} of {}: build it with GPTStage{{rank, size}}",
+           stage.index, stage.count, comm->rank(), comm->size());
+  // Every rank must run the same step: the same config, compared whole.
+  const std::string mine = config.to_json().dump();
+  const std::string root = comm->broadcast_string(mine, 0);
+  const std::vector<std::int64_t> differs = comm->all_gather_i64({mine == root ? 0 : 1});
+  std::vector<std::size_t> ranks;
+  for (std::size_t r = 0; r < differs.size(); ++r)
+    if (differs[r] != 0) ranks.push_back(r);
+  MT_CHECK(ranks.empty(), where, "the config of rank(s) {} differs from rank 0's", fmt::join(ranks, ", "));
+  trainer.attach_pipeline(std::make_shared<CommunicatorLink>(std::move(comm)), std::move(stage_model));
+}
+
+}  // namespace memtrain::dist

@@ -1,0 +1,177 @@
+// Pipeline parallelism over dist::world(), run under mpirun at 2, 3 and 4 ranks (one stage per rank; alone
+// there is no pipeline and these tests skip): a 4-block GPT trained for 8 steps of 8 micro-batches through the
+// stages gives, on every stage, the losses, the val loss and the weights of the whole model trained by one rank
+// with the canonical reduction, bit for bit: AdamW, 8-bit AdamW and 8-bit GaLore in fp32, AdamW in bf16, fp16 and
+// fp8 (delayed scaling), and with every other block recomputed, under the 1F1B and the GPipe order. The tied wte is trained on the last stage and the first stage's copy
+// follows it. Under 1F1B the first stage keeps fewer activations than under GPipe's order.
+#include "memtrain/core/allocator.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/dist/communicator.h"
+#include "memtrain/nn/gpt.h"
+#include "memtrain/dist/pipeline.h"
+#include "memtrain/train/trainer.h"
+
+#include "error_text.h"
+#include "tiny_lm.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mt = memtrain;
+using mt::train::Trainer;
+using mt::train::TrainerConfig;
+
+namespace {
+
+constexpr std::int64_t kMicroBatches = 8;
+
+std::shared_ptr<mt::nn::GPT> make_gpt(mt::nn::GPTStage stage) {
+  mt::manual_seed(11);
+  mt::nn::GPTConfig c;
+  c.vocab_size = mt::test_support::kTinyVocab;
+  c.block_size = mt::test_support::kTinyWindow;
+  c.n_layer = 4;
+  c.n_head = 2;
+  c.n_embd = 32;
+  return std::make_shared<mt::nn::GPT>(c, mt::DType::f32, stage);
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  double val_loss = 0.0;
+  std::map<std::string, std::vector<float>> weights;
+  std::size_t activations_peak = 0;
+};
+
+std::vector<float> values(const mt::Tensor& t) {
+  const mt::Tensor c = t.detach().to(mt::DType::f32).contiguous();
+  return {c.data<float>(), c.data<float>() + c.numel()};
+}
+
+struct Case {
+  const char* name;
+  mt::optim::Spec optimizer;
+  std::int64_t galore_rank = 0;
+  mt::amp::Precision precision = mt::amp::Precision::fp32;
+  const char* checkpointing = "none";
+};
+
+std::vector<Case> cases() {
+  const mt::optim::Spec adamw = mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1});
+  return {{"adamw", adamw},
+          {"adamw8bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1})},
+          {"galore 8-bit", mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1}), 4},
+          {"adamw bf16", adamw, 0, mt::amp::Precision::bf16},
+          {"adamw fp16", adamw, 0, mt::amp::Precision::fp16},
+          // Delayed scaling: each stage keeps the amax histories of its own linears.
+          {"adamw fp8", adamw, 0, mt::amp::Precision::fp8},
+          // Recomputed within a stage.
+          {"adamw checkpoint every:2", adamw, 0, mt::amp::Precision::fp32, "every:2"}};
+}
+
+TrainerConfig config_for(const Case& c, std::int64_t stages, const std::string& schedule) {
+  TrainerConfig config = mt::test_support::short_run_config();
+  config.micro_batch = 2;
+  config.grad_accum = kMicroBatches;
+  config.max_steps = 8;
+  config.grad_clip = 0.5;  // the global norm over every stage's gradients decides the clip
+  config.optimizer = c.optimizer;
+  config.galore_rank = c.galore_rank;
+  config.galore_update_gap = 3;
+  config.precision = c.precision;
+  config.fp8_scaling = mt::amp::Fp8ScalingKind::delayed;
+  config.activation_checkpointing = mt::ckpt::Policy::parse(c.checkpointing);
+  config.data.shuffle = true;
+  config.canonical_reduction = true;
+  config.pipeline_stages = stages;
+  config.pipeline_schedule = schedule;
+  return config;
+}
+
+// Trains the whole model (comm null) or this rank's stage of it.
+RunResult train(const TrainerConfig& config, const std::shared_ptr<mt::dist::Communicator>& comm) {
+  const mt::nn::GPTStage stage = comm ? mt::nn::GPTStage{comm->rank(), comm->size()} : mt::nn::GPTStage{};
+  auto model = make_gpt(stage);
+  auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                               mt::test_support::kTinyVocab);
+  auto val = std::make_shared<mt::test_support::TokenDataset>(12, mt::test_support::kTinyWindow,
+                                                              mt::test_support::kTinyVocab);
+  auto loss = [model](const mt::data::Batch& b) { return model->loss(b.inputs, b.targets); };
+  Trainer trainer(config, model, loss, data, val);
+  if (comm) mt::dist::attach_gpt_pipeline(trainer, model, comm);
+  mt::Allocator::get(mt::Device::cpu()).reset_peak();
+  RunResult r;
+  while (trainer.step() < config.max_steps) r.losses.push_back(trainer.train_step().loss);
+  r.activations_peak = mt::Allocator::get(mt::Device::cpu()).stats()[mt::MemoryCategory::activations].peak_bytes;
+  r.val_loss = trainer.evaluate();
+  for (const auto& [name, p] : model->named_parameters()) r.weights[name] = values(p);
+  return r;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+TEST(Pipeline, EveryStageHasTheBitsOfOneRank) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  for (const char* schedule : {"1f1b", "gpipe"}) {
+    for (const Case& c : cases()) {
+      const std::string what = std::string(c.name) + ", " + schedule + ", stage " + std::to_string(world->rank()) +
+                               " of " + std::to_string(world->size());
+      const RunResult want = train(config_for(c, 1, schedule), nullptr);
+      const RunResult got = train(config_for(c, world->size(), schedule), world);
+      ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+      for (std::size_t s = 0; s < got.losses.size(); ++s)
+        EXPECT_TRUE(same_bits(got.losses[s], want.losses[s]))
+            << what << ": loss of step " << s + 1 << " is " << got.losses[s] << ", one rank " << want.losses[s];
+      EXPECT_TRUE(same_bits(got.val_loss, want.val_loss)) << what << ": val " << got.val_loss << " vs "
+                                                          << want.val_loss;
+      // The stage holds part of the model, and each of its tensors (the first stage's wte copy too) is the
+      // whole model's.
+      EXPECT_LT(got.weights.size(), want.weights.size()) << what;
+      for (const auto& [name, w] : got.weights) {
+        ASSERT_EQ(want.weights.count(name), 1u) << what << ": " << name;
+        const std::vector<float>& v = want.weights.at(name);
+        ASSERT_EQ(w.size(), v.size()) << what << ": " << name;
+        EXPECT_EQ(std::memcmp(w.data(), v.data(), w.size() * sizeof(float)), 0) << what << ": " << name;
+      }
+      EXPECT_NE(want.losses.front(), want.losses.back()) << what << ": the run did not train";
+    }
+  }
+}
+
+// 1F1B keeps at most P - stage micro-batches in flight; GPipe's order keeps all 8 on every stage.
+TEST(Pipeline, OneForwardOneBackwardKeepsFewerActivationsThanGPipe) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Case adamw = cases().front();
+  const RunResult one_f_one_b = train(config_for(adamw, world->size(), "1f1b"), world);
+  const RunResult gpipe = train(config_for(adamw, world->size(), "gpipe"), world);
+  if (world->rank() + 1 < world->size()) {
+    // In flight under 1F1B: P - stage of 8 micro-batches (the received inputs and block activations scale alike).
+    const double bound = static_cast<double>(world->size() - world->rank()) / kMicroBatches;
+    EXPECT_LT(static_cast<double>(one_f_one_b.activations_peak),
+              (bound + 0.125) * static_cast<double>(gpipe.activations_peak))
+        << "stage " << world->rank() << ": 1f1b " << one_f_one_b.activations_peak << " B, gpipe "
+        << gpipe.activations_peak << " B";
+  }
+}
+
+TEST(Pipeline, RefusesAStageCountThatIsNotTheLaunchers) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  TrainerConfig config = config_for(cases().front(), world->size() + 1, "1f1b");
+  config.grad_accum = world->size() + 1;
+  auto model = make_gpt({world->rank(), world->size()});
+  auto data = std::make_shared<mt::test_support::TokenDataset>(16, mt::test_support::kTinyWindow,
+                                                               mt::test_support::kTinyVocab);
+  Trainer trainer(config, model, [model](const mt::data::Batch& b) { return model->loss(b.inputs, b.targets); },
+                  data);
+  const std::string text = mt::test_support::error_of([&] { mt::dist::attach_gpt_pipeline(trainer, model, world); });
+  EXPECT_NE(text.find("pipeline_stages is " + std::to_string(world->size() + 1)), std::string::npos) << text;
+}
