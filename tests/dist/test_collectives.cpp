@@ -148,3 +148,31 @@ TEST(DistCollectives, ArgumentErrorsNameTheOperation) {
   EXPECT_THAT(error_of([&] { world->set_timeout_seconds(0); }), HasSubstr("set_timeout_seconds"));
   world->barrier();  // every check ran before any message: the group is still in step
 }
+
+// Point to point (pipeline stages): two messages with one tag arrive whole and in the order they were sent (at 3
+// ranks in 64-byte chunks, MEMTRAIN_DIST_CHUNK_BYTES); the peer and the tag are checked; a group of one refuses.
+TEST(DistCollectives, PointToPointMessagesArriveWholeAndInOrder) {
+  auto world = dist::world();
+  const int tag = dist::Communicator::kFirstUserTag;
+  mt::Tensor a = leaf_tensor(21, world->rank(), 1000, mt::DType::f32);
+  if (world->size() < 2) {
+    EXPECT_THAT(error_of([&] { world->send(a, 0, tag); }),
+                HasSubstr("sends no point-to-point messages"));
+    return;
+  }
+  const int next = (world->rank() + 1) % world->size(), prev = (world->rank() + world->size() - 1) % world->size();
+  const mt::Tensor b = leaf_tensor(22, world->rank(), 37, mt::DType::bf16);
+  auto first = world->send(a, next, tag);
+  auto second = world->send(b, next, tag);
+  mt::Tensor got_a = mt::Tensor::empty({1000}, mt::DType::f32), got_b = mt::Tensor::empty({37}, mt::DType::bf16);
+  world->recv(got_a, prev, tag);
+  world->recv(got_b, prev, tag);
+  first->wait();
+  EXPECT_TRUE(second->test() || (second->wait(), true));
+  EXPECT_TRUE(same_bits(got_a, leaf_tensor(21, prev, 1000, mt::DType::f32)));
+  EXPECT_TRUE(same_bits(got_b, leaf_tensor(22, prev, 37, mt::DType::bf16)));
+  EXPECT_THAT(error_of([&] { world->send(a, world->rank(), tag); }),
+              HasSubstr("is not another rank of this group"));
+  EXPECT_THAT(error_of([&] { world->recv(got_a, next, 5); }), HasSubstr("tag 5 is below"));
+  world->barrier();
+}

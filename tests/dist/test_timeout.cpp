@@ -68,3 +68,18 @@ TEST(DistTimeout, CollectiveSaysItWaitedForTheOthers) {
   expect_timeout_naming_rank_one("barrier: rank {} of {} waited 1 s for the other ranks",
                                  [](dist::Communicator& c) { c.barrier(); });
 }
+
+// A pipeline stage waiting for its neighbour's activations: recv names the silent sender.
+TEST(DistTimeout, ReceiveNamesTheSilentSender) {
+  if (dist::world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  expect_timeout_naming_rank_one("recv: rank {} of {} waited 1 s for rank 1 (dead or stuck?)", [](dist::Communicator& c) {
+    mt::Tensor t = mt::full({64}, 3.0);
+    const int tag = dist::Communicator::kFirstUserTag;
+    if (c.rank() == 1) {
+      for (int q = 0; q < c.size(); ++q)
+        if (q != 1) c.send(t, q, tag)->wait();  // late: into the receives the others abandoned
+    } else {
+      c.recv(t, 1, tag);
+    }
+  });
+}
