@@ -11,7 +11,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -120,11 +123,14 @@ TEST(GPTStage, StagesHoldTheWholeModelsPartsWithItsValues) {
   const auto whole = make_gpt({});
   std::map<std::string, mt::Tensor> want;
   for (const auto& [name, t] : whole->named_parameters()) want[name] = t;
-  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks{{0, 2}, {2, 3}, {3, 4}};
   std::map<std::string, int> held;
+  std::int64_t next_block = 0;
   for (int s = 0; s < 3; ++s) {
     const auto stage = make_gpt({s, 3});
-    EXPECT_EQ(stage->stage().blocks(4), blocks[static_cast<std::size_t>(s)]);
+    const auto [begin, end] = stage->stage().blocks(whole->config());
+    EXPECT_EQ(begin, next_block) << "stage " << s << ": the stages' blocks are contiguous";
+    EXPECT_LT(begin, end) << "stage " << s << " has no block";
+    next_block = end;
     for (const auto& [name, t] : stage->named_parameters()) {
       ASSERT_EQ(want.count(name), 1u) << name;
       EXPECT_TRUE(same_values(t, want.at(name))) << "stage " << s << ": " << name;
@@ -133,9 +139,56 @@ TEST(GPTStage, StagesHoldTheWholeModelsPartsWithItsValues) {
       if (name == "wte.weight") EXPECT_EQ(t.requires_grad(), s == 2);
     }
   }
+  EXPECT_EQ(next_block, 4);
   for (const auto& [name, t] : want) EXPECT_EQ(held[name], name == "wte.weight" ? 2 : 1) << name;
   EXPECT_NE(mt::test_support::error_of([] { make_gpt({0, 5}); }).find("5 pipeline stages for 4 blocks"),
             std::string::npos);
+}
+
+// The split's largest stage, in parameters trained (counted from the stage models themselves), is the smallest
+// over every split of the blocks, enumerated.
+TEST(GPTStage, TheSplitBalancesTheTrainedParameters) {
+  mt::nn::GPTConfig c;
+  c.vocab_size = 700, c.block_size = 8, c.n_layer = 7, c.n_head = 2, c.n_embd = 16;
+  for (int stages = 2; stages <= 4; ++stages) {
+    std::int64_t chosen = 0;
+    std::vector<std::int64_t> trained(static_cast<std::size_t>(stages));  // the extra parameters of each stage
+    for (int s = 0; s < stages; ++s) {
+      mt::manual_seed(1);
+      const mt::nn::GPT stage(c, mt::DType::f32, {s, stages});
+      std::int64_t n = 0;
+      for (const auto& [name, t] : stage.named_parameters())
+        if (t.requires_grad()) n += t.numel();
+      const auto [begin, end] = stage.stage().blocks(c);
+      trained[static_cast<std::size_t>(s)] = n - (end - begin) * mt::nn::GPTStage::block_parameters(c);
+      chosen = std::max(chosen, n);
+    }
+    const std::int64_t block = mt::nn::GPTStage::block_parameters(c);
+    std::int64_t block_zero = 0;  // what block_parameters claims, counted
+    mt::manual_seed(1);
+    for (const auto& [name, t] : mt::nn::GPT(c).named_parameters())
+      if (name.rfind("h.0.", 0) == 0) block_zero += t.numel();
+    ASSERT_EQ(block, block_zero);
+    // Every split: stage sizes >= 1 summing to n_layer.
+    std::int64_t best = std::numeric_limits<std::int64_t>::max();
+    std::vector<std::int64_t> sizes(static_cast<std::size_t>(stages), 1);
+    const std::function<void(int, std::int64_t)> split = [&](int s, std::int64_t left) {
+      if (s + 1 == stages) {
+        std::int64_t worst = 0;
+        sizes.back() = left;
+        for (int q = 0; q < stages; ++q)
+          worst = std::max(worst, sizes[static_cast<std::size_t>(q)] * block + trained[static_cast<std::size_t>(q)]);
+        best = std::min(best, worst);
+        return;
+      }
+      for (std::int64_t k = 1; k <= left - (stages - s - 1); ++k) {
+        sizes[static_cast<std::size_t>(s)] = k;
+        split(s + 1, left - k);
+      }
+    };
+    split(0, c.n_layer);
+    EXPECT_EQ(chosen, best) << stages << " stages";
+  }
 }
 
 TEST(GPTStage, ChainedStagesGiveTheWholeModelsLoss) {

@@ -495,7 +495,7 @@ int main(int argc, char** argv) {
       config.world_size = 1;
     }
     if (pipelined) {
-      MT_CHECK(!f.plan_only && !f.fit && !f.resume && !f.eval_only && !f.checkpoint_interval, "train_gpt",
+      MT_CHECK(!f.plan_only && !f.fit && !f.resume && !f.eval_only && f.checkpoint_interval.value_or(0) == 0, "train_gpt",
                "--pipeline-stages with --plan-only, --fit, --resume, --eval-only or --checkpoint-interval: not built "
                "yet for a pipeline");
       config.checkpoint_dir.clear();  // a stage's checkpoint files are not built yet
@@ -531,8 +531,7 @@ int main(int argc, char** argv) {
     fmt::print("model: {} parameters{} (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",
                model->num_parameters(),
                pipelined ? fmt::format(" on stage {} of {} (blocks {}..{})", stage.index, stage.count,
-                                       stage.blocks(model->config().n_layer).first,
-                                       stage.blocks(model->config().n_layer).second - 1)
+                                       stage.blocks(model->config()).first, stage.blocks(model->config()).second - 1)
                          : std::string(), model->config().n_layer, model->config().n_head, model->config().n_embd,
                model->config().vocab_size, model->config().block_size, T, config.optimizer.to_string(), device.str());
 

@@ -1,5 +1,10 @@
 // dist::attach_gpt_pipeline: a train::PipelineLink over a Communicator's point-to-point messages. A tensor
 // travels as two messages with the same tag: a header (dtype, rank, sizes), then its bytes.
+//
+// While sends are in flight a thread of the link tests them every 50 us. MPI moves a large message's bytes only
+// while the sender is inside an MPI call, unless the receiver can copy them out of the sender's memory itself
+// (Open MPI's CMA, often not permitted in a container): without the thread, a stage that sends its output and
+// goes on computing would hold the next stage up until its own next receive.
 #include "memtrain/dist/pipeline.h"
 
 #include "memtrain/core/error.h"
@@ -8,7 +13,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
+#include <thread>
 
 namespace memtrain::dist {
 
@@ -19,8 +28,15 @@ constexpr std::int64_t kHeaderLength = 2 + kMaxDims;  // dtype, rank, sizes
 
 class CommunicatorLink final : public train::PipelineLink {
  public:
-  explicit CommunicatorLink(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  explicit CommunicatorLink(std::shared_ptr<Communicator> comm)
+      : comm_(std::move(comm)), progress_([this] { progress(); }) {}
   ~CommunicatorLink() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    progress_.join();
     try {
       flush_sends();
     } catch (const std::exception&) {  // each PendingSend reports its own failure as it goes
@@ -37,8 +53,14 @@ class CommunicatorLink final : public train::PipelineLink {
     h[0] = static_cast<std::int64_t>(t.dtype());
     h[1] = t.dim();
     for (std::int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
-    pending_.push_back(comm_->send(header, to, Communicator::kFirstUserTag + tag));
-    pending_.push_back(comm_->send(t.contiguous(), to, Communicator::kFirstUserTag + tag));
+    auto sent_header = comm_->send(header, to, Communicator::kFirstUserTag + tag);
+    auto sent_bytes = comm_->send(t.contiguous(), to, Communicator::kFirstUserTag + tag);
+    {
+      std::lock_guard lock(mutex_);
+      pending_.push_back(std::move(sent_header));
+      pending_.push_back(std::move(sent_bytes));
+    }
+    wake_.notify_all();
   }
 
   Tensor receive(int from, int tag) override {
@@ -53,11 +75,16 @@ class CommunicatorLink final : public train::PipelineLink {
   }
 
   void reap_sends() override {
-    while (!pending_.empty() && pending_.front()->test()) pending_.pop_front();
+    std::lock_guard lock(mutex_);
+    reap_locked();
   }
   void flush_sends() override {
-    for (auto& p : pending_) p->wait();
-    pending_.clear();
+    std::deque<std::unique_ptr<Communicator::PendingSend>> waiting;
+    {
+      std::lock_guard lock(mutex_);
+      waiting.swap(pending_);
+    }
+    for (auto& p : waiting) p->wait();
   }
   std::vector<double> gather_f64(const std::vector<double>& mine) override { return comm_->all_gather_f64(mine); }
   std::vector<std::int64_t> gather_i64(const std::vector<std::int64_t>& mine) override {
@@ -65,8 +92,30 @@ class CommunicatorLink final : public train::PipelineLink {
   }
 
  private:
+  void reap_locked() {
+    while (!pending_.empty() && pending_.front()->test()) pending_.pop_front();
+  }
+  void progress() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (pending_.empty()) {
+        wake_.wait(lock);
+        continue;
+      }
+      try {
+        reap_locked();
+      } catch (const std::exception&) {  // the sender's own wait or flush reports it
+      }
+      wake_.wait_for(lock, std::chrono::microseconds(50));
+    }
+  }
+
   std::shared_ptr<Communicator> comm_;
+  std::mutex mutex_;  // pending_ and stop_
+  std::condition_variable wake_;
   std::deque<std::unique_ptr<Communicator::PendingSend>> pending_;
+  bool stop_ = false;
+  std::thread progress_;  // last: started once the members it uses exist
 };
 
 }  // namespace

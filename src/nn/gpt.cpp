@@ -8,12 +8,44 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
+#include <vector>
+
 namespace memtrain::nn {
 
-std::pair<std::int64_t, std::int64_t> GPTStage::blocks(std::int64_t n_layer) const {
-  const std::int64_t base = n_layer / count, extra = n_layer % count;  // extra < count: never the last stage
-  const std::int64_t begin = index * base + std::min<std::int64_t>(index, extra);
-  return {begin, begin + base + (index < extra ? 1 : 0)};
+std::int64_t GPTStage::block_parameters(const GPTConfig& c) {
+  const std::int64_t C = c.n_embd, biases = c.bias ? 3 * C + C + 4 * C + C : 0;  // c_attn, c_proj, c_fc, c_proj
+  return 12 * C * C + biases + 2 * (c.bias ? 2 : 1) * C;                      // + ln_1, ln_2
+}
+
+std::int64_t GPTStage::extra_parameters(const GPTConfig& c) const {
+  std::int64_t extra = 0;
+  if (index == 0) extra += c.block_size * c.n_embd;  // wpe (wte there is a frozen copy, unless one stage)
+  if (index + 1 == count) extra += (c.vocab_size + (c.bias ? 2 : 1)) * c.n_embd;  // wte, ln_f
+  return extra;
+}
+
+std::pair<std::int64_t, std::int64_t> GPTStage::blocks(const GPTConfig& c) const {
+  const std::int64_t n = c.n_layer, block = block_parameters(c);
+  if (count == 1) return {0, n};
+  // best[s][k]: the smallest largest stage over stages 0..s-1 holding the first k blocks. Stages are few and
+  // blocks tens, so the whole table costs nothing.
+  const auto extra = [&](int s) { return GPTStage{s, count}.extra_parameters(c); };
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::vector<std::int64_t>> best(count + 1, std::vector<std::int64_t>(n + 1, kNone));
+  std::vector<std::vector<std::int64_t>> cut(count + 1, std::vector<std::int64_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= count; ++s)
+    for (std::int64_t k = s; k <= n; ++k)
+      for (std::int64_t j = s - 1; j < k; ++j) {  // stage s-1 holds blocks [j, k)
+        if (best[s - 1][j] == kNone) continue;
+        const std::int64_t worst = std::max(best[s - 1][j], (k - j) * block + extra(s - 1));
+        if (worst < best[s][k]) best[s][k] = worst, cut[s][k] = j;
+      }
+  std::int64_t end = n;
+  for (int s = count; s > index + 1; --s) end = cut[s][end];
+  return {cut[index + 1][end], end};
 }
 
 GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config), stage_(stage) {
@@ -23,7 +55,7 @@ GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config)
            "pipeline stage {} of {}: the index must be in [0, count)", stage.index, stage.count);
   MT_CHECK(stage.count <= c.n_layer, "GPT", "{} pipeline stages for {} blocks: every stage needs a block",
            stage.count, c.n_layer);
-  const auto [begin, end] = stage.blocks(c.n_layer);
+  const auto [begin, end] = stage.blocks(c);
   first_block_ = begin;
   // A part this stage does not hold is made on meta and dropped: its init still draws from the default stream,
   // so the parts that are held get the whole model's values.

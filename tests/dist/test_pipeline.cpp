@@ -162,6 +162,39 @@ TEST(Pipeline, OneForwardOneBackwardKeepsFewerActivationsThanGPipe) {
   }
 }
 
+// By formula (docs/memory.md): a stage's parameters are 4 bytes per element of the tensors it holds (the first
+// stage's wte copy included), its AdamW state 8 bytes per element it trains; the stages together train the
+// whole model once.
+TEST(Pipeline, EachStageHoldsItsShareByFormula) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const TrainerConfig config = config_for(cases().front(), world->size(), "1f1b");
+  mt::Allocator& host = mt::Allocator::get(mt::Device::cpu());
+  const std::size_t params_before = host.stats()[mt::MemoryCategory::parameters].live_bytes;
+  auto model = make_gpt({world->rank(), world->size()});
+  const std::size_t param_bytes = host.stats()[mt::MemoryCategory::parameters].live_bytes - params_before;
+  auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                               mt::test_support::kTinyVocab);
+  Trainer trainer(config, model, [model](const mt::data::Batch& b) { return model->loss(b.inputs, b.targets); },
+                  data);
+  mt::dist::attach_gpt_pipeline(trainer, model, world);
+  trainer.train_step();
+  std::int64_t held = 0, trained = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    held += p.numel();
+    if (p.requires_grad()) trained += p.numel();
+  }
+  EXPECT_EQ(param_bytes, static_cast<std::size_t>(4 * held));
+  EXPECT_EQ(trainer.optimizer().state_bytes(), static_cast<std::size_t>(8 * trained));
+  std::int64_t whole = 0;
+  for (const auto& [name, p] : make_gpt({})->named_parameters()) whole += p.numel();
+  const std::vector<std::int64_t> all = world->all_gather_i64({trained, held});
+  std::int64_t trained_sum = 0;
+  for (std::size_t r = 0; r < all.size(); r += 2) trained_sum += all[r];
+  EXPECT_EQ(trained_sum, whole) << "every parameter is trained by exactly one stage";
+  EXPECT_LT(held, whole) << "stage " << world->rank() << " holds the whole model";
+}
+
 TEST(Pipeline, RefusesAStageCountThatIsNotTheLaunchers) {
   auto world = mt::dist::world();
   if (world->size() < 2) GTEST_SKIP() << "needs two ranks";

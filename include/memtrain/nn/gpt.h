@@ -23,9 +23,9 @@
 namespace memtrain::nn {
 
 // One stage of a pipeline (TrainerConfig::pipeline_stages): the part of the model one process builds and runs.
-// Stage `index` of `count` holds blocks stage_blocks(n_layer) of the model, contiguous and as even as whole blocks
-// allow, the extra ones on the earliest stages (never on the last, which holds the head). The first stage holds
-// wte and wpe, the last ln_f and the head. The head is tied to wte: the last stage trains wte; the first keeps a
+// Stage `index` of `count` holds blocks blocks(config) of the model: contiguous runs, at least one block each,
+// balanced by the parameters each stage trains (a split whose largest stage is the smallest possible). The first
+// stage holds wte and wpe, the last ln_f and the head, and trains wte. The head is tied to wte: the last stage trains wte; the first keeps a
 // copy with requires_grad false for its lookups, which the pipeline refreshes after every step (train/pipeline.h).
 struct GPTStage {
   int index = 0;
@@ -33,7 +33,10 @@ struct GPTStage {
   bool first() const { return index == 0; }
   bool last() const { return index + 1 == count; }
   // [begin, end) of the model's n_layer blocks.
-  std::pair<std::int64_t, std::int64_t> blocks(std::int64_t n_layer) const;
+  std::pair<std::int64_t, std::int64_t> blocks(const GPTConfig& config) const;
+  // The parameters each block trains, and the stage's extra ones (the first: wpe; the last: wte and ln_f).
+  static std::int64_t block_parameters(const GPTConfig& config);
+  std::int64_t extra_parameters(const GPTConfig& config) const;
 };
 
 // Checkpointable blocks (BlockCheckpointedModule): the transformer blocks, one region each.
