@@ -194,8 +194,8 @@ TEST(GPTStage, TheSplitBalancesTheTrainedParameters) {
 TEST(GPTStage, ChainedStagesGiveTheWholeModelsLoss) {
   std::vector<std::int64_t> tokens(17);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int64_t>((i * 37 + 11) % 50);
-  const mt::Tensor idx = mt::tensor<std::int64_t>(std::vector<std::int64_t>(tokens.begin(), tokens.end() - 1), {2, 8});
-  const mt::Tensor targets = mt::tensor<std::int64_t>(std::vector<std::int64_t>(tokens.begin() + 1, tokens.end()), {2, 8});
+  const mt::Tensor idx = mt::tensor<std::int64_t>({tokens.begin(), tokens.end() - 1}, {2, 8});
+  const mt::Tensor targets = mt::tensor<std::int64_t>({tokens.begin() + 1, tokens.end()}, {2, 8});
   const mt::Tensor want = make_gpt({})->loss(idx, targets);
   for (int stages : {2, 4}) {
     mt::Tensor x;

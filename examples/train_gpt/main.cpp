@@ -495,7 +495,8 @@ int main(int argc, char** argv) {
       config.world_size = 1;
     }
     if (pipelined) {
-      MT_CHECK(!f.plan_only && !f.fit && !f.resume && !f.eval_only && f.checkpoint_interval.value_or(0) == 0, "train_gpt",
+      MT_CHECK(!f.plan_only && !f.fit && !f.resume && !f.eval_only && f.checkpoint_interval.value_or(0) == 0,
+               "train_gpt",
                "--pipeline-stages with --plan-only, --fit, --resume, --eval-only or --checkpoint-interval: not built "
                "yet for a pipeline");
       config.checkpoint_dir.clear();  // a stage's checkpoint files are not built yet
@@ -582,7 +583,8 @@ int main(int argc, char** argv) {
     if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {
-      if (lead && !pipelined && corpus.tokenizer && f.sample_tokens > 0) print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
+      if (lead && !pipelined && corpus.tokenizer && f.sample_tokens > 0)
+        print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
     };
     if (f.eval_only) {
       // Also written to the summary (--summary-json): the loss and what it was measured over.

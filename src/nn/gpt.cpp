@@ -56,7 +56,6 @@ GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config)
   MT_CHECK(stage.count <= c.n_layer, "GPT", "{} pipeline stages for {} blocks: every stage needs a block",
            stage.count, c.n_layer);
   const auto [begin, end] = stage.blocks(c);
-  first_block_ = begin;
   // A part this stage does not hold is made on meta and dropped: its init still draws from the default stream,
   // so the parts that are held get the whole model's values.
   const auto make = [&](bool held, auto build) {
@@ -66,7 +65,8 @@ GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config)
     return decltype(build())();
   };
   const bool whole = stage.count == 1;
-  wte_ = make(stage.first() || stage.last(), [&] { return std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype); });
+  wte_ = make(stage.first() || stage.last(),
+              [&] { return std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype); });
   if (wte_) {
     register_module("wte", wte_);
     if (!whole && !stage.last()) Tensor(wte_->weight()).set_requires_grad(false);  // the first stage's copy

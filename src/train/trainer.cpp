@@ -571,51 +571,55 @@ StepMetrics Trainer::train_step() {
   if (canonical_reduction_on()) tree.emplace(pipeline_ ? detail::untied(*pipeline_, params) : params);
   std::vector<double> weighted_losses(batches.size(), 0.0);  // summed in global order after the loop
   if (sync_) sync_->begin_gradients(params, gradient_shards());
-  if (pipeline_) weighted_losses = pipeline_micro_batches(batches, total, *tree);
-  for (std::size_t i = 0; i < batches.size() && !pipeline_; ++i) {
-    data::Batch batch = std::move(batches[i]);
-    if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add
-      if (tree) tree->push_leaf();   // but the leaf keeps the tree's shape
-      continue;
+  if (pipeline_) {
+    weighted_losses = pipeline_micro_batches(batches, total, *tree);
+  } else {
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      data::Batch batch = std::move(batches[i]);
+      if (batch.targets_count == 0) {  // its mean loss is 0/0 and its weight 0: nothing to add
+        if (tree) tree->push_leaf();   // but the leaf keeps the tree's shape
+        continue;
+      }
+      Tensor loss;
+      mark(batches.size() > 1 ? fmt::format("forward {}/{}", i + 1, batches.size()) : std::string("forward"));
+      const double weight = static_cast<double>(batch.targets_count) / static_cast<double>(total);
+      const double seed = scaler_ ? weight * scaler_->scale() : weight;  // the backward's seed, known already
+      {
+        // What the forward pass allocates (and keeps for backward) is activation memory.
+        autograd::EnableGradGuard grad_on;
+        CategoryGuard category(MemoryCategory::activations);
+        amp::Autocast autocast(autocast_mode());
+        // A fused loss head makes its gradients during the forward for this seed (ops/fused_loss.h).
+        std::optional<ops::LossGradientSeed> declared;
+        if (config_.head_gradients_in_forward) declared.emplace(seed);
+        std::optional<ops::HeadGemmsInComputeDtype> narrow_head;
+        if (config_.head_gemms_in_compute_dtype) narrow_head.emplace();
+        loss = loss_fn_(batch);
+      }
+      MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",
+               loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
+      MT_CHECK(loss.requires_grad(), where,
+               "the loss of micro-batch {} does not require grad (no parameter took part?)", i);
+      weighted_losses[i] = loss.item() * weight;
+      Tensor seed_grad;
+      {
+        CategoryGuard category(MemoryCategory::gradients);
+        seed_grad = full(loss.shape(), seed, loss.dtype(), loss.device());
+      }
+      // Alone, the hooks of the last backward step each parameter (completing its canonical sum first when the
+      // last backward is the tree's last leaf; otherwise the step waits for the tree).
+      std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
+      const bool tree_done_here = tree && i + 1 == batches.size();
+      if (layerwise_ && !sync_)
+        hooks_on.emplace(*layerwise_, i == last_backward && (!tree || tree_done_here),
+                         tree_done_here ? &*tree : nullptr);
+      // The last backward hands each gradient to the data-parallel sums as soon as it is final.
+      std::optional<detail::SyncHooks::Active> overlap;
+      if (sync_ && i + 1 == batches.size()) overlap.emplace(*sync_hooks_, *tree, *sync_);
+      mark("backward");
+      autograd::backward({loss}, {seed_grad});
+      if (tree) tree->push_leaf();
     }
-    Tensor loss;
-    mark(batches.size() > 1 ? fmt::format("forward {}/{}", i + 1, batches.size()) : std::string("forward"));
-    const double weight = static_cast<double>(batch.targets_count) / static_cast<double>(total);
-    const double seed = scaler_ ? weight * scaler_->scale() : weight;  // the backward's seed, known already
-    {
-      // What the forward pass allocates (and keeps for backward) is activation memory.
-      autograd::EnableGradGuard grad_on;
-      CategoryGuard category(MemoryCategory::activations);
-      amp::Autocast autocast(autocast_mode());
-      // A fused loss head makes its gradients during the forward for this seed (ops/fused_loss.h).
-      std::optional<ops::LossGradientSeed> declared;
-      if (config_.head_gradients_in_forward) declared.emplace(seed);
-      std::optional<ops::HeadGemmsInComputeDtype> narrow_head;
-      if (config_.head_gemms_in_compute_dtype) narrow_head.emplace();
-      loss = loss_fn_(batch);
-    }
-    MT_CHECK(loss.defined() && loss.numel() == 1, where, "loss_fn must return a one-element tensor, got {}",
-             loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
-    MT_CHECK(loss.requires_grad(), where, "the loss of micro-batch {} does not require grad (no parameter took part?)",
-             i);
-    weighted_losses[i] = loss.item() * weight;
-    Tensor seed_grad;
-    {
-      CategoryGuard category(MemoryCategory::gradients);
-      seed_grad = full(loss.shape(), seed, loss.dtype(), loss.device());
-    }
-    // Alone, the hooks of the last backward step each parameter (completing its canonical sum first when the
-    // last backward is the tree's last leaf; otherwise the step waits for the tree).
-    std::optional<detail::LayerwiseUpdater::Backward> hooks_on;
-    const bool tree_done_here = tree && i + 1 == batches.size();
-    if (layerwise_ && !sync_)
-      hooks_on.emplace(*layerwise_, i == last_backward && (!tree || tree_done_here), tree_done_here ? &*tree : nullptr);
-    // The last backward hands each gradient to the data-parallel sums as soon as it is final.
-    std::optional<detail::SyncHooks::Active> overlap;
-    if (sync_ && i + 1 == batches.size()) overlap.emplace(*sync_hooks_, *tree, *sync_);
-    mark("backward");
-    autograd::backward({loss}, {seed_grad});
-    if (tree) tree->push_leaf();
   }
   batches.clear();
   if (tree) tree->finish();

@@ -2,8 +2,9 @@
 // there is no pipeline and these tests skip): a 4-block GPT trained for 8 steps of 8 micro-batches through the
 // stages gives, on every stage, the losses, the val loss and the weights of the whole model trained by one rank
 // with the canonical reduction, bit for bit: AdamW, 8-bit AdamW and 8-bit GaLore in fp32, AdamW in bf16, fp16 and
-// fp8 (delayed scaling), and with every other block recomputed, under the 1F1B and the GPipe order. The tied wte is trained on the last stage and the first stage's copy
-// follows it. Under 1F1B the first stage keeps fewer activations than under GPipe's order.
+// fp8 (delayed scaling), and with every other block recomputed, under the 1F1B and the GPipe order. The tied wte
+// is trained on the last stage and the first stage's copy follows it. Under 1F1B the first stages keep fewer
+// activations than under GPipe's order; each stage holds its parameters and AdamW state by formula.
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/communicator.h"

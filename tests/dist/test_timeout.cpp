@@ -72,7 +72,7 @@ TEST(DistTimeout, CollectiveSaysItWaitedForTheOthers) {
 // A pipeline stage waiting for its neighbour's activations: recv names the silent sender.
 TEST(DistTimeout, ReceiveNamesTheSilentSender) {
   if (dist::world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  expect_timeout_naming_rank_one("recv: rank {} of {} waited 1 s for rank 1 (dead or stuck?)", [](dist::Communicator& c) {
+  const auto exchange = [](dist::Communicator& c) {
     mt::Tensor t = mt::full({64}, 3.0);
     const int tag = dist::Communicator::kFirstUserTag;
     if (c.rank() == 1) {
@@ -81,5 +81,6 @@ TEST(DistTimeout, ReceiveNamesTheSilentSender) {
     } else {
       c.recv(t, 1, tag);
     }
-  });
+  };
+  expect_timeout_naming_rank_one("recv: rank {} of {} waited 1 s for rank 1 (dead or stuck?)", exchange);
 }

@@ -25,8 +25,9 @@ namespace memtrain::nn {
 // One stage of a pipeline (TrainerConfig::pipeline_stages): the part of the model one process builds and runs.
 // Stage `index` of `count` holds blocks blocks(config) of the model: contiguous runs, at least one block each,
 // balanced by the parameters each stage trains (a split whose largest stage is the smallest possible). The first
-// stage holds wte and wpe, the last ln_f and the head, and trains wte. The head is tied to wte: the last stage trains wte; the first keeps a
-// copy with requires_grad false for its lookups, which the pipeline refreshes after every step (train/pipeline.h).
+// stage holds wte and wpe, the last ln_f and the head. The head is tied to wte: the last stage trains wte; the
+// first keeps a copy with requires_grad false for its lookups, which the pipeline refreshes after every step
+// (train/pipeline.h).
 struct GPTStage {
   int index = 0;
   int count = 1;
@@ -72,7 +73,6 @@ class GPT : public BlockCheckpointedModule {
  private:
   GPTConfig config_;
   GPTStage stage_;
-  std::int64_t first_block_ = 0;  // h_[i] is the model's block first_block_ + i
   std::shared_ptr<Embedding> wte_;
   std::shared_ptr<Embedding> wpe_;
   std::shared_ptr<Dropout> drop_;
