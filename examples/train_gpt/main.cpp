@@ -494,14 +494,8 @@ int main(int argc, char** argv) {
       config.pipeline_stages = *f.pipeline_stages;
       config.world_size = 1;
     }
-    if (pipelined) {
-      MT_CHECK(!f.plan_only && !f.fit && !f.resume && !f.eval_only && f.checkpoint_interval.value_or(0) == 0,
-               "train_gpt",
-               "--pipeline-stages with --plan-only, --fit, --resume, --eval-only or --checkpoint-interval: not built "
-               "yet for a pipeline");
-      config.checkpoint_dir.clear();  // a stage's checkpoint files are not built yet
-      config.checkpoint_interval = 0;
-    }
+    MT_CHECK(!pipelined || (!f.plan_only && !f.fit && !f.eval_only), "train_gpt",
+             "--pipeline-stages with --plan-only, --fit or --eval-only: not built yet for a pipeline");
     // One GPU per rank: a data-parallel --device cuda run puts each rank on cuda:<its local rank>.
     if (config.device.is_cuda() && world->size() > 1) config.device = Device::cuda(world->local_rank());
     config.validate();
@@ -580,7 +574,7 @@ int main(int argc, char** argv) {
       if (dgc) notes += (notes.empty() ? "" : "\n") + dgc->stats().describe();
       return notes;
     };
-    if (f.resume && trainer.resume_latest()) fmt::print("resumed at step {}\n", trainer.step());
+    if (f.resume && trainer.resume_latest() && lead) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {
       if (lead && !pipelined && corpus.tokenizer && f.sample_tokens > 0)

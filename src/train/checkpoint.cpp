@@ -5,6 +5,7 @@
 #include "memtrain/core/rng.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/train/trainer.h"
+#include "train/pipeline_stage.h"
 #include "train/state_shards.h"
 
 #include <fmt/format.h>
@@ -12,6 +13,8 @@
 
 #include <signal.h>
 #include <unistd.h>
+
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -158,22 +161,31 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& dir) {
   return removed;
 }
 
+std::string Trainer::checkpoint_dir() const {
+  if (!pipeline_) return config_.checkpoint_dir;
+  return (fs::path(config_.checkpoint_dir) / fmt::format("stage{}-of-{}", pipeline_->stage, pipeline_->stages))
+      .string();
+}
+
 std::string Trainer::save_checkpoint() {
   MT_CHECK(!config_.checkpoint_dir.empty(), "Trainer::save_checkpoint", "config.checkpoint_dir is empty");
   // Every rank of a data-parallel run holds the same model and state: rank 0 writes them for all; under
-  // ZeRO-1 every rank writes its shard of the state too.
+  // ZeRO-1 every rank writes its shard of the state too. Every pipeline stage writes its own, in its own
+  // directory.
   const bool sharded = !whole_params_.empty();
-  if (!writes_files() && !sharded) return (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
+  const std::string dir = checkpoint_dir();
+  if (!writes_files() && !sharded && !pipeline_) return (fs::path(dir) / checkpoint_filename(step_)).string();
   std::error_code ec;
-  fs::create_directories(config_.checkpoint_dir, ec);
-  MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", config_.checkpoint_dir,
-           ec.message());
-  const std::string path = (fs::path(config_.checkpoint_dir) / checkpoint_filename(step_)).string();
+  fs::create_directories(dir, ec);
+  MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", dir, ec.message());
+  const std::string path = (fs::path(dir) / checkpoint_filename(step_)).string();
   save_checkpoint(path);
-  // Only after the new file is complete may old ones go.
-  if (writes_files()) {
-    prune_checkpoints(config_.checkpoint_dir, config_.keep_checkpoints);
-    remove_stale_checkpoint_temps(config_.checkpoint_dir);
+  // Only after the new file is complete may old ones go; in a pipeline, only once every stage's is, so the
+  // newest step every stage holds is always there to resume from.
+  if (pipeline_) (void)pipeline_->link->gather_i64({step_});
+  if (writes_files() || pipeline_) {
+    prune_checkpoints(dir, config_.keep_checkpoints);
+    remove_stale_checkpoint_temps(dir);
   }
   return path;
 }
@@ -272,6 +284,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"config", config_.to_json().dump()},
   };
   if (sharded) meta["zero_shards"] = std::to_string(sync_->world_size());
+  if (pipeline_) meta["pipeline_stage"] = fmt::format("{} of {}", pipeline_->stage, pipeline_->stages);
   io::save_safetensors(path, tensors, meta);
 }
 
@@ -295,6 +308,14 @@ void Trainer::load_checkpoint(const std::string& path) {
            "'{}' holds state of optimizer '{}' but this trainer uses '{}'", path,
            opt_name == meta.end() ? std::string("none") : opt_name->second, kind);
   const std::int64_t step = meta_i64(meta, "step", path);
+  // A pipeline stage's file holds that stage's part of the model: it resumes the same stage of the same layout.
+  const auto stage = meta.find("pipeline_stage");
+  const std::string mine = pipeline_ ? fmt::format("{} of {}", pipeline_->stage, pipeline_->stages) : "";
+  MT_CHECK((stage == meta.end() ? std::string() : stage->second) == mine, where,
+           "'{}' was written by {} and this trainer is {}: a checkpoint resumes the pipeline layout it was written "
+           "with (resharding between layouts is not built)", path,
+           stage == meta.end() ? std::string("a run without pipeline stages") : "pipeline stage " + stage->second,
+           pipeline_ ? "pipeline stage " + mine : std::string("a run without pipeline stages"));
   if (step > 0 && parse_grad_compression(config_.grad_compression).enabled())
     fmt::print(stderr, "load_checkpoint: warning: grad_compression '{}': the residuals of the unsent gradient values "
                "and the sparsity warm-up are not in checkpoints; they start again empty, so the resumed run differs "
@@ -357,9 +378,28 @@ void Trainer::load_checkpoint(const std::string& path) {
 }
 
 bool Trainer::resume_latest() {
+  if (pipeline_) return resume_latest_stage();
   const std::string path = latest_checkpoint(config_.checkpoint_dir);
   if (path.empty()) return false;
   load_checkpoint(path);
+  return true;
+}
+
+bool Trainer::resume_latest_stage() {
+  // The newest step every stage holds (a stage may have written a newer one before the run stopped: pruning
+  // waits for all stages, so the common one is still there).
+  const auto all = list_checkpoints(checkpoint_dir());
+  const std::vector<std::int64_t> newest = pipeline_->link->gather_i64({all.empty() ? -1 : all.back().first});
+  const std::int64_t step = *std::min_element(newest.begin(), newest.end());
+  const std::int64_t most = *std::max_element(newest.begin(), newest.end());
+  MT_CHECK(step >= 0 || most < 0, "resume_latest",
+           "'{}': some pipeline stages have checkpoints and some none (newest step by stage: {})",
+           config_.checkpoint_dir, fmt::join(newest, ", "));
+  if (step < 0) return false;
+  const auto found = std::find_if(all.begin(), all.end(), [&](const auto& c) { return c.first == step; });
+  MT_CHECK(found != all.end(), "resume_latest", "'{}' has no checkpoint of step {}, the newest all stages hold",
+           checkpoint_dir(), step);
+  load_checkpoint(found->second);
   return true;
 }
 

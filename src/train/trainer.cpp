@@ -811,7 +811,7 @@ RunSummary Trainer::fit() {
   const bool writes = writes_files();
   // Every place this run will write is tried now, so a read-only directory stops it before its first step,
   // not at its first checkpoint an hour later. Under ZeRO every rank writes its shard of a checkpoint.
-  if (config_.checkpoint_interval > 0 && (writes || !whole_params_.empty()))
+  if (config_.checkpoint_interval > 0 && (writes || !whole_params_.empty() || pipeline_))
     ::memtrain::detail::require_writable_dir(config_.checkpoint_dir, "Trainer::fit", "checkpoint_dir");
   if (writes && !config_.summary_path.empty())
     ::memtrain::detail::require_writable_dir(directory_of(config_.summary_path), "Trainer::fit",
@@ -842,7 +842,7 @@ RunSummary Trainer::fit() {
       save_checkpoint();
     if (on_step) on_step(m);
     if (config_.max_bad_steps > 0 && bad_in_a_row >= config_.max_bad_steps) {
-      const std::string kept = latest_checkpoint(config_.checkpoint_dir);
+      const std::string kept = latest_checkpoint(checkpoint_dir());
       stopped = fmt::format("steps {} to {} were all skipped (a non-finite loss or gradient norm), max_bad_steps = "
                             "{}; {}",
                             step_ - bad_in_a_row + 1, step_, config_.max_bad_steps,

@@ -338,7 +338,6 @@ void TrainerConfig::validate_pipeline() const {
   refuse(lora.enabled(), "lora");
   refuse(param_dtype != amp::ParamDtype::f32, "param_dtype other than f32");
   refuse(grad_compression != "none", "grad_compression");
-  refuse(!checkpoint_dir.empty(), "checkpoint_dir (checkpoint files per stage)");
 }
 
 void TrainerConfig::validate() const {

@@ -17,7 +17,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -194,6 +197,62 @@ TEST(Pipeline, EachStageHoldsItsShareByFormula) {
   for (std::size_t r = 0; r < all.size(); r += 2) trained_sum += all[r];
   EXPECT_EQ(trained_sum, whole) << "every parameter is trained by exactly one stage";
   EXPECT_LT(held, whole) << "stage " << world->rank() << " holds the whole model";
+}
+
+// Every stage writes its own checkpoint (fp16: the loss scaler's state too); a run resumed from them continues on
+// the bits of the run that never stopped; a stage's file is refused by a trainer of another layout.
+TEST(Pipeline, StagesResumeFromTheirOwnCheckpointsOnTheSameBits) {
+  auto world = mt::dist::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const std::string dir = world->broadcast_string(
+      (std::filesystem::temp_directory_path() / ("memtrain_pp_" + std::to_string(::getpid()))).string(), 0);
+  TrainerConfig config = config_for(cases()[4], world->size(), "1f1b");  // AdamW fp16
+  config.checkpoint_dir = dir;
+  config.max_steps = 6;
+  const auto make = [&] {
+    auto model = make_gpt({world->rank(), world->size()});
+    auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                                 mt::test_support::kTinyVocab);
+    auto trainer = std::make_unique<Trainer>(
+        config, model, [model](const mt::data::Batch& b) { return model->loss(b.inputs, b.targets); }, data);
+    mt::dist::attach_gpt_pipeline(*trainer, model, world);
+    return std::pair(model, std::move(trainer));
+  };
+  std::vector<double> want;
+  std::map<std::string, std::vector<float>> want_weights;
+  {
+    auto [model, trainer] = make();
+    for (int s = 0; s < 3; ++s) trainer->train_step();
+    const std::string path = trainer->save_checkpoint();
+    EXPECT_NE(path.find("stage" + std::to_string(world->rank()) + "-of-"), std::string::npos) << path;
+    for (int s = 3; s < 6; ++s) want.push_back(trainer->train_step().loss);
+    for (const auto& [name, p] : model->named_parameters()) want_weights[name] = values(p);
+  }
+  auto [model, trainer] = make();
+  ASSERT_TRUE(trainer->resume_latest());
+  EXPECT_EQ(trainer->step(), 3);
+  for (int s = 3; s < 6; ++s) {
+    const double loss = trainer->train_step().loss;
+    EXPECT_TRUE(same_bits(loss, want[static_cast<std::size_t>(s - 3)])) << "step " << s + 1 << ": " << loss;
+  }
+  for (const auto& [name, p] : model->named_parameters())
+    EXPECT_EQ(values(p), want_weights.at(name)) << "stage " << world->rank() << ": " << name;
+
+  // The whole model alone cannot take a stage's part.
+  TrainerConfig alone = config;
+  alone.pipeline_stages = 1;
+  auto whole = make_gpt({});
+  auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                               mt::test_support::kTinyVocab);
+  Trainer refused(alone, whole, [whole](const mt::data::Batch& b) { return whole->loss(b.inputs, b.targets); }, data);
+  const std::string stage_file = (std::filesystem::path(dir) /
+                                  ("stage" + std::to_string(world->rank()) + "-of-" + std::to_string(world->size())) /
+                                  "ckpt_00000003.safetensors")
+                                     .string();
+  const std::string text = mt::test_support::error_of([&] { refused.load_checkpoint(stage_file); });
+  EXPECT_NE(text.find("resumes the pipeline layout it was written with"), std::string::npos) << text;
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(Pipeline, RefusesAStageCountThatIsNotTheLaunchers) {

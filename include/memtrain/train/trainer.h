@@ -217,7 +217,9 @@ class Trainer {
   // with the config's optimizer.
   void attach_pipeline(std::shared_ptr<PipelineLink> link, std::shared_ptr<const nn::GPT> model);
 
-  std::string save_checkpoint();                  // into checkpoint_dir; returns the path; prunes old ones
+  // Into checkpoint_dir (a pipeline stage: its subdirectory "stage<s>-of-<P>", the file's metadata naming the
+  // stage; every stage calls it at the same step and writes its own); returns the path; prunes old ones.
+  std::string save_checkpoint();
   void save_checkpoint(const std::string& path) const;
   // Throws naming the file and what does not match, before anything changes: every name, shape and dtype is
   // checked against the file's header first. Then each tensor is read from the file straight into the parameter
@@ -225,7 +227,8 @@ class Trainer {
   // it has loaded; a read of the model that fails after the checks (the file changed underneath) leaves the model
   // partly loaded, and the error says to load again.
   void load_checkpoint(const std::string& path);
-  // Loads the newest checkpoint of config.checkpoint_dir; false when there is none.
+  // Loads the newest checkpoint of config.checkpoint_dir; false when there is none. A pipeline stage loads the
+  // newest step that every stage holds. A file resumes only the pipeline layout (or none) it was written with.
   bool resume_latest();
 
   std::int64_t step() const { return step_; }
@@ -259,6 +262,8 @@ class Trainer {
                                              detail::GradientTree& tree);
   double pipeline_eval_loss(const data::Batch& batch);
   void pipeline_share_tied();
+  std::string checkpoint_dir() const;  // config.checkpoint_dir, or a pipeline stage's subdirectory of it
+  bool resume_latest_stage();
   bool user_optimizer_ = false;                    // given to the constructor, not built from the config
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
   // whole_params_ are the parameters themselves, in the groups' order. A GaLore-projected weight is held whole

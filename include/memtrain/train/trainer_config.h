@@ -83,8 +83,8 @@ struct TrainerConfig {
   // pipeline_schedule's order: "1f1b" (warm-up forwards, then one forward / one backward: a stage keeps at most
   // pipeline_stages micro-batches in flight) or "gpipe" (every forward, then every backward: grad_accum in
   // flight). The canonical reduction is on, so the run has the bits of one rank with canonical_reduction.
-  // On the CPU over MPI; not yet with data parallel, ZeRO, layer-wise updates, LISA, LoRA, bf16 parameters,
-  // gradient compression or checkpoint files.
+  // On the CPU over MPI; not yet with data parallel, ZeRO, layer-wise updates, LISA, LoRA, bf16 parameters or
+  // gradient compression. Each stage writes its own checkpoint files (Trainer::save_checkpoint).
   std::int64_t pipeline_stages = 1;
   std::string pipeline_schedule = "1f1b";
   // Gradient compression of a data-parallel run: "none", or Deep Gradient Compression (Lin et al. 2018,
