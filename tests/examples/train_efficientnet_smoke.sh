@@ -11,7 +11,8 @@ rm -rf "$dir"
 source "$(dirname "${BASH_SOURCE[0]}")/image_example_common.sh"
 write_idx_dataset "$dir/data" 64 20
 
-"$bin" --data "$dir/data" --epochs 1 --batch 4 --checkpoint full --out-dir "$dir/run" > "$dir/run.log" 2>&1 ||
+"$bin" --data "$dir/data" --epochs 1 --batch 4 --checkpoint full --progressive 20,24,28 --out-dir "$dir/run" \
+  > "$dir/run.log" 2>&1 ||
   { cat "$dir/run.log"; exit 1; }
 grep -q "image sides 20 -> 24 -> 28" "$dir/run.log" || { echo "no resizing schedule line"; cat "$dir/run.log"; exit 1; }
 check_classifier_summary "$dir/run" "$dir/run.log"
