@@ -32,7 +32,7 @@ struct Flags {
   std::optional<std::string> model, optimizer, precision, param_dtype, weight_casts, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
       grad_compression, pipeline_schedule, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
-      pipeline_stages, checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
+      pipeline_stages, tensor_parallel, checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
   std::optional<double> galore_scale, lora_alpha, lora_dropout;
   std::optional<double> lr;
   std::optional<std::uint64_t> seed;
@@ -166,10 +166,12 @@ Corpus prepare_data(const Flags& f, std::int64_t vocab_size) {
   return corpus;
 }
 
-std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t vocab_size, nn::GPTStage stage = {}) {
+std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t vocab_size, nn::GPTStage stage = {},
+                                    nn::TensorShard tensor = {}) {
   if (!c.model.init_from.empty()) {
-    MT_CHECK(stage.count == 1, "train_gpt", "--init-from with --pipeline-stages: a stage cannot load part of a "
-             "Hugging Face checkpoint yet");
+    MT_CHECK(stage.count == 1 && !tensor.split(), "train_gpt",
+             "--init-from with --pipeline-stages or --tensor-parallel: a rank cannot load part of a Hugging Face "
+             "checkpoint yet");
     return nn::gpt2_from_pretrained(c.model.init_from);
   }
   nn::GPTConfig g = nn::GPTConfig::preset(c.model.preset);
@@ -177,7 +179,7 @@ std::shared_ptr<nn::GPT> make_model(const train::TrainerConfig& c, std::int64_t 
   if (c.model.seq_len > 0) g.block_size = c.model.seq_len;
   g.dropout = c.model.dropout;
   manual_seed(c.seed);
-  return std::make_shared<nn::GPT>(g, DType::f32, stage);
+  return std::make_shared<nn::GPT>(g, DType::f32, stage, std::move(tensor));
 }
 
 // The training and evaluation window: --seq-len when given, else the model's block size. A model from
@@ -394,6 +396,9 @@ int main(int argc, char** argv) {
   app.add_option("--pipeline-stages", f.pipeline_stages,
                  "under mpirun: cut the model into this many pipeline stages, one per rank (the launcher's count); "
                  "the --grad-accum micro-batches (at least one per stage) flow through them");
+  app.add_option("--tensor-parallel", f.tensor_parallel,
+                 "under mpirun: split every block's heads and MLP units, and the vocabulary, over this many ranks "
+                 "(the launcher's count; Megatron-style), all training on the same batches");
   app.add_option("--pipeline-schedule", f.pipeline_schedule,
                  "pipeline order: 1f1b (default: at most one micro-batch per stage in flight) or gpipe");
   app.add_option("--bucket", f.bucket, "data parallel: gradient bucket size after the first (default 25MiB; "
@@ -496,6 +501,21 @@ int main(int argc, char** argv) {
     }
     MT_CHECK(!pipelined || (!f.plan_only && !f.fit && !f.eval_only), "train_gpt",
              "--pipeline-stages with --plan-only, --fit or --eval-only: not built yet for a pipeline");
+    // A tensor-parallel group's ranks each hold their part of every block (the flag, or a --config file's); the
+    // launcher's ranks are data x tensor, the groups of each data rank training on its block of the batches.
+    if (f.tensor_parallel) config.tensor_parallel = *f.tensor_parallel;
+    const bool tensor_split = config.tensor_parallel > 1;
+    dist::DataTensorGroups groups{world, world};
+    if (tensor_split) {
+      MT_CHECK(world->size() % config.tensor_parallel == 0, "train_gpt",
+               "--tensor-parallel {} under {} ranks: the ranks must be a multiple of it (data x tensor)",
+               config.tensor_parallel, world->size());
+      groups = dist::split_data_tensor(world, static_cast<int>(config.tensor_parallel));
+      config.world_size = groups.data->size();
+    }
+    MT_CHECK(!tensor_split || (!f.plan_only && !f.fit && !f.memory_timeline), "train_gpt",
+             "--tensor-parallel with --plan-only, --fit or --memory-timeline: not built yet (the prediction has no "
+             "tensor-parallel group)");
     // One GPU per rank: a data-parallel --device cuda run puts each rank on cuda:<its local rank>.
     if (config.device.is_cuda() && world->size() > 1) config.device = Device::cuda(world->local_rank());
     config.validate();
@@ -521,13 +541,17 @@ int main(int argc, char** argv) {
                           *world);
     }
     const nn::GPTStage stage = pipelined ? nn::GPTStage{world->rank(), world->size()} : nn::GPTStage{};
-    auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab, stage);
+    const nn::TensorShard tensor = tensor_split ? nn::TensorShard{groups.tensor->rank(), groups.tensor->size(),
+                                                                  dist::tensor_parallel_group(groups.tensor)}
+                                                : nn::TensorShard{};
+    auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab, stage, tensor);
     const std::int64_t T = window_length(config, *model);
     fmt::print("model: {} parameters{} (L{} H{} C{} V{} T{}), windows of {} tokens, optimizer {}, device {}\n",
                model->num_parameters(),
                pipelined ? fmt::format(" on stage {} of {} (blocks {}..{})", stage.index, stage.count,
                                        stage.blocks(model->config()).first, stage.blocks(model->config()).second - 1)
-                         : std::string(), model->config().n_layer, model->config().n_head, model->config().n_embd,
+               : tensor_split ? fmt::format(" on tensor-parallel rank {} of {}", tensor.rank, tensor.count)
+                              : std::string(), model->config().n_layer, model->config().n_head, model->config().n_embd,
                model->config().vocab_size, model->config().block_size, T, config.optimizer.to_string(), device.str());
 
     auto train_set = std::make_shared<data::TokenWindowDataset>(corpus.train, T, model->config().vocab_size);
@@ -562,8 +586,10 @@ int main(int argc, char** argv) {
     const bool compressed = train::parse_grad_compression(config.grad_compression).enabled();
     const std::shared_ptr<dist::DgcSync> dgc = compressed ? dist::attach_dgc(trainer, group) : nullptr;
     const std::shared_ptr<dist::DataParallel> data_parallel =
-        compressed || pipelined ? nullptr : dist::attach_data_parallel(trainer, group, dp_options(f));
+        compressed || pipelined ? nullptr
+                                : dist::attach_data_parallel(trainer, tensor_split ? groups.data : group, dp_options(f));
     if (pipelined) dist::attach_gpt_pipeline(trainer, model, world);
+    if (tensor_split) dist::attach_gpt_tensor_parallel(trainer, model, groups.tensor);
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();
@@ -577,7 +603,8 @@ int main(int argc, char** argv) {
     if (f.resume && trainer.resume_latest() && lead) fmt::print("resumed at step {}\n", trainer.step());
 
     auto sample = [&] {
-      if (lead && !pipelined && corpus.tokenizer && f.sample_tokens > 0)
+      // The sampler needs whole logits, which neither a pipeline stage nor a tensor-parallel rank has.
+      if (lead && !pipelined && !tensor_split && corpus.tokenizer && f.sample_tokens > 0)
         print_sample(*model, *corpus.tokenizer, f.sample_tokens, config.seed);
     };
     if (f.eval_only) {
@@ -595,24 +622,29 @@ int main(int argc, char** argv) {
       trainer.on_step = [&](const train::StepMetrics& m) {
         timeline.after_step(m.step);
         if (m.step != config.max_steps) return;
-        if (pipelined) {
-          // Every stage's own peak and what it holds for good (parameters, gradients' peak, optimizer state).
+        if (pipelined || tensor_split) {
+          // Every stage's (rank's) own peak and what it holds for good (parameters, activations' peak, optimizer
+          // state).
           const MemoryStats mem = Allocator::get(device).stats();
           const std::vector<std::int64_t> all = world->all_gather_i64(
               {static_cast<std::int64_t>(mem.peak_bytes),
                static_cast<std::int64_t>(mem[MemoryCategory::parameters].live_bytes),
                static_cast<std::int64_t>(mem[MemoryCategory::activations].peak_bytes),
                static_cast<std::int64_t>(trainer.optimizer().state_bytes())});
-          for (std::size_t r = 0; r < all.size(); r += 4)
+          const std::int64_t T = config.tensor_parallel;
+          for (std::size_t r = 0; r < all.size(); r += 4) {
+            const auto rank = static_cast<std::int64_t>(r / 4);
+            const std::string who = pipelined ? fmt::format("stage {}", rank)
+                                              : fmt::format("rank {} (data {}, tensor {})", rank, rank / T, rank % T);
             *state_per_rank += fmt::format(
-                "\nstage {}: peak {:.2f} MiB, parameters {:.2f} MiB, activations peak {:.2f} MiB, optimizer state "
-                "{:.2f} MiB", r / 4, all[r] / 1048576.0, all[r + 1] / 1048576.0, all[r + 2] / 1048576.0,
-                all[r + 3] / 1048576.0);
+                "\n{}: peak {:.2f} MiB, parameters {:.2f} MiB, activations peak {:.2f} MiB, optimizer state {:.2f} MiB",
+                who, all[r] / 1048576.0, all[r + 1] / 1048576.0, all[r + 2] / 1048576.0, all[r + 3] / 1048576.0);
+          }
         }
         if (data_parallel) {
           const std::vector<std::int64_t> bytes =
               world->all_gather_i64({static_cast<std::int64_t>(trainer.optimizer().state_bytes())});
-          *state_per_rank = fmt::format("\noptimizer state by rank (zero {}): {} bytes", config.zero,
+          *state_per_rank += fmt::format("\noptimizer state by rank (zero {}): {} bytes", config.zero,
                                         fmt::join(bytes, ", "));
         }
         sample();

@@ -41,6 +41,7 @@
 #include "memtrain/dist/data_parallel.h"
 #include "memtrain/dist/dgc.h"
 #include "memtrain/dist/pipeline.h"
+#include "memtrain/dist/tensor_parallel.h"
 #include "memtrain/io/safetensors.h"
 #include "memtrain/nn/nn.h"
 #include "memtrain/ops/dispatch_modes.h"

@@ -90,6 +90,12 @@ void Communicator::all_reduce_canonical(Tensor& t) {
   all_gather(mine, bounds, t);
 }
 
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  MT_CHECK(false, "Communicator::split", "the '{}' backend makes no sub-groups (color {}, key {})", backend(), color,
+           key);
+  return nullptr;
+}
+
 std::unique_ptr<Communicator::PendingSend> Communicator::send(const Tensor&, int peer, int tag) {
   MT_CHECK(false, "Communicator::send", "the '{}' backend sends no point-to-point messages (to rank {}, tag {})",
            backend(), peer, tag);

@@ -88,9 +88,17 @@ class MpiPendingSend final : public Communicator::PendingSend {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() : chunk_bytes_(chunk_bytes_from_environment()) {
+  MpiCommunicator() : MpiCommunicator(nullptr, 0, 0) {}
+  // The ranks of `parent` that pass `color`, ranked by `key`; parent null: all of MPI_COMM_WORLD.
+  MpiCommunicator(MpiCommunicator* parent, int color, int key) : chunk_bytes_(chunk_bytes_from_environment()) {
     detail::init_mpi_once();
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "dist::world", "MPI_Comm_dup");
+    if (parent == nullptr) {
+      check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "dist::world", "MPI_Comm_dup");
+    } else {
+      std::lock_guard lock(parent->mutex_);  // an operation of the parent, in its order
+      check_mpi(MPI_Comm_split(parent->comm_, color, key, &comm_), "Communicator::split", "MPI_Comm_split");
+      set_timeout_seconds(parent->timeout_seconds());
+    }
     // Errors come back as return codes, raised as memtrain::Error naming the operation.
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -112,6 +120,10 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
   std::string backend() const override { return "mpi"; }
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    MT_CHECK(color >= 0, "Communicator::split", "color {} must be >= 0", color);
+    return std::make_shared<MpiCommunicator>(this, color, key);
+  }
 
   void barrier() override {
     std::lock_guard lock(mutex_);

@@ -7,10 +7,11 @@
 // goes on computing would hold the next stage up until its own next receive.
 #include "memtrain/dist/pipeline.h"
 
+#include "dist/same_config.h"
+
 #include "memtrain/core/error.h"
 #include "memtrain/train/pipeline.h"
 
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -133,13 +134,7 @@ void attach_gpt_pipeline(train::Trainer& trainer, std::shared_ptr<const nn::GPT>
            "the model is stage {} of {}, but this is rank {} of {}: build it with GPTStage{{rank, size}}",
            stage.index, stage.count, comm->rank(), comm->size());
   // Every rank must run the same step: the same config, compared whole.
-  const std::string mine = config.to_json().dump();
-  const std::string root = comm->broadcast_string(mine, 0);
-  const std::vector<std::int64_t> differs = comm->all_gather_i64({mine == root ? 0 : 1});
-  std::vector<std::size_t> ranks;
-  for (std::size_t r = 0; r < differs.size(); ++r)
-    if (differs[r] != 0) ranks.push_back(r);
-  MT_CHECK(ranks.empty(), where, "the config of rank(s) {} differs from rank 0's", fmt::join(ranks, ", "));
+  detail::require_same_config(config.to_json(), *comm, where);
   trainer.attach_pipeline(std::make_shared<CommunicatorLink>(std::move(comm)), std::move(stage_model));
 }
 

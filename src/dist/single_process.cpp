@@ -13,6 +13,7 @@ class SingleProcess final : public Communicator {
   int size() const override { return 1; }
   int local_rank() const override { return 0; }
   std::string backend() const override { return "single"; }
+  std::shared_ptr<Communicator> split(int, int) override { return single_process(); }
 
   void barrier() override {}
   void broadcast(Tensor& t, int root) override {

@@ -1,6 +1,8 @@
 #include "memtrain/nn/gpt.h"
 
 #include "memtrain/core/error.h"
+#include "memtrain/core/rng.h"
+#include "memtrain/nn/tensor_parallel_ops.h"
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/fused_loss.h"
 #include "memtrain/ops/linalg.h"
@@ -10,6 +12,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <vector>
 
 namespace memtrain::nn {
@@ -48,9 +51,26 @@ std::pair<std::int64_t, std::int64_t> GPTStage::blocks(const GPTConfig& c) const
   return {cut[index + 1][end], end};
 }
 
-GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config), stage_(stage) {
+GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage, TensorShard tensor)
+    : config_(config), stage_(stage), tensor_(std::move(tensor)) {
   config_.validate();
   const auto& c = config_;
+  MT_CHECK(tensor_.count >= 1 && tensor_.rank >= 0 && tensor_.rank < tensor_.count, "GPT",
+           "tensor-parallel rank {} of {}: the rank must be in [0, count)", tensor_.rank, tensor_.count);
+  if (tensor_.split()) {
+    MT_CHECK(tensor_.group != nullptr && tensor_.group->size() == tensor_.count &&
+                 tensor_.group->rank() == tensor_.rank,
+             "GPT", "tensor-parallel rank {} of {} needs its group (got {})", tensor_.rank, tensor_.count,
+             tensor_.group ? fmt::format("rank {} of {}", tensor_.group->rank(), tensor_.group->size())
+                           : std::string("none"));
+    MT_CHECK(c.n_head % tensor_.count == 0, "GPT", "n_head {} is not a multiple of the {} tensor-parallel ranks",
+             c.n_head, tensor_.count);
+    MT_CHECK(c.vocab_size >= tensor_.count, "GPT", "a vocabulary of {} over {} tensor-parallel ranks", c.vocab_size,
+             tensor_.count);
+    MT_CHECK(stage.count == 1, "GPT", "tensor parallelism ({} ranks) inside a pipeline stage ({} stages): not yet",
+             tensor_.count, stage.count);
+  }
+  vocab_rows_ = tensor_.split() ? tensor_.rows_part(c.vocab_size) : Range{0, c.vocab_size};
   MT_CHECK(stage.count >= 1 && stage.index >= 0 && stage.index < stage.count, "GPT",
            "pipeline stage {} of {}: the index must be in [0, count)", stage.index, stage.count);
   MT_CHECK(stage.count <= c.n_layer, "GPT", "{} pipeline stages for {} blocks: every stage needs a block",
@@ -65,8 +85,10 @@ GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config)
     return decltype(build())();
   };
   const bool whole = stage.count == 1;
-  wte_ = make(stage.first() || stage.last(),
-              [&] { return std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype); });
+  wte_ = make(stage.first() || stage.last(), [&] {
+    return tensor_.split() ? make_embedding_part(c.vocab_size, c.n_embd, dtype, vocab_rows_)
+                           : std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype);
+  });
   if (wte_) {
     register_module("wte", wte_);
     if (!whole && !stage.last()) Tensor(wte_->weight()).set_requires_grad(false);  // the first stage's copy
@@ -77,19 +99,35 @@ GPT::GPT(const GPTConfig& config, DType dtype, GPTStage stage) : config_(config)
   // Blocks register as "h.0", "h.1", ... directly, which yields HF's dotted names without a list module.
   for (std::int64_t i = 0; i < c.n_layer; ++i) {
     auto block = make(i >= begin && i < end, [&] {
-      return std::make_shared<TransformerBlock>(c.n_embd, c.n_head, c.n_layer, c.bias, c.dropout, dtype);
+      return std::make_shared<TransformerBlock>(c.n_embd, c.n_head, c.n_layer, c.bias, c.dropout, dtype, tensor_);
     });
     if (block) h_.push_back(register_module(fmt::format("h.{}", i), block));
   }
   ln_f_ = make(stage.last(), [&] { return std::make_shared<LayerNorm>(c.n_embd, c.bias, 1e-5, dtype); });
   if (ln_f_) register_module("ln_f", ln_f_);
+  if (tensor_.split()) {
+    // The parts are the parameters whose shape is not the whole model's (on meta: no memory, the stream kept).
+    RngStateGuard stream;
+    ParameterDeviceGuard on_meta(Device::meta());
+    std::map<std::string, Shape> whole;
+    for (const auto& [name, t] : GPT(config_, dtype, stage_).named_parameters()) whole[name] = t.shape();
+    for (const auto& [name, t] : named_parameters())
+      if (t.shape() != whole.at(name)) split_names_.insert(name);
+  }
 }
+
+bool GPT::split_by_tensor_parallel(const std::string& name) const { return split_names_.count(name) > 0; }
 
 Tensor GPT::embed(const Tensor& tokens) const {
   const std::int64_t T = tokens.size(1);
   Tensor pos = arange(0.0, static_cast<double>(T), 1.0, DType::i64);  // (T)
   pos = pos.to(tokens.device());                                      // beside the token rows
   return drop_->forward(tokens + wpe_->forward(pos));                 // (B,T,C)
+}
+
+Tensor GPT::lookup(const Tensor& idx) const {
+  if (!tensor_.split()) return wte_->forward(idx);
+  return vocab_parallel_embedding(wte_->weight(), idx, vocab_rows_.first, config_.vocab_size, *tensor_.group);
 }
 
 Tensor GPT::run_blocks(Tensor x) const {
@@ -107,10 +145,13 @@ Tensor GPT::hidden(const Tensor& idx) const {
   const std::int64_t T = idx.size(1);
   MT_CHECK(T >= 1 && T <= config_.block_size, "GPT::forward", "sequence length {} outside [1, block_size {}]", T,
            config_.block_size);
-  return ln_f_->forward(run_blocks(embed(wte_->forward(idx))));
+  return ln_f_->forward(run_blocks(embed(lookup(idx))));
 }
 
 Tensor GPT::forward(const Tensor& idx) const {
+  MT_CHECK(!tensor_.split(), "GPT::forward",
+           "rank {} of {} tensor-parallel ranks holds {} of the {} logits of each token: they are never gathered "
+           "(use loss)", tensor_.rank, tensor_.count, vocab_rows_.second - vocab_rows_.first, config_.vocab_size);
   const Tensor h = hidden(idx);                  // (B,T,C)
   return ops::matmul(h, wte_->weight().t());  // (B,T,V), tied head
 }
@@ -124,6 +165,11 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
 Tensor GPT::head_loss(const Tensor& h, const Tensor& targets) const {
   const std::int64_t N = targets.numel();
   const Tensor& head = wte_->weight();
+  if (tensor_.split()) {
+    const Tensor x = tensor_parallel_copy(h.reshape({N, config_.n_embd}), *tensor_.group);
+    return vocab_parallel_cross_entropy(x, head, vocab_rows_.first, config_.vocab_size, targets.reshape({N}),
+                                        *tensor_.group, -100, ops::fused_head_chunk_rows(head.size(0)));
+  }
   // Under amp::Autocast h is bf16/f16; the fused head widens it and computes the loss in f32 either way.
   // The fused head takes x in f32, bf16 or f16 on the CPU and on CUDA, and a weight in f32 or x's dtype (bf16
   // parameters without an f32 master).
@@ -144,7 +190,7 @@ GPT::StageOutput GPT::forward_stage(const Tensor& idx, const Tensor& input, cons
   StageOutput out;
   Tensor x;
   if (stage_.first()) {
-    Tensor tokens = wte_->forward(idx);
+    Tensor tokens = lookup(idx);
     if (stage_.count > 1) {
       // The copy is frozen: the lookup's gradient is taken here and scattered into wte's on the last stage.
       tokens = tokens.detach();

@@ -4,6 +4,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/io/safetensors.h"
+#include "memtrain/train/tensor_parallel.h"
 #include "memtrain/train/trainer.h"
 #include "train/pipeline_stage.h"
 #include "train/state_shards.h"
@@ -162,28 +163,39 @@ std::vector<std::string> remove_stale_checkpoint_temps(const std::string& dir) {
 }
 
 std::string Trainer::checkpoint_dir() const {
-  if (!pipeline_) return config_.checkpoint_dir;
-  return (fs::path(config_.checkpoint_dir) / fmt::format("stage{}-of-{}", pipeline_->stage, pipeline_->stages))
-      .string();
+  if (pipeline_)
+    return (fs::path(config_.checkpoint_dir) / fmt::format("stage{}-of-{}", pipeline_->stage, pipeline_->stages))
+        .string();
+  if (tensor_parallel_)
+    return (fs::path(config_.checkpoint_dir) /
+            fmt::format("tensor{}-of-{}", tensor_parallel_->rank(), tensor_parallel_->size()))
+        .string();
+  return config_.checkpoint_dir;
+}
+
+std::vector<std::int64_t> Trainer::gather_over_parts(std::int64_t mine) const {
+  return pipeline_ ? pipeline_->link->gather_i64({mine}) : tensor_parallel_->gather_i64({mine});
 }
 
 std::string Trainer::save_checkpoint() {
   MT_CHECK(!config_.checkpoint_dir.empty(), "Trainer::save_checkpoint", "config.checkpoint_dir is empty");
   // Every rank of a data-parallel run holds the same model and state: rank 0 writes them for all; under
-  // ZeRO-1 every rank writes its shard of the state too. Every pipeline stage writes its own, in its own
-  // directory.
+  // ZeRO-1 every rank writes its shard of the state too. Every pipeline stage, and every tensor-parallel rank,
+  // writes its own part of the model, in its own directory (beside data parallelism: the data rank 0 of each part,
+  // the others holding the same part).
   const bool sharded = !whole_params_.empty();
+  const bool own_part = (pipeline_ || tensor_parallel_) && (!sync_ || sync_->rank() == 0);
   const std::string dir = checkpoint_dir();
-  if (!writes_files() && !sharded && !pipeline_) return (fs::path(dir) / checkpoint_filename(step_)).string();
+  if (!writes_files() && !sharded && !own_part) return (fs::path(dir) / checkpoint_filename(step_)).string();
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", dir, ec.message());
   const std::string path = (fs::path(dir) / checkpoint_filename(step_)).string();
   save_checkpoint(path);
-  // Only after the new file is complete may old ones go; in a pipeline, only once every stage's is, so the
-  // newest step every stage holds is always there to resume from.
-  if (pipeline_) (void)pipeline_->link->gather_i64({step_});
-  if (writes_files() || pipeline_) {
+  // Only after the new file is complete may old ones go; with parts of the model, only once every part's is, so
+  // the newest step every part holds is always there to resume from.
+  if (own_part) (void)gather_over_parts(step_);
+  if (writes_files() || own_part) {
     prune_checkpoints(dir, config_.keep_checkpoints);
     remove_stale_checkpoint_temps(dir);
   }
@@ -285,6 +297,8 @@ void Trainer::save_checkpoint(const std::string& path) const {
   };
   if (sharded) meta["zero_shards"] = std::to_string(sync_->world_size());
   if (pipeline_) meta["pipeline_stage"] = fmt::format("{} of {}", pipeline_->stage, pipeline_->stages);
+  if (tensor_parallel_)
+    meta["tensor_part"] = fmt::format("{} of {}", tensor_parallel_->rank(), tensor_parallel_->size());
   io::save_safetensors(path, tensors, meta);
 }
 
@@ -308,14 +322,24 @@ void Trainer::load_checkpoint(const std::string& path) {
            "'{}' holds state of optimizer '{}' but this trainer uses '{}'", path,
            opt_name == meta.end() ? std::string("none") : opt_name->second, kind);
   const std::int64_t step = meta_i64(meta, "step", path);
-  // A pipeline stage's file holds that stage's part of the model: it resumes the same stage of the same layout.
-  const auto stage = meta.find("pipeline_stage");
-  const std::string mine = pipeline_ ? fmt::format("{} of {}", pipeline_->stage, pipeline_->stages) : "";
-  MT_CHECK((stage == meta.end() ? std::string() : stage->second) == mine, where,
-           "'{}' was written by {} and this trainer is {}: a checkpoint resumes the pipeline layout it was written "
-           "with (resharding between layouts is not built)", path,
-           stage == meta.end() ? std::string("a run without pipeline stages") : "pipeline stage " + stage->second,
-           pipeline_ ? "pipeline stage " + mine : std::string("a run without pipeline stages"));
+  // A pipeline stage's file holds that stage's part of the model, a tensor-parallel rank's its parts of every
+  // block: each resumes the same part of the same layout.
+  const auto same_layout = [&](const char* key, const std::string& mine, const char* layout, const char* part,
+                               const char* none) {
+    const auto written = meta.find(key);
+    MT_CHECK((written == meta.end() ? std::string() : written->second) == mine, where,
+             "'{}' was written by {} and this trainer is {}: a checkpoint resumes the {} layout it was written with "
+             "(resharding between layouts is not built)", path,
+             written == meta.end() ? std::string(none) : std::string(part) + " " + written->second,
+             mine.empty() ? std::string(none) : std::string(part) + " " + mine, layout);
+  };
+  same_layout("pipeline_stage",
+              pipeline_ ? fmt::format("{} of {}", pipeline_->stage, pipeline_->stages) : std::string(), "pipeline",
+              "pipeline stage", "a run without pipeline stages");
+  same_layout("tensor_part",
+              tensor_parallel_ ? fmt::format("{} of {}", tensor_parallel_->rank(), tensor_parallel_->size())
+                               : std::string(),
+              "tensor-parallel", "tensor-parallel rank", "a run without tensor parallelism");
   if (step > 0 && parse_grad_compression(config_.grad_compression).enabled())
     fmt::print(stderr, "load_checkpoint: warning: grad_compression '{}': the residuals of the unsent gradient values "
                "and the sparsity warm-up are not in checkpoints; they start again empty, so the resumed run differs "
@@ -378,26 +402,27 @@ void Trainer::load_checkpoint(const std::string& path) {
 }
 
 bool Trainer::resume_latest() {
-  if (pipeline_) return resume_latest_stage();
+  if (pipeline_ || tensor_parallel_) return resume_latest_part();
   const std::string path = latest_checkpoint(config_.checkpoint_dir);
   if (path.empty()) return false;
   load_checkpoint(path);
   return true;
 }
 
-bool Trainer::resume_latest_stage() {
-  // The newest step every stage holds (a stage may have written a newer one before the run stopped: pruning
-  // waits for all stages, so the common one is still there).
+bool Trainer::resume_latest_part() {
+  // The newest step every part holds (a part may have written a newer one before the run stopped: pruning
+  // waits for all parts, so the common one is still there).
   const auto all = list_checkpoints(checkpoint_dir());
-  const std::vector<std::int64_t> newest = pipeline_->link->gather_i64({all.empty() ? -1 : all.back().first});
+  const std::vector<std::int64_t> newest = gather_over_parts(all.empty() ? -1 : all.back().first);
   const std::int64_t step = *std::min_element(newest.begin(), newest.end());
   const std::int64_t most = *std::max_element(newest.begin(), newest.end());
   MT_CHECK(step >= 0 || most < 0, "resume_latest",
-           "'{}': some pipeline stages have checkpoints and some none (newest step by stage: {})",
+           "'{}': some parts of the model (pipeline stages or tensor-parallel ranks) have checkpoints and some none "
+           "(newest step by part: {})",
            config_.checkpoint_dir, fmt::join(newest, ", "));
   if (step < 0) return false;
   const auto found = std::find_if(all.begin(), all.end(), [&](const auto& c) { return c.first == step; });
-  MT_CHECK(found != all.end(), "resume_latest", "'{}' has no checkpoint of step {}, the newest all stages hold",
+  MT_CHECK(found != all.end(), "resume_latest", "'{}' has no checkpoint of step {}, the newest all parts hold",
            checkpoint_dir(), step);
   load_checkpoint(found->second);
   return true;

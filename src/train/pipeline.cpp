@@ -5,6 +5,7 @@
 
 #include "memtrain/core/error.h"
 #include "train/pipeline_stage.h"
+#include "train/run_summary.h"
 
 #include <fmt/format.h>
 
@@ -57,22 +58,9 @@ void combine_stage_blocks(const PipelineStage& stage, std::vector<double>& block
 }
 
 nlohmann::json stage_table(const PipelineStage& stage, const MemoryStats& stats, std::size_t optimizer_state_bytes) {
-  std::vector<double> mine{static_cast<double>(stats.peak_bytes), static_cast<double>(optimizer_state_bytes),
-                           stage.step_seconds > 0.0 ? stage.idle_seconds / stage.step_seconds : 0.0};
-  for (int c = 0; c < kNumMemoryCategories; ++c) mine.push_back(static_cast<double>(stats.by_category[c].peak_bytes));
-  const std::vector<double> all = stage.link->gather_f64(mine);
-  nlohmann::json table = nlohmann::json::array();
-  for (std::size_t at = 0; at < all.size(); at += mine.size()) {
-    nlohmann::json by_category = nlohmann::json::object();
-    for (int c = 0; c < kNumMemoryCategories; ++c)
-      by_category[category_name(static_cast<MemoryCategory>(c))] = static_cast<std::size_t>(all[at + 3 + c]);
-    table.push_back({{"stage", at / mine.size()},
-                     {"peak_bytes_total", static_cast<std::size_t>(all[at])},
-                     {"peak_bytes_by_category", by_category},
-                     {"optimizer_state_bytes", static_cast<std::size_t>(all[at + 1])},
-                     {"idle_fraction", all[at + 2]}});
-  }
-  return table;
+  const double idle = stage.step_seconds > 0.0 ? stage.idle_seconds / stage.step_seconds : 0.0;
+  return rank_memory_table([&](const std::vector<double>& mine) { return stage.link->gather_f64(mine); }, "stage",
+                           stats, optimizer_state_bytes, {{"idle_fraction", idle}});
 }
 
 }  // namespace detail

@@ -44,6 +44,7 @@ nlohmann::json RunSummary::to_json() const {
       {"host_peak_bytes", host_peak_bytes},
   };
   if (!stages.is_null()) j["stages"] = stages;
+  if (!ranks.is_null()) j["ranks"] = ranks;
   for (const auto& [name, value] : metrics) {
     MT_CHECK(!j.contains(name), "RunSummary::to_json", "metric '{}' has the name of a summary field", name);
     j[name] = value;
@@ -121,6 +122,28 @@ RunSummary summarize(const TrainerConfig& config, const std::vector<StepMetrics>
   s.reserved_peak_bytes = memory.reserved_peak_bytes;
   s.host_peak_bytes = memory.peak_bytes;  // fit() replaces it with the CPU allocator's on a device run
   return s;
+}
+
+nlohmann::json rank_memory_table(const std::function<std::vector<double>(const std::vector<double>&)>& gather,
+                                 const char* index_key, const MemoryStats& stats, std::size_t optimizer_state_bytes,
+                                 const std::vector<std::pair<std::string, double>>& extra) {
+  std::vector<double> mine{static_cast<double>(stats.peak_bytes), static_cast<double>(optimizer_state_bytes)};
+  for (int c = 0; c < kNumMemoryCategories; ++c) mine.push_back(static_cast<double>(stats.by_category[c].peak_bytes));
+  for (const auto& [name, value] : extra) mine.push_back(value);
+  const std::vector<double> all = gather(mine);
+  nlohmann::json table = nlohmann::json::array();
+  for (std::size_t at = 0; at < all.size(); at += mine.size()) {
+    nlohmann::json by_category = nlohmann::json::object();
+    for (int c = 0; c < kNumMemoryCategories; ++c)
+      by_category[category_name(static_cast<MemoryCategory>(c))] = static_cast<std::size_t>(all[at + 2 + c]);
+    nlohmann::json row = {{index_key, at / mine.size()},
+                          {"peak_bytes_total", static_cast<std::size_t>(all[at])},
+                          {"peak_bytes_by_category", by_category},
+                          {"optimizer_state_bytes", static_cast<std::size_t>(all[at + 1])}};
+    for (std::size_t e = 0; e < extra.size(); ++e) row[extra[e].first] = all[at + 2 + kNumMemoryCategories + e];
+    table.push_back(std::move(row));
+  }
+  return table;
 }
 
 }  // namespace detail

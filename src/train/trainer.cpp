@@ -1,5 +1,6 @@
 // Trainer: the training loop (accumulation, clipping, schedule, eval) and fit()'s reporting around it.
 #include "memtrain/train/trainer.h"
+#include "memtrain/train/tensor_parallel.h"
 
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/precision.h"
@@ -323,15 +324,30 @@ bool Trainer::canonical_reduction_on() const {
 }
 
 bool Trainer::writes_files() const {
-  return (!sync_ || sync_->rank() == 0) && (!pipeline_ || pipeline_->first());
+  return (!sync_ || sync_->rank() == 0) && (!pipeline_ || pipeline_->first()) &&
+         (!tensor_parallel_ || tensor_parallel_->rank() == 0);
 }
 
 double Trainer::clip_gradients(const std::vector<Tensor>& params) {
   const double clip = config_.grad_clip;
+  std::vector<Tensor> grads;  // what the clip scales: the shards' gradients, or the whole ones
+  const double norm = tensor_parallel_ ? tensor_parallel_norm(params, grads) : canonical_norm(params, grads);
+  if (clip > 0.0 && std::isfinite(norm) && norm > clip) {
+    autograd::NoGradGuard no_grad;
+    CategoryGuard category(MemoryCategory::workspace);
+    for (Tensor& g : grads)
+      if (g.defined()) ops::mul_(g, clip / (norm + 1e-6));  // the factor clip_grad_norm applies
+  }
+  return norm;
+}
+
+double Trainer::canonical_norm(const std::vector<Tensor>& params, std::vector<Tensor>& grads) const {
   // The canonical order: each backend sums its gradients' 256-element blocks (CUDA on the device, reading back
   // one double per block), the host adds the blocks in order. A prediction (meta) allocates what the CPU does.
-  if (!canonical_reduction_on())
-    return clip > 0.0 ? clip_grad_norm(params, clip) : global_grad_norm(params);
+  if (!canonical_reduction_on()) {
+    for (const Tensor& p : params) grads.push_back(p.grad());
+    return global_grad_norm(params);
+  }
   // A norm in one order whatever the split over ranks, so a sharded run clips with the run alone's bits.
   const bool sharded = config_.zero >= 2 && !whole_params_.empty();
   // A pipeline stage fills in its own parameters' blocks of the whole model's list, in one rank's order.
@@ -341,7 +357,6 @@ double Trainer::clip_gradients(const std::vector<Tensor>& params) {
   } else {
     for (const Tensor& p : params) numels.push_back(p.numel());
   }
-  std::vector<Tensor> grads;  // what the clip scales: the shards' gradients, or the whole ones
   std::vector<detail::GradPiece> pieces;
   if (sharded) {
     for (const Shard& s : shards_) {
@@ -364,14 +379,7 @@ double Trainer::clip_gradients(const std::vector<Tensor>& params) {
   std::function<void(std::vector<double>&)> combine;
   if (sharded) combine = [this](std::vector<double>& blocks) { sync_->combine_disjoint(blocks); };
   if (pipeline_) combine = [this](std::vector<double>& blocks) { detail::combine_stage_blocks(*pipeline_, blocks); };
-  const double norm = detail::canonical_grad_norm(numels, pieces, combine);
-  if (clip > 0.0 && std::isfinite(norm) && norm > clip) {
-    autograd::NoGradGuard no_grad;
-    CategoryGuard category(MemoryCategory::workspace);
-    for (Tensor& g : grads)
-      if (g.defined()) ops::mul_(g, clip / (norm + 1e-6));  // the factor clip_grad_norm applies
-  }
-  return norm;
+  return detail::canonical_grad_norm(numels, pieces, combine);
 }
 
 std::vector<std::size_t> Trainer::backward_order() const {
@@ -546,6 +554,9 @@ StepMetrics Trainer::train_step() {
   MT_CHECK(config_.pipeline_stages == 1 || pipeline_, where,
            "config.pipeline_stages is {} but no stages are attached: launch with mpirun and call "
            "train::attach_gpt_pipeline", config_.pipeline_stages);
+  MT_CHECK(config_.tensor_parallel == 1 || tensor_parallel_, where,
+           "config.tensor_parallel is {} but no group is attached: launch with mpirun and call "
+           "dist::attach_gpt_tensor_parallel", config_.tensor_parallel);
   MT_CHECK(config_.world_size == 1 || sync_, where,
            "config.world_size is {} but no ranks are attached: launch with mpirun and call "
            "dist::attach_data_parallel (train alone with world_size 1)", config_.world_size);
@@ -649,9 +660,9 @@ StepMetrics Trainer::train_step() {
     }
     skipped = !scaler_->unscale_(grads);
     // Each rank saw only its shards (or its stage): the step is skipped when any rank found an overflow.
-    if (grad_shards || pipeline_) {
-      const std::vector<std::int64_t> any = grad_shards ? sync_->gather_i64({skipped ? 1 : 0})
-                                                         : pipeline_->link->gather_i64({skipped ? 1 : 0});
+    if (grad_shards || pipeline_ || tensor_parallel_) {
+      const std::vector<std::int64_t> any =
+          grad_shards ? sync_->gather_i64({skipped ? 1 : 0}) : gather_over_parts(skipped ? 1 : 0);
       skipped = std::find(any.begin(), any.end(), 1) != any.end();
     }
   }
@@ -662,7 +673,8 @@ StepMetrics Trainer::train_step() {
     if (!exchanged_params_.empty()) sync_->gather_shards(exchanged_params_, exchanged_aligns_);
     skipped = skipped || !std::isfinite(grad_norm) || !std::isfinite(loss_value);
   } else if (skipped) {
-    grad_norm = grad_shards ? clip_gradients(params) : global_grad_norm(params);  // not finite: nothing clipped
+    // Not finite: nothing is clipped.
+    grad_norm = grad_shards || tensor_parallel_ ? clip_gradients(params) : global_grad_norm(params);
   } else {
     if (!whole_params_.empty() && !grad_shards) set_shard_gradients();
     grad_norm = clip_gradients(params);
@@ -785,6 +797,16 @@ RunSummary Trainer::summarize(const std::vector<StepMetrics>& ran) const {
     summary.metrics["grad_compression_ratio"] = sent > 0.0 ? dense / sent : 0.0;
   }
   if (pipeline_) summary.stages = detail::stage_table(*pipeline_, allocator.stats(), optimizer_->state_bytes());
+  // Every rank of a data-parallel or tensor-parallel run: each holds its own share (ZeRO shards, parts). Both:
+  // the tensor group's first, then the data group's, which is the launcher's order (rank = data x T + tensor).
+  if (sync_ || tensor_parallel_) {
+    summary.ranks = detail::rank_memory_table(
+        [this](const std::vector<double>& mine) {
+          const std::vector<double> group = tensor_parallel_ ? tensor_parallel_->gather_f64(mine) : mine;
+          return sync_ ? sync_->gather_f64(group) : group;
+        },
+        "rank", allocator.stats(), optimizer_->state_bytes());
+  }
   summary.device = device_.str();
   summary.host_peak_bytes = Allocator::get(Device::cpu()).stats().peak_bytes;
   if (summary.final_val_loss) summary.final_eval = last_eval_;
@@ -796,7 +818,8 @@ RunSummary Trainer::evaluate_and_summarize() {
   RunSummary summary = summarize({});
   summary.final_val_loss = last_eval_->loss;
   summary.final_eval = last_eval_;
-  if (!config_.summary_path.empty()) write_summary(summary, config_.summary_path);
+  // Every rank of a multi-rank run evaluates (the losses are summed over them); one writes.
+  if (!config_.summary_path.empty() && writes_files()) write_summary(summary, config_.summary_path);
   return summary;
 }
 
@@ -811,7 +834,7 @@ RunSummary Trainer::fit() {
   const bool writes = writes_files();
   // Every place this run will write is tried now, so a read-only directory stops it before its first step,
   // not at its first checkpoint an hour later. Under ZeRO every rank writes its shard of a checkpoint.
-  if (config_.checkpoint_interval > 0 && (writes || !whole_params_.empty() || pipeline_))
+  if (config_.checkpoint_interval > 0 && (writes || !whole_params_.empty() || pipeline_ || tensor_parallel_))
     ::memtrain::detail::require_writable_dir(config_.checkpoint_dir, "Trainer::fit", "checkpoint_dir");
   if (writes && !config_.summary_path.empty())
     ::memtrain::detail::require_writable_dir(directory_of(config_.summary_path), "Trainer::fit",

@@ -92,6 +92,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("zero", c.zero);
   v.field("pipeline_stages", c.pipeline_stages);
   v.field("pipeline_schedule", c.pipeline_schedule);
+  v.field("tensor_parallel", c.tensor_parallel);
   v.field("grad_compression", c.grad_compression);
   v.field("canonical_reduction", c.canonical_reduction);
   v.field("head_gradients_in_forward", c.head_gradients_in_forward);
@@ -340,6 +341,33 @@ void TrainerConfig::validate_pipeline() const {
   refuse(grad_compression != "none", "grad_compression");
 }
 
+void TrainerConfig::validate_tensor_parallel() const {
+  MT_CHECK(tensor_parallel >= 1, kWhere, "tensor_parallel must be >= 1, got {}", tensor_parallel);
+  if (tensor_parallel == 1) return;
+  const std::int64_t t = tensor_parallel;
+  MT_CHECK(!device.is_cuda(), kWhere, "tensor_parallel {} on {}: the ranks sum their parts over MPI on the CPU "
+           "only, for now", t, device.str());
+  const auto refuse = [&](bool on, std::string_view what) {
+    MT_CHECK(!on, kWhere, "tensor_parallel {} with {}: not built yet", t, what);
+  };
+  refuse(pipeline_stages > 1, fmt::format("pipeline_stages {}", pipeline_stages));
+  // Beside data parallelism (world_size data ranks), ZeRO 0 only.
+  refuse(zero > 0, fmt::format("zero {}", zero));
+  refuse(layerwise_update, "layerwise_update");
+  refuse(lisa_layers > 0, "lisa_layers");
+  refuse(lora.enabled(), "lora");
+  refuse(grad_compression != "none", "grad_compression");
+  refuse(precision == amp::Precision::fp8, "precision fp8 (each rank would scale its parts by their own amax)");
+  refuse(param_dtype != amp::ParamDtype::f32, "param_dtype other than f32 (the loss would widen wte's part whole)");
+  MT_CHECK(optimizer.kind != optim::OptimizerKind::adafactor, kWhere,
+           "tensor_parallel {} with optimizer 'adafactor': its row and column statistics would be each rank's part's, "
+           "not the whole weight's, so the run would train another model than the run alone", t);
+  MT_CHECK(galore_rank == 0, kWhere,
+           "tensor_parallel {} with galore_rank {}: GaLore would project each rank's part of a weight by that part's "
+           "own subspace, not the whole weight's, so the run would train another model than the run alone", t,
+           galore_rank);
+}
+
 void TrainerConfig::validate() const {
   MT_CHECK(micro_batch >= 1, kWhere, "micro_batch must be >= 1, got {}", micro_batch);
   MT_CHECK(grad_accum >= 1, kWhere, "grad_accum must be >= 1, got {}", grad_accum);
@@ -363,6 +391,7 @@ void TrainerConfig::validate() const {
              "(CPU only); use zero 0 on GPUs", zero, device.str());
   }
   validate_pipeline();
+  validate_tensor_parallel();
   MT_CHECK(world_size == 1 || std::has_single_bit(static_cast<std::uint64_t>(grad_accum)), kWhere,
            "grad_accum {} with world_size {}: a data-parallel step sums its micro-batch gradients in one canonical "
            "tree over the global batch, and each rank's block must be one subtree of it, so grad_accum must be a "

@@ -176,3 +176,34 @@ TEST(DistCollectives, PointToPointMessagesArriveWholeAndInOrder) {
   EXPECT_THAT(error_of([&] { world->recv(got_a, next, 5); }), HasSubstr("tag 5 is below"));
   world->barrier();
 }
+
+// split: the ranks of one color form a group ranked by key; its sums and gathers see only its members, and its
+// messages never meet the parent's (a collective on the parent between two on the sub-groups still matches).
+TEST(DistCollectives, SplitMakesIndependentSubGroupsRankedByKey) {
+  auto world = mt::dist::world();
+  const int r = world->rank(), n = world->size();
+  // Odd and even ranks, each group ranked from its highest world rank down.
+  auto group = world->split(r % 2, n - r);
+  const int members = (n - r % 2 + 1) / 2;
+  ASSERT_EQ(group->size(), members);
+  int higher_same_parity = 0;
+  for (int q = r + 2; q < n; q += 2) ++higher_same_parity;
+  EXPECT_EQ(group->rank(), higher_same_parity);
+  EXPECT_EQ(group->timeout_seconds(), world->timeout_seconds());
+  mt::Tensor t = mt::full({5}, static_cast<double>(r + 1), mt::DType::f32);
+  group->all_reduce_canonical(t);
+  double want = 0.0;
+  for (int q = r % 2; q < n; q += 2) want += q + 1;
+  EXPECT_EQ(t.data<float>()[0], static_cast<float>(want));
+  // The parent's collective in between, then the group's gather: each in its own space.
+  const std::vector<std::int64_t> all = world->all_gather_i64({r});
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+  const std::vector<std::int64_t> mine = group->all_gather_i64({r});
+  ASSERT_EQ(mine.size(), static_cast<std::size_t>(members));
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    EXPECT_EQ(mine[k] % 2, r % 2);
+    if (k > 0) EXPECT_GT(mine[k - 1], mine[k]) << "ranked by key: the highest world rank first";
+  }
+  // A group of one splits into a group of one.
+  EXPECT_EQ(mt::dist::single_process()->split(3, 0)->size(), 1);
+}

@@ -74,6 +74,12 @@ TEST(Dgc, EveryRankEndsWithTheSameWeightsAndReportsItsBytes) {
   const std::shared_ptr<mt::dist::DgcSync> dgc = mt::dist::attach_dgc(trainer, world);
   // fit(): rank 0 writes the metrics lines; the summary carries this rank's totals and the ratio.
   const mt::train::RunSummary summary = trainer.fit();
+  // Every rank's memory is in the summary, rank by rank; each holds the whole optimizer state here.
+  ASSERT_EQ(summary.ranks.size(), static_cast<std::size_t>(world->size()));
+  for (std::size_t r = 0; r < summary.ranks.size(); ++r) {
+    EXPECT_EQ(summary.ranks[r]["rank"].get<std::size_t>(), r);
+    EXPECT_EQ(summary.ranks[r]["optimizer_state_bytes"].get<std::size_t>(), trainer.optimizer().state_bytes());
+  }
   std::vector<double> losses;
   for (const mt::train::StepMetrics& m : trainer.history()) losses.push_back(m.loss);
   EXPECT_LT(losses.back(), losses.front());

@@ -9,7 +9,8 @@ shift 3
 rm -rf "$dir" && mkdir -p "$dir"
 base=(--model tiny --vocab-size 300 --data "$corpus" --data-dir "$dir/data" --micro-batch 4 --grad-accum 2
       --sample-tokens 8)
-peak() { grep -o '"peak_bytes_total": [0-9]*' "$1" | grep -o '[0-9]*$'; }
+# The run's own peak: the first one written (keys are sorted, so it comes before the per-rank `ranks` table).
+peak() { grep -o '"peak_bytes_total": [0-9]*' "$1" | head -1 | grep -o '[0-9]*$'; }
 
 # The plain run's prediction (ZeRO 0, micro-batch 4 x 2) on rank 0; 3/4 of it is the budget.
 "$@" 2 "$bin" "${base[@]}" --zero 0 --plan-only --summary-json "$dir/plan.json" > "$dir/plan.log" 2>&1 ||

@@ -82,6 +82,12 @@ class Communicator {
   // all_gather.
   void all_reduce_canonical(Tensor& t);
 
+  // Sub-groups (the data and tensor dimensions of a 2-D layout): every rank of this group calls it together;
+  // the ranks that pass the same `color` form a new group, ranked by `key` (ties by their rank here). The new
+  // group has this one's timeout and is independent of it (its collectives never match this group's). Refused by
+  // backends without sub-groups (simulated, nccl for now); a group of one returns a group of one.
+  virtual std::shared_ptr<Communicator> split(int color, int key);
+
   // Point to point (pipeline stages). A message is one tensor's bytes; messages from one rank with one tag
   // arrive in the order they were sent. Tags below kFirstUserTag are the collectives' own.
   static constexpr int kFirstUserTag = 100;

@@ -15,9 +15,12 @@
 #include "memtrain/nn/embedding.h"
 #include "memtrain/nn/gpt_config.h"
 #include "memtrain/nn/layer_norm.h"
+#include "memtrain/nn/tensor_shard.h"
 #include "memtrain/nn/transformer_block.h"
 
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 namespace memtrain::nn {
@@ -46,8 +49,14 @@ class GPT : public BlockCheckpointedModule {
   // With a stage of count > 1, only that stage's parameters are made (same names and values as the whole
   // model's: the other parts are made on the meta device, so the default RNG stream advances as for the whole
   // model). Refused when the stage has no block (count > n_layer) or its index is outside [0, count).
-  explicit GPT(const GPTConfig& config, DType dtype = DType::f32, GPTStage stage = {});
-  // idx [B, T] integer, T <= block_size -> logits [B, T, V].
+  // With a tensor shard of count T > 1 (tensor parallelism, nn/tensor_shard.h), every block holds its rank's
+  // heads and MLP units and wte holds rows tensor.rows_part(vocab_size), with the same names and the whole
+  // model's values; the embedding lookup and the loss are vocabulary-parallel (nn/tensor_parallel_ops.h), so no
+  // rank holds the whole wte or any whole logits. Refused: n_head not a multiple of T, a vocabulary smaller than
+  // T, and a pipeline stage beside it (not yet).
+  explicit GPT(const GPTConfig& config, DType dtype = DType::f32, GPTStage stage = {}, TensorShard tensor = {});
+  // idx [B, T] integer, T <= block_size -> logits [B, T, V]. Refused under tensor parallelism (the logits are
+  // never gathered there).
   Tensor forward(const Tensor& idx) const;
   // Mean cross entropy of forward(idx) against targets [B, T]; targets equal to -100 are ignored. With an f32
   // head (x f32, bf16 or f16, on the CPU and on CUDA) the head and the loss are fused
@@ -56,6 +65,10 @@ class GPT : public BlockCheckpointedModule {
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
   const GPTStage& stage() const { return stage_; }
+  const TensorShard& tensor_shard() const { return tensor_; }
+  // Whether this rank holds only a part of the parameter of that name (tensor parallelism: its shape is not the
+  // whole model's); the others are held whole by every rank.
+  bool split_by_tensor_parallel(const std::string& name) const;
 
   // What one stage's part of the forward made for one micro-batch.
   struct StageOutput {
@@ -73,6 +86,9 @@ class GPT : public BlockCheckpointedModule {
  private:
   GPTConfig config_;
   GPTStage stage_;
+  TensorShard tensor_;
+  Range vocab_rows_;  // the rows of wte this rank holds: all of them unless the vocabulary is split
+  std::set<std::string> split_names_;  // the parameters this rank holds a part of
   std::shared_ptr<Embedding> wte_;
   std::shared_ptr<Embedding> wpe_;
   std::shared_ptr<Dropout> drop_;
@@ -80,6 +96,7 @@ class GPT : public BlockCheckpointedModule {
   std::shared_ptr<LayerNorm> ln_f_;
   Tensor hidden(const Tensor& idx) const;  // ln_f output (B,T,C)
   Tensor embed(const Tensor& tokens) const;  // drop(tokens + wpe[positions]): tokens [B, T, C] from wte
+  Tensor lookup(const Tensor& idx) const;    // wte[idx], vocabulary-parallel when split
   Tensor run_blocks(Tensor x) const;         // this stage's blocks
   Tensor head_loss(const Tensor& h, const Tensor& targets) const;  // ln_f'd h against targets, mean
 };

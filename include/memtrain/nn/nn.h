@@ -29,4 +29,6 @@
 #include "memtrain/nn/rms_norm.h"
 #include "memtrain/nn/rotary.h"
 #include "memtrain/nn/swiglu.h"
+#include "memtrain/nn/tensor_parallel_ops.h"
+#include "memtrain/nn/tensor_shard.h"
 #include "memtrain/nn/transformer_block.h"

@@ -6,6 +6,7 @@
 #include "memtrain/train/fit.h"
 #include "memtrain/train/metrics_plot.h"
 #include "memtrain/train/pipeline.h"
+#include "memtrain/train/tensor_parallel.h"
 #include "memtrain/train/predict.h"
 #include "memtrain/train/timeline.h"
 #include "memtrain/train/trainer.h"

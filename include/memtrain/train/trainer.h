@@ -73,6 +73,7 @@ class GPT;
 namespace memtrain::train {
 
 class PipelineLink;
+class TensorParallelLink;
 
 namespace detail {
 class GradientTree;
@@ -148,6 +149,9 @@ struct RunSummary {
   // category ("peak_bytes_by_category"), "optimizer_state_bytes", and "idle_fraction" (the share of its
   // micro-batch loop spent waiting for the other stages); null otherwise.
   nlohmann::json stages;
+  // A data-parallel or tensor-parallel run: one entry per rank, in rank order, with "rank", "peak_bytes_total",
+  // "peak_bytes_by_category" (its own peak of each) and "optimizer_state_bytes"; null otherwise.
+  nlohmann::json ranks;
   // A program's own results (e.g. test_accuracy), written as top-level keys beside the fields above.
   std::map<std::string, double> metrics;
   // Field names as above; peak_bytes_by_category keyed by category_name; final_val_loss null when absent;
@@ -216,9 +220,14 @@ class Trainer {
   // built over; what dist::attach_gpt_pipeline calls once it has checked the ranks agree. Before the first step,
   // with the config's optimizer.
   void attach_pipeline(std::shared_ptr<PipelineLink> link, std::shared_ptr<const nn::GPT> model);
+  // Makes this trainer rank link->rank() of a tensor-parallel group (train/tensor_parallel.h); `split` are the
+  // model's parameters of which this rank holds a part (the others are whole on every rank). What
+  // dist::attach_gpt_tensor_parallel calls once it has checked the ranks agree. Before the first step.
+  void attach_tensor_parallel(std::shared_ptr<TensorParallelLink> link, const std::vector<Tensor>& split);
 
   // Into checkpoint_dir (a pipeline stage: its subdirectory "stage<s>-of-<P>", the file's metadata naming the
-  // stage; every stage calls it at the same step and writes its own); returns the path; prunes old ones.
+  // stage; a tensor-parallel rank: "tensor<r>-of-<T>"; every part calls it at the same step and writes its own);
+  // returns the path; prunes old ones.
   std::string save_checkpoint();
   void save_checkpoint(const std::string& path) const;
   // Throws naming the file and what does not match, before anything changes: every name, shape and dtype is
@@ -227,8 +236,9 @@ class Trainer {
   // it has loaded; a read of the model that fails after the checks (the file changed underneath) leaves the model
   // partly loaded, and the error says to load again.
   void load_checkpoint(const std::string& path);
-  // Loads the newest checkpoint of config.checkpoint_dir; false when there is none. A pipeline stage loads the
-  // newest step that every stage holds. A file resumes only the pipeline layout (or none) it was written with.
+  // Loads the newest checkpoint of config.checkpoint_dir; false when there is none. A pipeline stage (a
+  // tensor-parallel rank) loads the newest step that every stage (rank) holds. A file resumes only the pipeline
+  // or tensor-parallel layout (or none) it was written with.
   bool resume_latest();
 
   std::int64_t step() const { return step_; }
@@ -256,14 +266,23 @@ class Trainer {
   std::shared_ptr<GradientSync> sync_;  // data parallel; null when training alone
   std::shared_ptr<detail::SyncHooks> sync_hooks_;  // with sync_: its gradient-ready hooks
   std::shared_ptr<detail::PipelineStage> pipeline_;  // pipeline parallel (train/pipeline.h); null otherwise
+  std::shared_ptr<TensorParallelLink> tensor_parallel_;  // tensor parallel (train/tensor_parallel.h); or null
+  std::vector<const void*> split_params_;  // tensor parallel: the parameters held in part, by their impl
+  // The global norm of params' gradients, and into `grads` what a clip scales: over every tensor-parallel rank's
+  // parts; in the canonical order (ZeRO-2: over the shards' gradients; a pipeline: over every stage's); or alone.
+  double tensor_parallel_norm(const std::vector<Tensor>& params, std::vector<Tensor>& grads) const;
+  double canonical_norm(const std::vector<Tensor>& params, std::vector<Tensor>& grads) const;
   // trainer_pipeline.cpp: a step's micro-batches through the stages (the loss weighted per micro-batch, every
   // rank's copy of the last stage's), one val batch's loss (NaN off the last stage), the tied weight's update.
   std::vector<double> pipeline_micro_batches(std::vector<data::Batch>& batches, std::int64_t total,
                                              detail::GradientTree& tree);
   double pipeline_eval_loss(const data::Batch& batch);
   void pipeline_share_tied();
-  std::string checkpoint_dir() const;  // config.checkpoint_dir, or a pipeline stage's subdirectory of it
-  bool resume_latest_stage();
+  // config.checkpoint_dir, or the subdirectory of it where a pipeline stage or a tensor-parallel rank keeps its
+  // part of the model.
+  std::string checkpoint_dir() const;
+  std::vector<std::int64_t> gather_over_parts(std::int64_t mine) const;  // every stage's or tensor rank's value
+  bool resume_latest_part();
   bool user_optimizer_ = false;                    // given to the constructor, not built from the config
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
   // whole_params_ are the parameters themselves, in the groups' order. A GaLore-projected weight is held whole

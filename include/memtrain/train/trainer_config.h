@@ -87,6 +87,13 @@ struct TrainerConfig {
   // gradient compression. Each stage writes its own checkpoint files (Trainer::save_checkpoint).
   std::int64_t pipeline_stages = 1;
   std::string pipeline_schedule = "1f1b";
+  // Tensor parallelism (train/tensor_parallel.h): every block and the vocabulary split over tensor_parallel
+  // ranks of the launcher's group (Megatron-LM's column- and row-parallel layers, a vocabulary-parallel embedding
+  // and loss), all ranks of a group training on the same batches. Beside data parallelism world_size such groups
+  // train on their blocks of the batch (ranks = world_size x tensor_parallel). On the CPU over MPI; not yet beside
+  // ZeRO, a pipeline, layer-wise updates, LISA, LoRA, GaLore or Adafactor (a part's projection or statistics are
+  // not the whole's), fp8, bf16 parameters or gradient compression.
+  std::int64_t tensor_parallel = 1;
   // Gradient compression of a data-parallel run: "none", or Deep Gradient Compression (Lin et al. 2018,
   // dist::DgcSync) as "dgc:RATIO[,momentum=M][,warmup=STEPS]": each rank sends only the largest
   // (1 - RATIO) of each tensor's accumulated gradient as (index, value) pairs and keeps the rest for later
@@ -181,6 +188,7 @@ struct TrainerConfig {
   // range, the schedule consistent with max_steps, and options whose feature is not built yet refused.
   void validate() const;
   void validate_pipeline() const;  // validate()'s part for pipeline_stages
+  void validate_tensor_parallel() const;  // and for tensor_parallel
 
   nlohmann::json to_json() const;
   // Unknown keys are an error (a typo must not silently fall back to a default); missing keys keep defaults.
