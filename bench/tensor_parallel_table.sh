@@ -2,9 +2,10 @@
 # Tensor parallelism measured (docs/results/tensor_parallel.md): memtrain_train_gpt alone (1 thread, the
 # reference; 2 threads, the speed peer) against --tensor-parallel 2 under mpirun (one thread per rank), the same
 # batches. Prints a markdown table: final train and val loss, the largest relative difference of any step's loss
-# from the run alone's (metrics.jsonl), median step, and per rank the peak, the parameter bytes, the optimizer
-# state, the gradients' and the activations' own peaks.
-#   [SKIP_BUILD=1] [MODEL=small] [TP=2] [STEPS=20] [MICRO=4] [ACCUM=1] [SEQ=128] [VOCAB=] bash bench/tensor_parallel_table.sh
+# from the run alone's (metrics.jsonl), median step, every rank's peak, and rank 0's bytes by category at its
+# peak (the summary's peak_bytes_by_category).
+#   [SKIP_BUILD=1] [MODEL=small] [TP=2] [STEPS=20] [MICRO=4] [ACCUM=1] [SEQ=128] [VOCAB=N] \
+#     bash bench/tensor_parallel_table.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [[ ${SKIP_BUILD:-0} == 1 ]] || bash "$root/scripts/build.sh" >/dev/null
@@ -17,7 +18,8 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 common=(--model "$model" --seq-len "$seq" --micro-batch "$micro" --grad-accum "$accum" --steps "$steps"
         --optimizer adamw --sample-tokens 0 --checkpoint-interval 0 --data-dir "$work/data"
         ${VOCAB:+--vocab-size "$VOCAB"} ${EXTRA:-})
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $model, T=$seq, micro-batch $micro x $accum, $steps steps"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $model, T=$seq," \
+     "micro-batch $micro x $accum, $steps steps"
 
 run() {  # name, threads, launcher words..., then train_gpt flags after --
   local name=$1 threads=$2
@@ -42,18 +44,15 @@ mib = lambda b: f"{b / 2**20:.2f}"
 runs = {n: json.load(open(f"{work}/{n}.json")) for n in names}
 losses = {n: [json.loads(l)["loss"] for l in open(f"{work}/{n}/metrics.jsonl")] for n in names}
 ref = losses["alone_1t"]
-print("| run | final loss | val loss | max rel. step-loss diff vs alone_1t | median step (s) | rank: peak / params / optimizer state / gradients peak / activations peak (MiB) |")
-print("|---|---|---|---|---|---|")
+print("| run | final loss | val loss | max rel. step-loss diff vs alone_1t | median step (s) | peak per rank (MiB) "
+      "| rank 0 at its peak: params / optimizer state / gradients / activations / workspace (MiB) |")
+print("|---|---|---|---|---|---|---|")
 for n in names:
     r = runs[n]
     diff = max(abs(a - b) / abs(b) for a, b in zip(losses[n], ref))
-    rows = r.get("ranks") or [dict(rank="alone", peak_bytes_total=r["peak_bytes_total"],
-                                   optimizer_state_bytes=r["optimizer_state_bytes"],
-                                   peak_bytes_by_category=r["peak_bytes_by_category"])]
-    cells = "<br>".join(
-        f"{x['rank']}: {mib(x['peak_bytes_total'])} / {mib(x['peak_bytes_by_category']['parameters'])} / "
-        f"{mib(x['optimizer_state_bytes'])} / {mib(x['peak_bytes_by_category']['gradients'])} / "
-        f"{mib(x['peak_bytes_by_category']['activations'])}" for x in rows)
+    peaks = ", ".join(mib(x["peak_bytes_total"]) for x in r["ranks"]) if r.get("ranks") else mib(r["peak_bytes_total"])
+    c = r["peak_bytes_by_category"]
+    at_peak = " / ".join(mib(c[k]) for k in ("parameters", "optimizer_state", "gradients", "activations", "workspace"))
     print(f"| {n} | {r['final_train_loss']:.6f} | {r['final_val_loss']:.6f} | {diff:.1e} | "
-          f"{r['median_step_seconds']:.3f} | {cells} |")
+          f"{r['median_step_seconds']:.3f} | {peaks} | {at_peak} |")
 EOF_PY

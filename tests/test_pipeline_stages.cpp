@@ -212,8 +212,16 @@ TEST(PipelineConfig, RefusesWhatThePipelineCannotRunNamingIt) {
             std::string::npos);
   c.grad_accum = 4;
   c.validate();
+  // Beside data parallelism, with plain data parallelism only.
   c.world_size = 2;
-  EXPECT_NE(mt::test_support::error_of([&] { c.validate(); }).find("world_size 2 (data parallel)"), std::string::npos);
+  c.validate();
+  c.zero = 1;
+  EXPECT_NE(mt::test_support::error_of([&] { c.validate(); }).find("pipeline_stages 4 with zero 1"), std::string::npos);
+  c.zero = 0;
+  c.tensor_parallel = 2;
+  EXPECT_NE(mt::test_support::error_of([&] { c.validate(); }).find("tensor_parallel 2 with pipeline_stages 4"),
+            std::string::npos);
+  c.tensor_parallel = 1;
   c.world_size = 1;
   c.pipeline_schedule = "interleaved";
   EXPECT_NE(mt::test_support::error_of([&] { c.validate(); }).find("'interleaved' is not one of"), std::string::npos);

@@ -489,30 +489,26 @@ int main(int argc, char** argv) {
     train::TrainerConfig config = resolve_config(f);
     config.world_size = world->size();
     if (f.zero) config.zero = *f.zero;
-    // A pipeline's ranks are its stages, not data-parallel ranks.
-    const bool pipelined = f.pipeline_stages.value_or(1) > 1;
+    // The launcher's ranks are data x model: one model is held by its pipeline stages, or by its tensor-parallel
+    // parts (the flags, or a --config file's), and each data rank's model trains on its block of the batches.
     if (f.pipeline_schedule) config.pipeline_schedule = *f.pipeline_schedule;
-    if (f.pipeline_stages) {
-      MT_CHECK(*f.pipeline_stages == world->size(), "train_gpt",
-               "--pipeline-stages {} under {} ranks: one stage per rank (launch with mpirun -np {})",
-               *f.pipeline_stages, world->size(), *f.pipeline_stages);
-      config.pipeline_stages = *f.pipeline_stages;
-      config.world_size = 1;
+    if (f.pipeline_stages) config.pipeline_stages = *f.pipeline_stages;
+    if (f.tensor_parallel) config.tensor_parallel = *f.tensor_parallel;
+    const bool pipelined = config.pipeline_stages > 1, tensor_split = config.tensor_parallel > 1;
+    MT_CHECK(!pipelined || !tensor_split, "train_gpt",
+             "--pipeline-stages {} with --tensor-parallel {}: not built yet (one of them, beside data parallelism)",
+             config.pipeline_stages, config.tensor_parallel);
+    const std::int64_t model_ranks = pipelined ? config.pipeline_stages : config.tensor_parallel;
+    dist::DataModelGroups groups{world, world};
+    if (model_ranks > 1) {
+      MT_CHECK(world->size() % model_ranks == 0, "train_gpt",
+               "{} {} under {} ranks: the ranks must be a multiple of it (data x model; launch with mpirun -np {})",
+               pipelined ? "--pipeline-stages" : "--tensor-parallel", model_ranks, world->size(), model_ranks);
+      groups = dist::split_data_model(world, static_cast<int>(model_ranks));
+      config.world_size = groups.data->size();
     }
     MT_CHECK(!pipelined || (!f.plan_only && !f.fit && !f.eval_only), "train_gpt",
              "--pipeline-stages with --plan-only, --fit or --eval-only: not built yet for a pipeline");
-    // A tensor-parallel group's ranks each hold their part of every block (the flag, or a --config file's); the
-    // launcher's ranks are data x tensor, the groups of each data rank training on its block of the batches.
-    if (f.tensor_parallel) config.tensor_parallel = *f.tensor_parallel;
-    const bool tensor_split = config.tensor_parallel > 1;
-    dist::DataTensorGroups groups{world, world};
-    if (tensor_split) {
-      MT_CHECK(world->size() % config.tensor_parallel == 0, "train_gpt",
-               "--tensor-parallel {} under {} ranks: the ranks must be a multiple of it (data x tensor)",
-               config.tensor_parallel, world->size());
-      groups = dist::split_data_tensor(world, static_cast<int>(config.tensor_parallel));
-      config.world_size = groups.data->size();
-    }
     MT_CHECK(!tensor_split || (!f.plan_only && !f.fit && !f.memory_timeline), "train_gpt",
              "--tensor-parallel with --plan-only, --fit or --memory-timeline: not built yet (the prediction has no "
              "tensor-parallel group)");
@@ -540,9 +536,10 @@ int main(int argc, char** argv) {
       config = fit_config(f, config, corpus.tokenizer ? std::optional(corpus.tokenizer->vocab_size()) : std::nullopt,
                           *world);
     }
-    const nn::GPTStage stage = pipelined ? nn::GPTStage{world->rank(), world->size()} : nn::GPTStage{};
-    const nn::TensorShard tensor = tensor_split ? nn::TensorShard{groups.tensor->rank(), groups.tensor->size(),
-                                                                  dist::tensor_parallel_group(groups.tensor)}
+    const nn::GPTStage stage =
+        pipelined ? nn::GPTStage{groups.model->rank(), groups.model->size()} : nn::GPTStage{};
+    const nn::TensorShard tensor = tensor_split ? nn::TensorShard{groups.model->rank(), groups.model->size(),
+                                                                  dist::tensor_parallel_group(groups.model)}
                                                 : nn::TensorShard{};
     auto model = make_model(config, corpus.tokenizer ? corpus.tokenizer->vocab_size() : vocab, stage, tensor);
     const std::int64_t T = window_length(config, *model);
@@ -586,10 +583,10 @@ int main(int argc, char** argv) {
     const bool compressed = train::parse_grad_compression(config.grad_compression).enabled();
     const std::shared_ptr<dist::DgcSync> dgc = compressed ? dist::attach_dgc(trainer, group) : nullptr;
     const std::shared_ptr<dist::DataParallel> data_parallel =
-        compressed || pipelined ? nullptr
-                                : dist::attach_data_parallel(trainer, tensor_split ? groups.data : group, dp_options(f));
-    if (pipelined) dist::attach_gpt_pipeline(trainer, model, world);
-    if (tensor_split) dist::attach_gpt_tensor_parallel(trainer, model, groups.tensor);
+        compressed ? nullptr
+                   : dist::attach_data_parallel(trainer, model_ranks > 1 ? groups.data : group, dp_options(f));
+    if (pipelined) dist::attach_gpt_pipeline(trainer, model, groups.model);
+    if (tensor_split) dist::attach_gpt_tensor_parallel(trainer, model, groups.model);
     // Each rank's optimizer state (ZeRO-1 shards it), gathered after the last step: every rank must take part,
     // and only rank 0 prints the notes.
     auto state_per_rank = std::make_shared<std::string>();
@@ -631,11 +628,10 @@ int main(int argc, char** argv) {
                static_cast<std::int64_t>(mem[MemoryCategory::parameters].live_bytes),
                static_cast<std::int64_t>(mem[MemoryCategory::activations].peak_bytes),
                static_cast<std::int64_t>(trainer.optimizer().state_bytes())});
-          const std::int64_t T = config.tensor_parallel;
           for (std::size_t r = 0; r < all.size(); r += 4) {
             const auto rank = static_cast<std::int64_t>(r / 4);
-            const std::string who = pipelined ? fmt::format("stage {}", rank)
-                                              : fmt::format("rank {} (data {}, tensor {})", rank, rank / T, rank % T);
+            const std::string who = fmt::format("rank {} (data {}, {} {})", rank, rank / model_ranks,
+                                                pipelined ? "stage" : "tensor", rank % model_ranks);
             *state_per_rank += fmt::format(
                 "\n{}: peak {:.2f} MiB, parameters {:.2f} MiB, activations peak {:.2f} MiB, optimizer state {:.2f} MiB",
                 who, all[r] / 1048576.0, all[r + 1] / 1048576.0, all[r + 2] / 1048576.0, all[r + 3] / 1048576.0);

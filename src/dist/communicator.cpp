@@ -90,6 +90,17 @@ void Communicator::all_reduce_canonical(Tensor& t) {
   all_gather(mine, bounds, t);
 }
 
+DataModelGroups split_data_model(const std::shared_ptr<Communicator>& world, int model_ranks) {
+  MT_CHECK(world != nullptr && model_ranks >= 1 && world->size() % model_ranks == 0, "dist::split_data_model",
+           "{} ranks cannot be split into models of {} ranks each", world ? world->size() : 0, model_ranks);
+  if (world->size() == model_ranks) return {single_process(), world};
+  const int d = world->rank() / model_ranks, m = world->rank() % model_ranks;
+  DataModelGroups groups;
+  groups.model = world->split(d, m);
+  groups.data = world->split(m, d);
+  return groups;
+}
+
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   MT_CHECK(false, "Communicator::split", "the '{}' backend makes no sub-groups (color {}, key {})", backend(), color,
            key);

@@ -53,17 +53,6 @@ class CommunicatorTensorLink final : public train::TensorParallelLink {
 
 }  // namespace
 
-DataTensorGroups split_data_tensor(const std::shared_ptr<Communicator>& world, int tensor) {
-  MT_CHECK(world != nullptr && tensor >= 1 && world->size() % tensor == 0, "dist::split_data_tensor",
-           "{} ranks cannot be split into tensor-parallel groups of {}", world ? world->size() : 0, tensor);
-  if (world->size() == tensor) return {single_process(), world};
-  const int d = world->rank() / tensor, t = world->rank() % tensor;
-  DataTensorGroups groups;
-  groups.tensor = world->split(d, t);
-  groups.data = world->split(t, d);
-  return groups;
-}
-
 std::shared_ptr<nn::TensorParallelGroup> tensor_parallel_group(std::shared_ptr<Communicator> comm) {
   MT_CHECK(comm != nullptr, "dist::tensor_parallel_group", "the communicator is null");
   return std::make_shared<CommunicatorGroup>(std::move(comm));

@@ -797,13 +797,16 @@ RunSummary Trainer::summarize(const std::vector<StepMetrics>& ran) const {
     summary.metrics["grad_compression_ratio"] = sent > 0.0 ? dense / sent : 0.0;
   }
   if (pipeline_) summary.stages = detail::stage_table(*pipeline_, allocator.stats(), optimizer_->state_bytes());
-  // Every rank of a data-parallel or tensor-parallel run: each holds its own share (ZeRO shards, parts). Both:
-  // the tensor group's first, then the data group's, which is the launcher's order (rank = data x T + tensor).
+  // Every rank of a data-parallel or tensor-parallel run: each holds its own share (ZeRO shards, parts). Beside
+  // a pipeline or tensor parallelism, the model group's first, then the data group's: the launcher's order (rank =
+  // data x model ranks + the rank in the model).
   if (sync_ || tensor_parallel_) {
     summary.ranks = detail::rank_memory_table(
         [this](const std::vector<double>& mine) {
-          const std::vector<double> group = tensor_parallel_ ? tensor_parallel_->gather_f64(mine) : mine;
-          return sync_ ? sync_->gather_f64(group) : group;
+          const std::vector<double> model = pipeline_          ? pipeline_->link->gather_f64(mine)
+                                            : tensor_parallel_ ? tensor_parallel_->gather_f64(mine)
+                                                               : mine;
+          return sync_ ? sync_->gather_f64(model) : model;
         },
         "rank", allocator.stats(), optimizer_->state_bytes());
   }

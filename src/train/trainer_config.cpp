@@ -332,7 +332,7 @@ void TrainerConfig::validate_pipeline() const {
     MT_CHECK(!on, kWhere, "pipeline_stages {} with {}: not built yet (pipeline stages run alone, without it)", p,
              what);
   };
-  refuse(world_size > 1, fmt::format("world_size {} (data parallel)", world_size));
+  // Beside data parallelism (world_size data ranks of pipeline_stages ranks each), ZeRO 0 only.
   refuse(zero > 0, fmt::format("zero {}", zero));
   refuse(layerwise_update, "layerwise_update");
   refuse(lisa_layers > 0, "lisa_layers");

@@ -8,6 +8,7 @@
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/dist/communicator.h"
+#include "memtrain/dist/data_parallel.h"
 #include "memtrain/nn/gpt.h"
 #include "memtrain/dist/pipeline.h"
 #include "memtrain/train/trainer.h"
@@ -96,8 +97,10 @@ TrainerConfig config_for(const Case& c, std::int64_t stages, const std::string& 
   return config;
 }
 
-// Trains the whole model (comm null) or this rank's stage of it.
-RunResult train(const TrainerConfig& config, const std::shared_ptr<mt::dist::Communicator>& comm) {
+// Trains the whole model (comm null) or this rank's stage of it over `comm`; beside data parallelism over
+// `data_group`.
+RunResult train(const TrainerConfig& config, const std::shared_ptr<mt::dist::Communicator>& comm,
+                const std::shared_ptr<mt::dist::Communicator>& data_group = nullptr) {
   const mt::nn::GPTStage stage = comm ? mt::nn::GPTStage{comm->rank(), comm->size()} : mt::nn::GPTStage{};
   auto model = make_gpt(stage);
   auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
@@ -106,6 +109,7 @@ RunResult train(const TrainerConfig& config, const std::shared_ptr<mt::dist::Com
                                                               mt::test_support::kTinyVocab);
   auto loss = [model](const mt::data::Batch& b) { return model->loss(b.inputs, b.targets); };
   Trainer trainer(config, model, loss, data, val);
+  if (data_group) mt::dist::attach_data_parallel(trainer, data_group);
   if (comm) mt::dist::attach_gpt_pipeline(trainer, model, comm);
   mt::Allocator::get(mt::Device::cpu()).reset_peak();
   RunResult r;
@@ -145,6 +149,34 @@ TEST(Pipeline, EveryStageHasTheBitsOfOneRank) {
         EXPECT_EQ(std::memcmp(w.data(), v.data(), w.size() * sizeof(float)), 0) << what << ": " << name;
       }
       EXPECT_NE(want.losses.front(), want.losses.back()) << what << ": the run did not train";
+    }
+  }
+}
+
+// 4 ranks as 2 data x 2 stages: each pair of neighbours is one pipeline, the pairs train on their blocks of each
+// step's micro-batches and sum each stage's gradients over the data group in the canonical tree. The bits of
+// the run alone with the canonical reduction over the same global batch, on every rank.
+TEST(Pipeline, TwoDataRanksOfTwoStagesHaveTheBitsOfOneRank) {
+  auto world = mt::dist::world();
+  if (world->size() != 4) GTEST_SKIP() << "needs four ranks";
+  const mt::dist::DataModelGroups groups = mt::dist::split_data_model(world, 2);
+  for (const Case& c : {cases()[0], cases()[3]}) {  // AdamW in fp32 and in bf16
+    const std::string what = std::string(c.name) + ", rank " + std::to_string(world->rank());
+    TrainerConfig alone = config_for(c, 1, "1f1b");
+    TrainerConfig split = config_for(c, 2, "1f1b");
+    split.world_size = 2;
+    split.grad_accum = kMicroBatches / 2;  // the same global batch of 8 micro-batches
+    const RunResult want = train(alone, nullptr);
+    const RunResult got = train(split, groups.model, groups.data);
+    ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+    for (std::size_t s = 0; s < got.losses.size(); ++s)
+      EXPECT_TRUE(same_bits(got.losses[s], want.losses[s]))
+          << what << ": loss of step " << s + 1 << " is " << got.losses[s] << ", one rank " << want.losses[s];
+    EXPECT_TRUE(same_bits(got.val_loss, want.val_loss)) << what;
+    for (const auto& [name, w] : got.weights) {
+      const std::vector<float>& v = want.weights.at(name);
+      ASSERT_EQ(w.size(), v.size()) << what << ": " << name;
+      EXPECT_EQ(std::memcmp(w.data(), v.data(), w.size() * sizeof(float)), 0) << what << ": " << name;
     }
   }
 }

@@ -255,10 +255,10 @@ TEST(TensorParallel, TrainsAsTheRunAloneForTwentySteps) {
 TEST(TensorParallel, TwoDataRanksOfTwoTensorRanksTrainAsTheRunAlone) {
   auto world = mt::dist::world();
   if (world->size() != 4) GTEST_SKIP() << "needs four ranks";
-  const mt::dist::DataTensorGroups groups = mt::dist::split_data_tensor(world, 2);
-  ASSERT_EQ(groups.tensor->size(), 2);
+  const mt::dist::DataModelGroups groups = mt::dist::split_data_model(world, 2);
+  ASSERT_EQ(groups.model->size(), 2);
   ASSERT_EQ(groups.data->size(), 2);
-  EXPECT_EQ(groups.tensor->rank(), world->rank() % 2);
+  EXPECT_EQ(groups.model->rank(), world->rank() % 2);
   EXPECT_EQ(groups.data->rank(), world->rank() / 2);
   const Case c = cases().front();
   TrainerConfig alone = config_for(c, 1);
@@ -267,7 +267,7 @@ TEST(TensorParallel, TwoDataRanksOfTwoTensorRanksTrainAsTheRunAlone) {
   TrainerConfig split = config_for(c, 2);
   split.world_size = 2;
   const RunResult want = train(alone, nullptr);
-  const RunResult got = train(split, groups.tensor, groups.data);
+  const RunResult got = train(split, groups.model, groups.data);
   ASSERT_EQ(got.losses.size(), want.losses.size());
   for (std::size_t s = 0; s < got.losses.size(); ++s)
     EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s]))
@@ -277,8 +277,8 @@ TEST(TensorParallel, TwoDataRanksOfTwoTensorRanksTrainAsTheRunAlone) {
   // Every rank of the four has the same loss.
   for (const double l : world->all_gather_f64({got.losses.back()})) EXPECT_EQ(l, got.losses.back());
   // Refused: ranks that are not a multiple of the tensor-parallel size.
-  EXPECT_NE(mt::test_support::error_of([&] { mt::dist::split_data_tensor(world, 3); })
-                .find("4 ranks cannot be split into tensor-parallel groups of 3"),
+  EXPECT_NE(mt::test_support::error_of([&] { mt::dist::split_data_model(world, 3); })
+                .find("4 ranks cannot be split into models of 3 ranks each"),
             std::string::npos);
 }
 

@@ -21,5 +21,5 @@ for f in final_train_loss final_val_loss; do
 done
 [[ $(grep -c '"stage": ' "$dir/pipeline/summary.json") == 2 ]] ||
   { echo "the summary has no table of the 2 stages"; exit 1; }
-grep -q "^stage 1: peak" "$dir/pipeline.log" || { echo "the report has no line for stage 1"; cat "$dir/pipeline.log"; exit 1; }
+grep -q "^rank 1 (data 0, stage 1): peak" "$dir/pipeline.log" || { echo "the report has no line for stage 1"; cat "$dir/pipeline.log"; exit 1; }
 echo "pipeline at 2 stages: final losses equal the run alone's ($(field "$dir/alone/summary.json" final_train_loss))"

@@ -113,6 +113,17 @@ class Communicator {
   double timeout_seconds_;
 };
 
+// The launcher's ranks as data x model: rank = d * model_ranks + m. `model` holds the ranks that together hold one
+// model (its tensor-parallel parts, or its pipeline stages), neighbours as Megatron-LM keeps them on one host;
+// `data` the ranks that hold the same part and sum its gradients (dist::attach_data_parallel over it; a group of
+// one when world's size is model_ranks). Every rank calls it together; refused when world's size is not a
+// multiple of model_ranks.
+struct DataModelGroups {
+  std::shared_ptr<Communicator> data;
+  std::shared_ptr<Communicator> model;
+};
+DataModelGroups split_data_model(const std::shared_ptr<Communicator>& world, int model_ranks);
+
 // The launcher's group (see above); the same object on every call.
 std::shared_ptr<Communicator> world();
 // A group of one process (rank 0 of 1), whatever the launcher.

@@ -82,9 +82,11 @@ struct TrainerConfig {
   // per rank of the launcher's group, the grad_accum micro-batches (>= pipeline_stages) flowing through them in
   // pipeline_schedule's order: "1f1b" (warm-up forwards, then one forward / one backward: a stage keeps at most
   // pipeline_stages micro-batches in flight) or "gpipe" (every forward, then every backward: grad_accum in
-  // flight). The canonical reduction is on, so the run has the bits of one rank with canonical_reduction.
-  // On the CPU over MPI; not yet with data parallel, ZeRO, layer-wise updates, LISA, LoRA, bf16 parameters or
-  // gradient compression. Each stage writes its own checkpoint files (Trainer::save_checkpoint).
+  // flight). The canonical reduction is on, so the run has the bits of one rank with canonical_reduction. Beside
+  // data parallelism world_size such pipelines train on their blocks of the batch (ranks = world_size x
+  // pipeline_stages), still with those bits. On the CPU over MPI; not yet with ZeRO, tensor parallelism,
+  // layer-wise updates, LISA, LoRA, bf16 parameters or gradient compression. Each stage writes its own
+  // checkpoint files (Trainer::save_checkpoint).
   std::int64_t pipeline_stages = 1;
   std::string pipeline_schedule = "1f1b";
   // Tensor parallelism (train/tensor_parallel.h): every block and the vocabulary split over tensor_parallel
