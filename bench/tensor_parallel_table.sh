@@ -3,7 +3,8 @@
 # reference; 2 threads, the speed peer) against --tensor-parallel 2 under mpirun (one thread per rank), the same
 # batches. Prints a markdown table: final train and val loss, the largest relative difference of any step's loss
 # from the run alone's (metrics.jsonl), median step, every rank's peak, and rank 0's bytes by category at its
-# peak (the summary's peak_bytes_by_category).
+# peak (the summary's peak_bytes_by_category). The runs alone sum their micro-batches in the canonical tree, as
+# data-parallel runs do.
 #   [SKIP_BUILD=1] [MODEL=small] [TP=2] [STEPS=20] [MICRO=4] [ACCUM=1] [SEQ=128] [VOCAB=N] \
 #     bash bench/tensor_parallel_table.sh
 set -euo pipefail
@@ -15,7 +16,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpi=(mpirun --allow-run-as-root --oversubscribe)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
-common=(--model "$model" --seq-len "$seq" --micro-batch "$micro" --grad-accum "$accum" --steps "$steps"
+common=(--model "$model" --seq-len "$seq" --micro-batch "$micro" --steps "$steps"
         --optimizer adamw --sample-tokens 0 --checkpoint-interval 0 --data-dir "$work/data"
         ${VOCAB:+--vocab-size "$VOCAB"} ${EXTRA:-})
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $model, T=$seq," \
@@ -32,12 +33,20 @@ run() {  # name, threads, launcher words..., then train_gpt flags after --
 }
 
 # The corpus is prepared once, by the first run; the others find it.
-run alone_1t 1 --
-run alone_2t 2 --
-run "tp$tp" 1 "${mpi[@]}" -np "$tp" -- --tensor-parallel "$tp"
+run alone_1t 1 -- --canonical-reduction --grad-accum "$accum"
+run alone_2t 2 -- --canonical-reduction --grad-accum "$accum"
+run "tp$tp" 1 "${mpi[@]}" -np "$tp" -- --tensor-parallel "$tp" --grad-accum "$accum"
 grep -m1 "^model:" "$work/tp$tp.log"
+names=(alone_1t alone_2t "tp$tp")
+# WITH_DATA=1: also 2 data ranks of that group (2 x TP ranks; ACCUM even: each data rank takes half the
+# micro-batches, the same global batch) and 2 data ranks of a 2-stage pipeline.
+if [[ ${WITH_DATA:-0} == 1 ]]; then
+  run "dp2_tp$tp" 1 "${mpi[@]}" -np $((2 * tp)) -- --tensor-parallel "$tp" --grad-accum $((accum / 2))
+  run dp2_pp2 1 "${mpi[@]}" -np 4 -- --pipeline-stages 2 --grad-accum $((accum / 2))
+  names+=("dp2_tp$tp" dp2_pp2)
+fi
 
-python3 - "$work" alone_1t alone_2t "tp$tp" <<'EOF_PY'
+python3 - "$work" "${names[@]}" <<'EOF_PY'
 import json, sys
 work, names = sys.argv[1], sys.argv[2:]
 mib = lambda b: f"{b / 2**20:.2f}"
