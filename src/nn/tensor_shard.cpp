@@ -9,6 +9,7 @@
 #include "memtrain/ops/elementwise.h"
 #include "memtrain/ops/linalg.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace memtrain::nn {

@@ -173,6 +173,8 @@ std::string Trainer::checkpoint_dir() const {
   return config_.checkpoint_dir;
 }
 
+bool Trainer::writes_checkpoint() const { return !sync_ || sync_->rank() == 0; }
+
 std::vector<std::int64_t> Trainer::gather_over_parts(std::int64_t mine) const {
   return pipeline_ ? pipeline_->link->gather_i64({mine}) : tensor_parallel_->gather_i64({mine});
 }
@@ -184,9 +186,9 @@ std::string Trainer::save_checkpoint() {
   // writes its own part of the model, in its own directory (beside data parallelism: the data rank 0 of each part,
   // the others holding the same part).
   const bool sharded = !whole_params_.empty();
-  const bool own_part = (pipeline_ || tensor_parallel_) && (!sync_ || sync_->rank() == 0);
+  const bool writes = writes_checkpoint();
   const std::string dir = checkpoint_dir();
-  if (!writes_files() && !sharded && !own_part) return (fs::path(dir) / checkpoint_filename(step_)).string();
+  if (!writes && !sharded) return (fs::path(dir) / checkpoint_filename(step_)).string();
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "Trainer::save_checkpoint", "cannot create checkpoint_dir '{}': {}", dir, ec.message());
@@ -194,8 +196,8 @@ std::string Trainer::save_checkpoint() {
   save_checkpoint(path);
   // Only after the new file is complete may old ones go; with parts of the model, only once every part's is, so
   // the newest step every part holds is always there to resume from.
-  if (own_part) (void)gather_over_parts(step_);
-  if (writes_files() || own_part) {
+  if ((pipeline_ || tensor_parallel_) && writes) (void)gather_over_parts(step_);
+  if (writes) {
     prune_checkpoints(dir, config_.keep_checkpoints);
     remove_stale_checkpoint_temps(dir);
   }
@@ -270,7 +272,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
     for (const Shard& s : shards_) mine.shards[s.index] = {s.begin, s.begin + s.count};
     detail::save_state_shard(path, sync_->rank(), sync_->world_size(), mine);
     sync_->barrier();
-    if (!writes_files()) return;
+    if (!writes_checkpoint()) return;
   }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back(kModelPrefix + name, t);

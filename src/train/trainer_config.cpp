@@ -332,8 +332,9 @@ void TrainerConfig::validate_pipeline() const {
     MT_CHECK(!on, kWhere, "pipeline_stages {} with {}: not built yet (pipeline stages run alone, without it)", p,
              what);
   };
-  // Beside data parallelism (world_size data ranks of pipeline_stages ranks each), ZeRO 0 only.
-  refuse(zero > 0, fmt::format("zero {}", zero));
+  // Beside data parallelism (world_size data ranks of pipeline_stages ranks each), ZeRO-1 at most: ZeRO-2's
+  // norm over every rank's gradient shards does not know the stages yet.
+  refuse(zero > 1, fmt::format("zero {}", zero));
   refuse(layerwise_update, "layerwise_update");
   refuse(lisa_layers > 0, "lisa_layers");
   refuse(lora.enabled(), "lora");
@@ -351,8 +352,9 @@ void TrainerConfig::validate_tensor_parallel() const {
     MT_CHECK(!on, kWhere, "tensor_parallel {} with {}: not built yet", t, what);
   };
   refuse(pipeline_stages > 1, fmt::format("pipeline_stages {}", pipeline_stages));
-  // Beside data parallelism (world_size data ranks), ZeRO 0 only.
-  refuse(zero > 0, fmt::format("zero {}", zero));
+  // Beside data parallelism (world_size data ranks), ZeRO-1 at most: ZeRO-2 keeps only gradient shards, whose
+  // norm does not know the parts yet.
+  refuse(zero > 1, fmt::format("zero {}", zero));
   refuse(layerwise_update, "layerwise_update");
   refuse(lisa_layers > 0, "lisa_layers");
   refuse(lora.enabled(), "lora");

@@ -160,11 +160,14 @@ TEST(Pipeline, TwoDataRanksOfTwoStagesHaveTheBitsOfOneRank) {
   auto world = mt::dist::world();
   if (world->size() != 4) GTEST_SKIP() << "needs four ranks";
   const mt::dist::DataModelGroups groups = mt::dist::split_data_model(world, 2);
-  for (const Case& c : {cases()[0], cases()[3]}) {  // AdamW in fp32 and in bf16
-    const std::string what = std::string(c.name) + ", rank " + std::to_string(world->rank());
+  // AdamW in fp32 and in bf16; 8-bit AdamW with its state sharded over the data ranks (ZeRO-1).
+  for (const auto& [c, zero] : {std::pair(cases()[0], 0), std::pair(cases()[3], 0), std::pair(cases()[1], 1)}) {
+    const std::string what = std::string(c.name) + ", zero " + std::to_string(zero) + ", rank " +
+                             std::to_string(world->rank());
     TrainerConfig alone = config_for(c, 1, "1f1b");
     TrainerConfig split = config_for(c, 2, "1f1b");
     split.world_size = 2;
+    split.zero = zero;
     split.grad_accum = kMicroBatches / 2;  // the same global batch of 8 micro-batches
     const RunResult want = train(alone, nullptr);
     const RunResult got = train(split, groups.model, groups.data);
@@ -179,6 +182,53 @@ TEST(Pipeline, TwoDataRanksOfTwoStagesHaveTheBitsOfOneRank) {
       EXPECT_EQ(std::memcmp(w.data(), v.data(), w.size() * sizeof(float)), 0) << what << ": " << name;
     }
   }
+}
+
+// 2 data x 2 stages under ZeRO-1: the data rank 0 of each stage writes the stage's file, every rank its state
+// shard, into the stage's directory; a run resumed from them continues on the bits of the run that never stopped.
+TEST(Pipeline, TwoDataRanksOfTwoStagesResumeTheirShardsOnTheSameBits) {
+  auto world = mt::dist::world();
+  if (world->size() != 4) GTEST_SKIP() << "needs four ranks";
+  const mt::dist::DataModelGroups groups = mt::dist::split_data_model(world, 2);
+  const std::string dir = world->broadcast_string(
+      (std::filesystem::temp_directory_path() / ("memtrain_dp_pp_" + std::to_string(::getpid()))).string(), 0);
+  TrainerConfig config = config_for(cases()[1], 2, "1f1b");  // 8-bit AdamW
+  config.world_size = 2;
+  config.zero = 1;
+  config.grad_accum = kMicroBatches / 2;
+  config.checkpoint_dir = dir;
+  config.max_steps = 6;
+  const auto make = [&] {
+    auto model = make_gpt({groups.model->rank(), groups.model->size()});
+    auto data = std::make_shared<mt::test_support::TokenDataset>(48, mt::test_support::kTinyWindow,
+                                                                 mt::test_support::kTinyVocab);
+    auto trainer = std::make_unique<Trainer>(
+        config, model, [model](const mt::data::Batch& b) { return model->loss(b.inputs, b.targets); }, data);
+    mt::dist::attach_data_parallel(*trainer, groups.data);
+    mt::dist::attach_gpt_pipeline(*trainer, model, groups.model);
+    return std::pair(model, std::move(trainer));
+  };
+  std::vector<double> want;
+  {
+    auto [model, trainer] = make();
+    for (int s = 0; s < 3; ++s) trainer->train_step();
+    trainer->save_checkpoint();
+    for (int s = 3; s < 6; ++s) want.push_back(trainer->train_step().loss);
+  }
+  const std::filesystem::path stage_dir =
+      std::filesystem::path(dir) / ("stage" + std::to_string(groups.model->rank()) + "-of-2");
+  EXPECT_TRUE(std::filesystem::exists(stage_dir / "ckpt_00000003.safetensors")) << stage_dir;
+  EXPECT_TRUE(std::filesystem::exists(stage_dir / ("ckpt_00000003.safetensors.rank" +
+                                                   std::to_string(groups.data->rank()) + "of2")));
+  auto [model, trainer] = make();
+  ASSERT_TRUE(trainer->resume_latest());
+  EXPECT_EQ(trainer->step(), 3);
+  for (int s = 3; s < 6; ++s) {
+    const double loss = trainer->train_step().loss;
+    EXPECT_TRUE(same_bits(loss, want[static_cast<std::size_t>(s - 3)])) << "step " << s + 1 << ": " << loss;
+  }
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // 1F1B keeps at most P - stage micro-batches in flight; GPipe's order keeps all 8 on every stage.

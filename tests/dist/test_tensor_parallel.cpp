@@ -260,22 +260,26 @@ TEST(TensorParallel, TwoDataRanksOfTwoTensorRanksTrainAsTheRunAlone) {
   ASSERT_EQ(groups.data->size(), 2);
   EXPECT_EQ(groups.model->rank(), world->rank() % 2);
   EXPECT_EQ(groups.data->rank(), world->rank() / 2);
-  const Case c = cases().front();
-  TrainerConfig alone = config_for(c, 1);
-  alone.grad_accum = 4;
-  alone.canonical_reduction = true;
-  TrainerConfig split = config_for(c, 2);
-  split.world_size = 2;
-  const RunResult want = train(alone, nullptr);
-  const RunResult got = train(split, groups.model, groups.data);
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (std::size_t s = 0; s < got.losses.size(); ++s)
-    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s]))
-        << where(world) << ": step " << s + 1;
-  EXPECT_NEAR(got.val_loss, want.val_loss, 1e-5 * std::fabs(want.val_loss)) << where(world);
-  EXPECT_LT(want.losses.back(), 0.8 * want.losses.front());
-  // Every rank of the four has the same loss.
-  for (const double l : world->all_gather_f64({got.losses.back()})) EXPECT_EQ(l, got.losses.back());
+  // ZeRO 0, and ZeRO-1: each data rank steps its shard of every part's AdamW state.
+  for (const std::int64_t zero : {0, 1}) {
+    const std::string what = where(world) + ", zero " + std::to_string(zero);
+    const Case c = cases().front();
+    TrainerConfig alone = config_for(c, 1);
+    alone.grad_accum = 4;
+    alone.canonical_reduction = true;
+    TrainerConfig split = config_for(c, 2);
+    split.world_size = 2;
+    split.zero = zero;
+    const RunResult want = train(alone, nullptr);
+    const RunResult got = train(split, groups.model, groups.data);
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    for (std::size_t s = 0; s < got.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s])) << what << ": step " << s + 1;
+    EXPECT_NEAR(got.val_loss, want.val_loss, 1e-5 * std::fabs(want.val_loss)) << what;
+    EXPECT_LT(want.losses.back(), 0.8 * want.losses.front());
+    // Every rank of the four has the same loss.
+    for (const double l : world->all_gather_f64({got.losses.back()})) EXPECT_EQ(l, got.losses.back()) << what;
+  }
   // Refused: ranks that are not a multiple of the tensor-parallel size.
   EXPECT_NE(mt::test_support::error_of([&] { mt::dist::split_data_model(world, 3); })
                 .find("4 ranks cannot be split into models of 3 ranks each"),
@@ -359,6 +363,12 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
   config.pipeline_stages = 2;
   config.grad_accum = 2;
   EXPECT_NE(message([&] { config.validate(); }).find("with pipeline_stages 2: not built yet"), std::string::npos);
+  config.pipeline_stages = 1;
+  config.world_size = 2;  // beside data parallelism: ZeRO-1 at most
+  config.zero = 1;
+  config.validate();
+  config.zero = 2;
+  EXPECT_NE(message([&] { config.validate(); }).find("tensor_parallel 2 with zero 2: not built yet"), std::string::npos);
   // The config says 3 ranks, the group has another number.
   if (world->size() >= 2) {
     config = config_for(cases().front(), 3 == world->size() ? 2 : 3);

@@ -282,6 +282,9 @@ class Trainer {
   // part of the model.
   std::string checkpoint_dir() const;
   std::vector<std::int64_t> gather_over_parts(std::int64_t mine) const;  // every stage's or tensor rank's value
+  // Whether this rank writes the main checkpoint file of its part of the model: the data rank 0 of every pipeline
+  // stage or tensor-parallel part (alone: of the whole model).
+  bool writes_checkpoint() const;
   bool resume_latest_part();
   bool user_optimizer_ = false;                    // given to the constructor, not built from the config
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;

@@ -84,17 +84,17 @@ struct TrainerConfig {
   // pipeline_stages micro-batches in flight) or "gpipe" (every forward, then every backward: grad_accum in
   // flight). The canonical reduction is on, so the run has the bits of one rank with canonical_reduction. Beside
   // data parallelism world_size such pipelines train on their blocks of the batch (ranks = world_size x
-  // pipeline_stages), still with those bits. On the CPU over MPI; not yet with ZeRO, tensor parallelism,
-  // layer-wise updates, LISA, LoRA, bf16 parameters or gradient compression. Each stage writes its own
-  // checkpoint files (Trainer::save_checkpoint).
+  // pipeline_stages; ZeRO-1 at most), still with those bits. On the CPU over MPI; not yet with ZeRO-2, tensor
+  // parallelism, layer-wise updates, LISA, LoRA, bf16 parameters or gradient compression. Each stage writes its
+  // own checkpoint files (Trainer::save_checkpoint).
   std::int64_t pipeline_stages = 1;
   std::string pipeline_schedule = "1f1b";
   // Tensor parallelism (train/tensor_parallel.h): every block and the vocabulary split over tensor_parallel
   // ranks of the launcher's group (Megatron-LM's column- and row-parallel layers, a vocabulary-parallel embedding
   // and loss), all ranks of a group training on the same batches. Beside data parallelism world_size such groups
-  // train on their blocks of the batch (ranks = world_size x tensor_parallel). On the CPU over MPI; not yet beside
-  // ZeRO, a pipeline, layer-wise updates, LISA, LoRA, GaLore or Adafactor (a part's projection or statistics are
-  // not the whole's), fp8, bf16 parameters or gradient compression.
+  // train on their blocks of the batch (ranks = world_size x tensor_parallel; ZeRO-1 at most). On the CPU over
+  // MPI; not yet beside ZeRO-2, a pipeline, layer-wise updates, LISA, LoRA, GaLore or Adafactor (a part's
+  // projection or statistics are not the whole's), fp8, bf16 parameters or gradient compression.
   std::int64_t tensor_parallel = 1;
   // Gradient compression of a data-parallel run: "none", or Deep Gradient Compression (Lin et al. 2018,
   // dist::DgcSync) as "dgc:RATIO[,momentum=M][,warmup=STEPS]": each rank sends only the largest
