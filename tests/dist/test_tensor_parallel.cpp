@@ -368,7 +368,8 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
   config.zero = 1;
   config.validate();
   config.zero = 2;
-  EXPECT_NE(message([&] { config.validate(); }).find("tensor_parallel 2 with zero 2: not built yet"), std::string::npos);
+  EXPECT_NE(message([&] { config.validate(); }).find("tensor_parallel 2 with zero 2: not built yet"),
+            std::string::npos);
   // The config says 3 ranks, the group has another number.
   if (world->size() >= 2) {
     config = config_for(cases().front(), 3 == world->size() ? 2 : 3);
