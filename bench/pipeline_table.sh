@@ -6,27 +6,16 @@
 # and per stage the peak, the parameter bytes, the optimizer state, the activations' peak and the idle fraction.
 #   [SKIP_BUILD=1] [MODEL=small] [STAGES="2 4"] [STEPS=20] [MICRO=4] [ACCUM=8] [SEQ=128] bash bench/pipeline_table.sh
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-[[ ${SKIP_BUILD:-0} == 1 ]] || bash "$root/scripts/build.sh" >/dev/null
-bin=$root/build/examples/memtrain_train_gpt
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+source bench/train_gpt_common.sh
 model=${MODEL:-small} stages=${STAGES:-"2 4"} steps=${STEPS:-20} micro=${MICRO:-4} accum=${ACCUM:-8} seq=${SEQ:-128}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+[[ -n ${WORK:-} ]] || trap 'rm -rf "$work"' EXIT
 mpi=(mpirun --allow-run-as-root --oversubscribe)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 common=(--model "$model" --seq-len "$seq" --micro-batch "$micro" --grad-accum "$accum" --steps "$steps"
         --optimizer adamw --sample-tokens 0 --checkpoint-interval 0 --data-dir "$work/data" ${EXTRA:-})
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $model, T=$seq, micro-batch $micro x $accum, $steps steps"
-
-run() {  # name, threads, launcher words..., then train_gpt flags after --
-  local name=$1 threads=$2
-  shift 2
-  local launcher=()
-  while [[ $1 != -- ]]; do launcher+=("$1"); shift; done
-  shift
-  OMP_NUM_THREADS=$threads "${launcher[@]}" "$bin" "${common[@]}" --out-dir "$work/$name" \
-    --summary-json "$work/$name.json" "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
-}
 
 # The corpus is prepared once, by the first run; the pipeline runs find it.
 run alone_1t 1 -- --canonical-reduction

@@ -8,12 +8,11 @@
 #   [SKIP_BUILD=1] [MODEL=small] [TP=2] [STEPS=20] [MICRO=4] [ACCUM=1] [SEQ=128] [VOCAB=N] \
 #     bash bench/tensor_parallel_table.sh
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-[[ ${SKIP_BUILD:-0} == 1 ]] || bash "$root/scripts/build.sh" >/dev/null
-bin=$root/build/examples/memtrain_train_gpt
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+source bench/train_gpt_common.sh
 model=${MODEL:-small} tp=${TP:-2} steps=${STEPS:-20} micro=${MICRO:-4} accum=${ACCUM:-1} seq=${SEQ:-128}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+[[ -n ${WORK:-} ]] || trap 'rm -rf "$work"' EXIT
 mpi=(mpirun --allow-run-as-root --oversubscribe)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 common=(--model "$model" --seq-len "$seq" --micro-batch "$micro" --steps "$steps"
@@ -21,16 +20,6 @@ common=(--model "$model" --seq-len "$seq" --micro-batch "$micro" --steps "$steps
         ${VOCAB:+--vocab-size "$VOCAB"} ${EXTRA:-})
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $model, T=$seq," \
      "micro-batch $micro x $accum, $steps steps"
-
-run() {  # name, threads, launcher words..., then train_gpt flags after --
-  local name=$1 threads=$2
-  shift 2
-  local launcher=()
-  while [[ $1 != -- ]]; do launcher+=("$1"); shift; done
-  shift
-  OMP_NUM_THREADS=$threads "${launcher[@]}" "$bin" "${common[@]}" --out-dir "$work/$name" \
-    --summary-json "$work/$name.json" "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
-}
 
 # The corpus is prepared once, by the first run; the others find it.
 run alone_1t 1 -- --canonical-reduction --grad-accum "$accum"

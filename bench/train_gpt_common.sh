@@ -1,7 +1,8 @@
-# Shared set-up of the benchmarks that drive the train_gpt example (predict_memory_table.sh, fit_table.sh):
-# builds memtrain_train_gpt unless SKIP_BUILD=1 and sets `bin` to it, `work` to a scratch directory (WORK, default
-# a mktemp) and `py` to the Python that reads the JSON files (PYTHON, default python3); defines json FILE KEY...
-# (a value of a JSON file, by its keys). Sourced from the repository root after scripts/common.sh.
+# Shared set-up of the benchmarks that drive the train_gpt example (predict_memory_table.sh, fit_table.sh,
+# pipeline_table.sh, tensor_parallel_table.sh, ...): builds memtrain_train_gpt unless SKIP_BUILD=1 and sets `bin`
+# to it, `work` to a scratch directory (WORK, default a mktemp) and `py` to the Python that reads the JSON files
+# (PYTHON, default python3); defines json FILE KEY... (a value of a JSON file, by its keys) and run (one run of
+# the example, below). Sourced from the repository root after scripts/common.sh.
 build_dir=${MEMTRAIN_BUILD_DIR:-build}
 [[ ${SKIP_BUILD:-0} == 1 ]] || MEMTRAIN_BUILD_DIR=$build_dir bash scripts/build.sh memtrain_train_gpt
 bin=$build_dir/examples/memtrain_train_gpt
@@ -14,3 +15,16 @@ json() { "$py" -c 'import json, sys
 j = json.load(open(sys.argv[1]))
 for k in sys.argv[2:]: j = j[k]
 print(j)' "$@"; }
+
+# run NAME THREADS [LAUNCHER WORDS...] -- [FLAGS...]: the example with OMP_NUM_THREADS=THREADS under the launcher
+# (e.g. mpirun -np 2; none: alone), with the caller's `common` flags and then FLAGS; its run files in $work/NAME/,
+# its summary in $work/NAME.json, its output in $work/NAME.log, printed when it fails (which ends the script).
+run() {
+  local name=$1 threads=$2
+  shift 2
+  local launcher=()
+  while [[ $1 != -- ]]; do launcher+=("$1"); shift; done
+  shift
+  OMP_NUM_THREADS=$threads "${launcher[@]}" "$bin" "${common[@]}" --out-dir "$work/$name" \
+    --summary-json "$work/$name.json" "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
+}
