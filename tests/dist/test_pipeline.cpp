@@ -14,6 +14,7 @@
 #include "memtrain/train/trainer.h"
 
 #include "error_text.h"
+#include "resume_runs.h"
 #include "tiny_lm.h"
 
 #include <gtest/gtest.h>
@@ -52,10 +53,7 @@ struct RunResult {
   std::size_t activations_peak = 0;
 };
 
-std::vector<float> values(const mt::Tensor& t) {
-  const mt::Tensor c = t.detach().to(mt::DType::f32).contiguous();
-  return {c.data<float>(), c.data<float>() + c.numel()};
-}
+using mt::dist_test::values;
 
 struct Case {
   const char* name;
@@ -208,25 +206,16 @@ TEST(Pipeline, TwoDataRanksOfTwoStagesResumeTheirShardsOnTheSameBits) {
     mt::dist::attach_gpt_pipeline(*trainer, model, groups.model);
     return std::pair(model, std::move(trainer));
   };
-  std::vector<double> want;
-  {
-    auto [model, trainer] = make();
-    for (int s = 0; s < 3; ++s) trainer->train_step();
-    trainer->save_checkpoint();
-    for (int s = 3; s < 6; ++s) want.push_back(trainer->train_step().loss);
-  }
+  const mt::dist_test::ResumeRuns runs = mt::dist_test::run_and_resume(make);
   const std::filesystem::path stage_dir =
       std::filesystem::path(dir) / ("stage" + std::to_string(groups.model->rank()) + "-of-2");
   EXPECT_TRUE(std::filesystem::exists(stage_dir / "ckpt_00000003.safetensors")) << stage_dir;
   EXPECT_TRUE(std::filesystem::exists(stage_dir / ("ckpt_00000003.safetensors.rank" +
                                                    std::to_string(groups.data->rank()) + "of2")));
-  auto [model, trainer] = make();
-  ASSERT_TRUE(trainer->resume_latest());
-  EXPECT_EQ(trainer->step(), 3);
-  for (int s = 3; s < 6; ++s) {
-    const double loss = trainer->train_step().loss;
-    EXPECT_TRUE(same_bits(loss, want[static_cast<std::size_t>(s - 3)])) << "step " << s + 1 << ": " << loss;
-  }
+  ASSERT_EQ(runs.resumed_at, 3);
+  for (std::size_t s = 0; s < runs.went_on.size(); ++s)
+    EXPECT_TRUE(same_bits(runs.resumed[s], runs.went_on[s])) << "step " << s + 4 << ": " << runs.resumed[s];
+  EXPECT_EQ(runs.resumed_weights, runs.went_on_weights) << "rank " << world->rank();
   world->barrier();
   if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -300,25 +289,12 @@ TEST(Pipeline, StagesResumeFromTheirOwnCheckpointsOnTheSameBits) {
     mt::dist::attach_gpt_pipeline(*trainer, model, world);
     return std::pair(model, std::move(trainer));
   };
-  std::vector<double> want;
-  std::map<std::string, std::vector<float>> want_weights;
-  {
-    auto [model, trainer] = make();
-    for (int s = 0; s < 3; ++s) trainer->train_step();
-    const std::string path = trainer->save_checkpoint();
-    EXPECT_NE(path.find("stage" + std::to_string(world->rank()) + "-of-"), std::string::npos) << path;
-    for (int s = 3; s < 6; ++s) want.push_back(trainer->train_step().loss);
-    for (const auto& [name, p] : model->named_parameters()) want_weights[name] = values(p);
-  }
-  auto [model, trainer] = make();
-  ASSERT_TRUE(trainer->resume_latest());
-  EXPECT_EQ(trainer->step(), 3);
-  for (int s = 3; s < 6; ++s) {
-    const double loss = trainer->train_step().loss;
-    EXPECT_TRUE(same_bits(loss, want[static_cast<std::size_t>(s - 3)])) << "step " << s + 1 << ": " << loss;
-  }
-  for (const auto& [name, p] : model->named_parameters())
-    EXPECT_EQ(values(p), want_weights.at(name)) << "stage " << world->rank() << ": " << name;
+  const mt::dist_test::ResumeRuns runs = mt::dist_test::run_and_resume(make);
+  EXPECT_NE(runs.saved.find("stage" + std::to_string(world->rank()) + "-of-"), std::string::npos) << runs.saved;
+  ASSERT_EQ(runs.resumed_at, 3);
+  for (std::size_t s = 0; s < runs.went_on.size(); ++s)
+    EXPECT_TRUE(same_bits(runs.resumed[s], runs.went_on[s])) << "step " << s + 4 << ": " << runs.resumed[s];
+  EXPECT_EQ(runs.resumed_weights, runs.went_on_weights) << "stage " << world->rank();
 
   // The whole model alone cannot take a stage's part.
   TrainerConfig alone = config;

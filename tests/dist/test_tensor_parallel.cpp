@@ -22,6 +22,7 @@
 #include "memtrain/train/trainer.h"
 
 #include "error_text.h"
+#include "resume_runs.h"
 #include "tiny_lm.h"
 
 #include <gtest/gtest.h>
@@ -65,10 +66,7 @@ std::shared_ptr<mt::nn::GPT> make_gpt(const std::shared_ptr<mt::dist::Communicat
   return std::make_shared<mt::nn::GPT>(gpt_config(vocab), dtype, mt::nn::GPTStage{}, shard);
 }
 
-std::vector<float> values(const mt::Tensor& t) {
-  const mt::Tensor c = t.detach().to(mt::DType::f32).contiguous();
-  return {c.data<float>(), c.data<float>() + c.numel()};
-}
+using mt::dist_test::values;
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -405,25 +403,11 @@ TEST(TensorParallel, EachRankResumesItsOwnPartOnTheSameBits) {
     mt::dist::attach_gpt_tensor_parallel(*trainer, model, world);
     return std::pair(model, std::move(trainer));
   };
-  std::vector<double> want;
-  std::map<std::string, std::vector<float>> want_weights;
-  {
-    auto [model, trainer] = make();
-    for (int s = 0; s < 3; ++s) trainer->train_step();
-    const std::string path = trainer->save_checkpoint();
-    EXPECT_NE(path.find("tensor" + std::to_string(world->rank()) + "-of-"), std::string::npos) << path;
-    for (int s = 3; s < 6; ++s) want.push_back(trainer->train_step().loss);
-    for (const auto& [name, p] : model->named_parameters()) want_weights[name] = values(p);
-  }
-  auto [model, trainer] = make();
-  ASSERT_TRUE(trainer->resume_latest());
-  EXPECT_EQ(trainer->step(), 3);
-  for (int s = 3; s < 6; ++s) {
-    const double loss = trainer->train_step().loss;
-    EXPECT_EQ(loss, want[static_cast<std::size_t>(s - 3)]) << "step " << s + 1;
-  }
-  for (const auto& [name, p] : model->named_parameters())
-    EXPECT_EQ(values(p), want_weights.at(name)) << where(world) << ": " << name;
+  const mt::dist_test::ResumeRuns runs = mt::dist_test::run_and_resume(make);
+  EXPECT_NE(runs.saved.find("tensor" + std::to_string(world->rank()) + "-of-"), std::string::npos) << runs.saved;
+  ASSERT_EQ(runs.resumed_at, 3);
+  EXPECT_EQ(runs.resumed, runs.went_on) << where(world);
+  EXPECT_EQ(runs.resumed_weights, runs.went_on_weights) << where(world);
 
   // The whole model alone cannot take a rank's part.
   TrainerConfig alone = config;
