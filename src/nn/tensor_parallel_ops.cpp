@@ -75,14 +75,9 @@ Tensor vocab_parallel_embedding(const Tensor& rows, const Tensor& idx, std::int6
            dtype_name(idx.dtype()));
   check_cpu(idx, op, "idx");
   const std::int64_t R = rows.size(0);
-  // Every rank holds the same indices, so every rank refuses alike, before any exchange.
-  const Tensor checked = idx.contiguous();
-  for (std::int64_t i = 0; i < checked.numel(); ++i) {
-    const std::int64_t v = index_at(checked, i);
-    MT_CHECK(v >= 0 && v < vocab, op, "index {} at position {} is outside the vocabulary [0, {})", v, i, vocab);
-  }
   // Indices outside this rank's rows look up row 0 and are zeroed by the mask, so their gradient is zero too.
-  const Tensor& in = checked;
+  // Every rank holds the same indices, so every rank refuses a bad one alike, before any exchange.
+  const Tensor in = idx.contiguous();
   Tensor local = Tensor::empty(idx.shape(), DType::i64, Device::cpu());
   Shape mask_shape = idx.shape();
   mask_shape.push_back(1);
@@ -90,7 +85,9 @@ Tensor vocab_parallel_embedding(const Tensor& rows, const Tensor& idx, std::int6
   auto* l = local.data<std::int64_t>();
   auto* m = mask.data<float>();
   for (std::int64_t i = 0; i < in.numel(); ++i) {
-    const std::int64_t r = index_at(in, i) - first_row;
+    const std::int64_t v = index_at(in, i);
+    MT_CHECK(v >= 0 && v < vocab, op, "index {} at position {} is outside the vocabulary [0, {})", v, i, vocab);
+    const std::int64_t r = v - first_row;
     const bool mine = r >= 0 && r < R;
     l[i] = mine ? r : 0;
     m[i] = mine ? 1.0f : 0.0f;

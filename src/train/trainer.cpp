@@ -1,6 +1,5 @@
 // Trainer: the training loop (accumulation, clipping, schedule, eval) and fit()'s reporting around it.
 #include "memtrain/train/trainer.h"
-#include "memtrain/train/tensor_parallel.h"
 
 #include "memtrain/amp/autocast.h"
 #include "memtrain/amp/precision.h"
@@ -17,6 +16,7 @@
 #include "memtrain/optim/adafactor.h"
 #include "memtrain/optim/galore.h"
 #include "memtrain/optim/spec.h"
+#include "memtrain/train/tensor_parallel.h"
 #include "train/grad_norm.h"
 #include "train/gradient_tree.h"
 #include "train/layerwise.h"

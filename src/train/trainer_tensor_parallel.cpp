@@ -23,7 +23,7 @@ void Trainer::attach_tensor_parallel(std::shared_ptr<TensorParallelLink> link, c
                                    [&](const Tensor& p) { return p.impl_ptr() == t.impl_ptr(); });
     MT_CHECK(known || !t.requires_grad(), where, "a split parameter of shape {} is not one this trainer trains",
              shape_str(t.shape()));
-    split_params_.push_back(t.impl_ptr().get());
+    split_params_.insert(t.impl_ptr().get());
   }
   tensor_parallel_ = std::move(link);
 }
@@ -33,8 +33,7 @@ double Trainer::tensor_parallel_norm(const std::vector<Tensor>& params, std::vec
   // order, so every rank gets the same bits); the whole parameters are alike everywhere and count once.
   std::vector<Tensor> parts, whole;
   for (const Tensor& p : params) {
-    const bool split = std::find(split_params_.begin(), split_params_.end(), p.impl_ptr().get()) != split_params_.end();
-    (split ? parts : whole).push_back(p.grad());
+    (split_params_.count(p.impl_ptr().get()) > 0 ? parts : whole).push_back(p.grad());
     grads.push_back(p.grad());
   }
   double squares = 0.0;

@@ -64,6 +64,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace memtrain::nn {
@@ -267,7 +268,7 @@ class Trainer {
   std::shared_ptr<detail::SyncHooks> sync_hooks_;  // with sync_: its gradient-ready hooks
   std::shared_ptr<detail::PipelineStage> pipeline_;  // pipeline parallel (train/pipeline.h); null otherwise
   std::shared_ptr<TensorParallelLink> tensor_parallel_;  // tensor parallel (train/tensor_parallel.h); or null
-  std::vector<const void*> split_params_;  // tensor parallel: the parameters held in part, by their impl
+  std::unordered_set<const void*> split_params_;  // tensor parallel: the parameters held in part, by their impl
   // The global norm of params' gradients, and into `grads` what a clip scales: over every tensor-parallel rank's
   // parts; in the canonical order (ZeRO-2: over the shards' gradients; a pipeline: over every stage's); or alone.
   double tensor_parallel_norm(const std::vector<Tensor>& params, std::vector<Tensor>& grads) const;
