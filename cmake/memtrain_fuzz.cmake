@@ -42,8 +42,8 @@ set(MEMTRAIN_FUZZ_READER_SOURCES
   # the parsers of the settings TrainerConfig reads by name
   src/optim/spec_json.cpp src/amp/precision.cpp src/amp/fp8_state.cpp src/ckpt/policy.cpp src/ckpt/op_label.cpp)
 set(MEMTRAIN_FUZZ_CORE_SOURCES
-  src/core/tensor.cpp src/core/tensor_source.cpp src/core/storage.cpp src/core/allocator.cpp src/core/segment_pool.cpp
-  src/core/size_class_cache.cpp src/core/backend_registry.cpp src/core/cuda_module_loader.cpp
+  src/core/tensor.cpp src/core/tensor_source.cpp src/core/storage.cpp src/core/state_arena.cpp src/core/allocator.cpp
+  src/core/segment_pool.cpp src/core/size_class_cache.cpp src/core/backend_registry.cpp src/core/cuda_module_loader.cpp
   src/cpu/cpu_backend.cpp src/meta/meta_backend.cpp
   # a setting's default or name, in a TU that is mostly tensor code (TrainerConfig, GPTConfig::validate)
   src/optim/spec.cpp src/optim/adamw.cpp src/optim/optimizer.cpp src/optim/galore_projector.cpp

@@ -30,7 +30,7 @@ struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, param_dtype, weight_casts, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
-      grad_compression, pipeline_schedule, galore_targets, lora_targets, save_adapter, load_adapter;
+      grad_compression, offload_optimizer, pipeline_schedule, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
       pipeline_stages, tensor_parallel, checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
   std::optional<double> galore_scale, lora_alpha, lora_dropout;
@@ -83,6 +83,7 @@ train::TrainerConfig resolve_config(const Flags& f) {
   if (f.micro_batch) c.micro_batch = *f.micro_batch;
   if (f.grad_accum) c.grad_accum = *f.grad_accum;
   if (f.grad_compression) c.grad_compression = *f.grad_compression;
+  if (f.offload_optimizer) c.offload_optimizer = *f.offload_optimizer;
   if (f.optimizer || f.lr)
     c.optimizer = optim::spec_from_name(f.optimizer.value_or(std::string(optim::kind_name(c.optimizer.kind))),
                                         f.lr.value_or(c.optimizer.lr), c.optimizer.weight_decay);
@@ -406,6 +407,9 @@ int main(int argc, char** argv) {
   app.add_option("--grad-compression", f.grad_compression,
                  "data parallel: none (default) or dgc:RATIO[,momentum=M][,warmup=STEPS], Deep Gradient Compression "
                  "sending only the largest (1 - RATIO) of each gradient tensor per step (e.g. dgc:0.999)");
+  app.add_option("--offload-optimizer", f.offload_optimizer,
+                 "none (default) or file:DIR: the optimizer state in memory-mapped files under DIR, stepped a slice at "
+                 "a time, so the process holds none of it between steps (same results; DIR must exist)");
   app.add_option("--checkpoint-interval", f.checkpoint_interval, "steps between checkpoints (0: none; default 200)");
   app.add_option("--max-bad-steps", f.max_bad_steps,
                  "stop after this many skipped (non-finite) steps in a row, keeping the last good checkpoint "

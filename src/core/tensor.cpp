@@ -5,6 +5,7 @@
 #include "core/backend.h"
 #include "core/convert.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/core/state_arena.h"
 
 #include <algorithm>
 #include <cmath>
@@ -189,7 +190,13 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   t.fill_(value);
   return t;
 }
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  // Offloaded optimizer state in a new file reads as zeros already: writing them would make its pages resident.
+  if (const StateArena* arena = t.storage()->arena(); arena != nullptr && arena->zero_filled()) return t;
+  t.fill_(0.0);
+  return t;
+}
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 
 Tensor arange(double start, double end, double step, DType dtype) {

@@ -4,9 +4,11 @@
 
 #include "io/atomic_file.h"
 #include "io/tensor_pieces.h"
+#include "memtrain/core/state_arena.h"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <set>
@@ -58,6 +60,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   StagingBuffer staging;  // for tensors whose bytes are not contiguous in host memory
   for (const auto& entry : tensors) {
     const Tensor& t = entry.second;
+    if (in_state_arena(t) && t.is_contiguous()) {
+      // Offloaded optimizer state (core/state_arena.h): each run of bytes goes back to its file once written, so
+      // the save holds no more of the state than a step does.
+      const Tensor flat = t.view({t.numel()});
+      const std::int64_t run = std::max<std::int64_t>(1, static_cast<std::int64_t>(kStagingBytes / t.element_size()));
+      for (std::int64_t a = 0; a < t.numel(); a += run) {
+        const Tensor piece = flat.narrow(0, a, std::min(run, t.numel() - a));
+        out.write(piece.data_ptr(), piece.nbytes());
+        release_state_pages(piece);
+      }
+      continue;
+    }
     if (contiguous_in_host_memory(t)) {
       if (t.nbytes() > 0) out.write(t.data_ptr(), t.nbytes());
       continue;

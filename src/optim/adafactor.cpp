@@ -48,7 +48,7 @@ void Adafactor::shard_rows(RowShards shards) {
   shards_ = std::move(shards);
 }
 
-StepReport Adafactor::step() { return shards_.gather ? step_row_shards() : Optimizer::step(); }
+StepReport Adafactor::step_all() { return shards_.gather ? step_row_shards() : Optimizer::step_all(); }
 
 namespace {
 

@@ -252,6 +252,12 @@ void GaLore::step_projected(Tensor& param, const Tensor& R, const ParamGroup& gr
     entry.projector->project_back_add(delta, param, 1.0f);  // param += project_back(delta), then decays
     if (decay != 1.0f) ops::mul_(param, decay);
   }
+  release_basis(entry);
+}
+
+void GaLore::release_basis(const Entry& entry) {
+  release_state_pages(entry.projector->left_matrix());
+  release_state_pages(entry.projector->right_matrix());
 }
 
 bool GaLore::steps_in_slices(std::size_t index) const {
@@ -469,6 +475,7 @@ void GaLore::load_rule_state(const TensorSource& dict) {
         std::memcpy(&state.seed, rng_c.data<std::int64_t>(), sizeof(state.seed));
         std::memcpy(&state.offset, rng_c.data<std::int64_t>() + 1, sizeof(state.offset));
         e.projector->restore(m, n, left, right, state, count.contiguous().data<std::int64_t>()[0], param.device());
+        release_basis(e);
       }
       ++i;
     }
@@ -501,6 +508,33 @@ std::size_t GaLore::plain_state_bytes() const {
 void GaLore::reset_state(const Tensor& param) {
   MT_CHECK(false, "GaLore::reset_state", "GaLore cannot free one parameter's state (shape {}): its projected state "
            "lives with a projector that is not rebuilt mid-run", shape_str(param.shape()));
+}
+
+std::size_t GaLore::planned_state_bytes() const {
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const Tensor& param = param_of(i);
+    if (narrow_params().kahan && param.dtype() == DType::bf16) total += param.nbytes();  // its compensation
+    if (!entries_[i].projector) {
+      ParamGroup twin = group_of(i);
+      twin.params = {Tensor::empty(param.shape(), param.dtype(), Device::meta())};
+      twin.whole_shape.clear();
+      total += rule_->state_bytes_of(twin.params.front(), twin);
+      continue;
+    }
+    const std::int64_t m = param.size(0), n = param.size(1);
+    const auto side = GaLoreProjector::side_for(galore_.proj_type, m, n);
+    const Shape r_shape = GaLoreProjector::projected_shape(side, m, n, galore_.rank);
+    ParamGroup twin = group_of(i);
+    twin.params = {Tensor::empty(r_shape, DType::f32, Device::meta())};
+    twin.whole_shape.clear();
+    total += rule_->state_bytes_of(twin.params.front(), twin);
+    // The basis: P (m, r) on the left, Q (n, r) on the right, both for the full projection.
+    const bool left = side != GaLoreProjector::Side::right, right = side != GaLoreProjector::Side::left;
+    const std::int64_t r = left ? r_shape[0] : r_shape[1];
+    total += sizeof(float) * static_cast<std::size_t>(r * ((left ? m : 0) + (right ? n : 0)));
+  }
+  return total;
 }
 
 std::size_t GaLore::rule_state_bytes() const {

@@ -177,8 +177,30 @@ void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamG
     const Tensor kept = stored.narrow(0, a, len);
     const Tensor kept_comp = comp.defined() ? comp.narrow(0, a, len) : Tensor();
     Tensor wide = widened(kept, kept_comp);
+    for (const auto& [state_name, t] : part.tensors) prepare_state_pages(t);
     update(wide, g.narrow(0, a, len), group, part);
     backend.round_into_bf16(kept, wide, kept_comp, narrow.rule.seed, stream, static_cast<std::uint64_t>(a));
+    for (const auto& [state_name, t] : part.tensors) release_state_pages(t);
+    release_state_pages(kept_comp);
+  }
+}
+
+void Optimizer::update_offloaded(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state) {
+  const std::int64_t block = elementwise_block();
+  const std::int64_t n = target.numel();
+  const std::int64_t slice = std::max(block, narrow_.slice_elements / block * block);
+  const Tensor flat = target.detach().view({n});
+  const Tensor g = grad.contiguous().view({n});
+  for (std::int64_t a = 0; a < n; a += slice) {
+    const std::int64_t len = std::min(slice, n - a);
+    ParamState part;
+    part.step = state.step;
+    for (const auto& [state_name, t] : state.tensors)
+      part.tensors[state_name] = state_slice(t, state_name, n, a, len, block, name());
+    Tensor kept = flat.narrow(0, a, len);
+    for (const auto& [state_name, t] : part.tensors) prepare_state_pages(t);
+    update(kept, g.narrow(0, a, len), group, part);
+    for (const auto& [state_name, t] : part.tensors) release_state_pages(t);
   }
 }
 
@@ -224,6 +246,8 @@ void Optimizer::ensure_state(const Tensor& target, const ParamGroup& group, Para
     state.tensors.clear();
     throw;
   }
+  // Offloaded: what init_state wrote (8-bit zeros are not zero bytes) goes to the files before the step.
+  for (const auto& [state_name, t] : state.tensors) release_state_pages(t);
 }
 
 void Optimizer::for_each_slot(
@@ -238,11 +262,18 @@ void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup&
   ensure_state(target, group, state);
   ++state.step;
   CategoryGuard category(MemoryCategory::workspace);
+  const bool offloaded = std::any_of(state.tensors.begin(), state.tensors.end(),
+                                     [](const auto& entry) { return in_state_arena(entry.second); });
   if (narrow != nullptr && target.dtype() == DType::bf16) {
     update_narrow(target, grad, group, state, *narrow);
+  } else if (offloaded && elementwise_block() > 0 && target.dtype() == DType::f32 && target.is_contiguous()) {
+    update_offloaded(target, grad, group, state);
   } else {
     update(target, grad, group, state);
   }
+  // What a rule that couples its elements touched, all at once (Adafactor's statistics, GaLore's projectors).
+  if (offloaded)
+    for (const auto& [state_name, t] : state.tensors) release_state_pages(t);
 }
 
 bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
@@ -254,11 +285,53 @@ bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGro
   if (!grad_checked && !is_finite(grad)) return false;
   MT_CHECK(narrow == nullptr || slices_narrow_params(), name(), "step_external: a bf16 target in slices needs a "
            "rule that steps bf16 parameters in slices, and {} does not", name());
+  const std::optional<StateArenaGuard> placed = place_state();
   apply_rule(target, grad, group, state.state_, narrow);
   return true;
 }
 
+std::optional<StateArenaGuard> Optimizer::place_state() const {
+  if (!state_arena_) return std::nullopt;
+  return std::optional<StateArenaGuard>(std::in_place, state_arena_);
+}
+
+void Optimizer::set_state_arena(std::shared_ptr<StateArena> arena) {
+  MT_CHECK(state_bytes() == 0, name(), "set_state_arena: the optimizer holds {} bytes of state already; choose "
+           "where state lives before the first step", state_bytes());
+  state_arena_ = std::move(arena);
+}
+
+std::size_t Optimizer::state_bytes_of(const Tensor& target, const ParamGroup& group) const {
+  autograd::NoGradGuard no_grad;
+  CategoryGuard category(MemoryCategory::optimizer_state);
+  ParamState state;
+  // init_state only allocates (it is not const because a step's call fills the optimizer's own slots).
+  const_cast<Optimizer*>(this)->init_state(target, group, state);
+  std::size_t total = 0;
+  for (const auto& [state_name, t] : state.tensors) total += t.nbytes();
+  return total;
+}
+
+std::size_t Optimizer::planned_state_bytes() const {
+  std::size_t total = 0;
+  for (const ParamGroup& group : groups_) {
+    // Twins in a twin group: a rule that decides by the whole tensor (whole_shape) finds them there.
+    ParamGroup twins = group;
+    for (Tensor& p : twins.params) p = Tensor::empty(p.shape(), p.dtype(), Device::meta());
+    for (const Tensor& twin : twins.params) {
+      total += state_bytes_of(twin, twins);
+      if (narrow_.kahan && twin.dtype() == DType::bf16) total += twin.nbytes();
+    }
+  }
+  return total;
+}
+
 StepReport Optimizer::step() {
+  const std::optional<StateArenaGuard> placed = place_state();
+  return step_all();
+}
+
+StepReport Optimizer::step_all() {
   StepReport report;
   // Walk slots in state_dict order so that a step is reproducible whatever the hash-map order.
   std::vector<const Slot*> order(states_.size());
@@ -273,7 +346,10 @@ StepReport Optimizer::step() {
   return report;
 }
 
-bool Optimizer::step_param(const Tensor& param) { return step_slot(slot_of(param)) == Outcome::updated; }
+bool Optimizer::step_param(const Tensor& param) {
+  const std::optional<StateArenaGuard> placed = place_state();
+  return step_slot(slot_of(param)) == Outcome::updated;
+}
 
 void Optimizer::zero_grad(bool set_to_none) {
   std::vector<Tensor> all;
@@ -329,6 +405,7 @@ Optimizer::ParamState Optimizer::load_state(const TensorSource& dict, const std:
              shape_str(found->shape), dtype_name(found->dtype), shape_str(t.shape()), dtype_name(t.dtype()),
              shape_str(target.shape()));
     dict.read_into(key, t);
+    release_state_pages(t);
     used.insert(key);
   }
   return state;
@@ -354,6 +431,7 @@ std::optional<std::string> compensation_index(const std::string& key) {
 
 void Optimizer::load_state_dict(const TensorSource& dict) {
   const std::string where = fmt::format("{}::load_state_dict", name());
+  const std::optional<StateArenaGuard> placed = place_state();
   std::vector<Tensor> fresh(compensations_.size());
   for (const std::string& key : dict.names()) {
     const auto number = compensation_index(key);
@@ -374,6 +452,7 @@ void Optimizer::load_state_dict(const TensorSource& dict) {
     CategoryGuard category(MemoryCategory::optimizer_state);
     fresh[index] = Tensor::empty(t.shape, DType::bf16, param->device());
     dict.read_into(key, fresh[index]);
+    release_state_pages(fresh[index]);
   }
   load_rule_state(dict);
   compensations_ = std::move(fresh);

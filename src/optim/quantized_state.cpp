@@ -13,6 +13,7 @@
 #include "memtrain/optim/quantized_state.h"
 
 #include "memtrain/core/allocator.h"
+#include "memtrain/core/state_arena.h"
 #include "cpu/quantized_kernels.h"
 
 #include <algorithm>
@@ -376,8 +377,15 @@ QuantizedState::QuantizedState(std::int64_t numel, QuantMap map, std::int64_t bl
   CategoryGuard guard(MemoryCategory::optimizer_state);
   codes_ = Tensor::empty({numel}, DType::u8);
   absmax_ = Tensor::empty({num_blocks()}, DType::f32);
-  std::memset(codes_.data<std::uint8_t>(), encoder(map).zero_code, static_cast<std::size_t>(numel));
+  // 16 MiB at a time, each handed back once written: offloaded state (core/state_arena.h) is never all resident.
+  constexpr std::int64_t kPiece = std::int64_t{1} << 24;
+  for (std::int64_t at = 0; at < numel; at += kPiece) {
+    const std::int64_t len = std::min(kPiece, numel - at);
+    std::memset(codes_.data<std::uint8_t>() + at, encoder(map).zero_code, static_cast<std::size_t>(len));
+    release_state_pages(codes_.narrow(0, at, len));
+  }
   std::fill_n(absmax_.data<float>(), num_blocks(), 0.0f);
+  release_state_pages(absmax_);
 }
 
 QuantizedState::QuantizedState(Tensor codes, Tensor absmax, QuantMap map, std::int64_t block_size)

@@ -37,6 +37,7 @@ nlohmann::json RunSummary::to_json() const {
       {"peak_bytes_by_category", by_category},
       {"peak_bytes_total", peak_bytes_total},
       {"optimizer_state_bytes", optimizer_state_bytes},
+      {"offloaded_state_bytes", offloaded_state_bytes},
       {"peak_rss_bytes", peak_rss_bytes},
       {"reserved_bytes", reserved_bytes},
       {"reserved_peak_bytes", reserved_peak_bytes},

@@ -211,6 +211,7 @@ void Trainer::setup(std::shared_ptr<const data::Dataset> train) {
   if (config_.param_dtype != amp::ParamDtype::f32)
     optimizer_->set_narrow_params({.seed = config_.seed, .kahan = config_.param_dtype == amp::ParamDtype::bf16_kahan});
   for (const auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.lr);
+  set_up_offload();
   if (config_.layerwise_update) layerwise_ = detail::LayerwiseUpdater::install(*optimizer_, config_.grad_clip);
   if (config_.lisa_layers > 0)
     lisa_ = std::make_unique<detail::Lisa>(*model_, config_.lisa_layers, config_.lisa_interval, config_.seed,
@@ -457,9 +458,11 @@ void Trainer::shard_optimizer() {
     sharded->shard_projected_state({[range_of](std::int64_t numel) { return range_of(numel, kBlock8bit); },
                                     [this](Tensor& flat) { sync_->gather_shards({flat}, {kBlock8bit}); }});
     optimizer_ = std::move(sharded);
+    if (offload_) optimizer_->set_state_arena(offload_);
     return;
   }
   optimizer_ = config_.optimizer.make(std::move(groups));
+  if (offload_) optimizer_->set_state_arena(offload_);
   if (by_rows) shard_adafactor_rows();
 }
 
@@ -810,6 +813,7 @@ RunSummary Trainer::summarize(const std::vector<StepMetrics>& ran) const {
         },
         "rank", allocator.stats(), optimizer_->state_bytes());
   }
+  if (offload_) summary.offloaded_state_bytes = offload_->peak_bytes();
   summary.device = device_.str();
   summary.host_peak_bytes = Allocator::get(Device::cpu()).stats().peak_bytes;
   if (summary.final_val_loss) summary.final_eval = last_eval_;
@@ -842,6 +846,7 @@ RunSummary Trainer::fit() {
   if (writes && !config_.summary_path.empty())
     ::memtrain::detail::require_writable_dir(directory_of(config_.summary_path), "Trainer::fit",
                                              "the directory of summary_path");
+  if (offload_) check_offload_room();
   if (writes && !config_.metrics_path.empty()) metrics.emplace(config_.metrics_path, /*append=*/step_ > 0);
   std::optional<detail::ProgressPrinter> progress;
   if (writes) progress.emplace(config_.max_steps, config_.log_interval, ::isatty(STDERR_FILENO) == 1);
@@ -894,6 +899,9 @@ RunSummary Trainer::fit() {
   // A device run has two reports: the host's (data batches, staging) and the device's (the training).
   if (&host != &allocator) std::fprintf(stderr, "%s", host.report().c_str());
   std::fprintf(stderr, "%s", allocator.report().c_str());
+  if (offload_)
+    fmt::print(stderr, "optimizer state in {}: {} (not in the figures above)\n", offload_->where(),
+               detail::format_bytes(summary.offloaded_state_bytes));
   fmt::print(stderr, "{} steps{}, final loss {:.4f}{}, {} tokens/s, median step {:.3f} s, peak {}, peak RSS {}\n",
              summary.steps,
              summary.skipped_steps > 0 ? fmt::format(" ({} skipped)", summary.skipped_steps) : std::string(),

@@ -94,6 +94,7 @@ void visit_settings(Config& c, Visitor& v) {
   v.field("pipeline_schedule", c.pipeline_schedule);
   v.field("tensor_parallel", c.tensor_parallel);
   v.field("grad_compression", c.grad_compression);
+  v.field("offload_optimizer", c.offload_optimizer);
   v.field("canonical_reduction", c.canonical_reduction);
   v.field("head_gradients_in_forward", c.head_gradients_in_forward);
   v.field("head_gemms_in_compute_dtype", c.head_gemms_in_compute_dtype);
@@ -271,6 +272,15 @@ Device device_from_name(const std::string& name, const char* where) {
 }
 
 // ---- validate ------------------------------------------------------------------------------------------
+
+std::string offload_directory(const std::string& spec) {
+  if (spec == "none") return {};
+  MT_CHECK(spec != "host", kWhere, "offload_optimizer 'host' keeps a device run's optimizer state in host memory, "
+           "which is not built yet (a CPU run's state is in host memory already: use file:DIR to move it out)");
+  MT_CHECK(spec.starts_with("file:") && spec.size() > 5, kWhere, "offload_optimizer '{}' is not \"none\" or "
+           "\"file:DIR\" (DIR an existing, writable directory)", spec);
+  return spec.substr(5);
+}
 
 GradCompression parse_grad_compression(const std::string& spec) {
   GradCompression c;
@@ -473,6 +483,10 @@ void TrainerConfig::validate() const {
     MT_CHECK(device.is_cpu() || device.is_meta(), kWhere, "grad_compression '{}' on {}: the top-k selection and the "
              "sparse exchange run on the CPU (MPI) only", grad_compression, device.str());
   }
+  if (!offload_directory(offload_optimizer).empty())
+    MT_CHECK(device.is_cpu() || device.is_meta(), kWhere, "offload_optimizer '{}' on {}: file offload keeps a CPU "
+             "run's state; a device run's state lives on the device (offloading it is not built yet)",
+             offload_optimizer, device.str());
   MT_CHECK(!lora.enabled() || world_size == 1, kWhere,
            "lora (rank {}) with world_size {}: data parallel over adapters is not built yet; train LoRA on one rank",
            lora.rank, world_size);

@@ -8,6 +8,7 @@
 // does not match the launcher's is refused.
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/core/state_arena.h"
 #include "memtrain/dist/communicator.h"
 #include "memtrain/dist/data_parallel.h"
 #include "memtrain/io/safetensors.h"
@@ -263,6 +264,29 @@ TEST(DataParallel, ZeroShardsTheStateAndKeepsTheBits) {
               zero1_state_bytes(*dp.model, eight_bit, galore_rank, world->rank(), world->size())) << what;
     if (world->size() > 1)
       EXPECT_LT(dp.trainer->optimizer().state_bytes(), alone.trainer->optimizer().state_bytes()) << what;
+  }
+}
+
+// Optimizer offload to files (TrainerConfig::offload_optimizer) at every ZeRO stage: each rank's state, or its
+// shards of it, in its files; the same bits as the run alone with its state in memory.
+TEST(DataParallel, OffloadedStateKeepsTheBitsAtEveryZeroStage) {
+  auto world = mt::dist::world();
+  for (const mt::optim::Spec& spec : {mt::optim::Spec::adamw({.lr = 1e-2, .weight_decay = 0.1}),
+                                      mt::optim::Spec::adamw8bit({.lr = 1e-2, .weight_decay = 0.1})}) {
+    Fixture alone = make(config_for(spec, 0, 1, world->size()), mt::dist::single_process());
+    const RunResult want = finish(alone);
+    for (const std::int64_t stage : {0, 1, 2}) {
+      TrainerConfig c = config_for(spec, 0, world->size(), world->size());
+      c.zero = stage;
+      // One directory for every rank (one config): each makes its own files there, gone as they are made.
+      c.offload_optimizer = "file:" + std::filesystem::temp_directory_path().string();
+      Fixture dp = make(c, world);
+      const std::string what = spec.to_string() + " offloaded, zero " + std::to_string(stage) + " at " +
+                               std::to_string(world->size());
+      expect_same_bits(finish(dp), want, what);
+      for (const auto& [key, t] : dp.trainer->optimizer().state_view())
+        EXPECT_TRUE(key.ends_with(".step") || mt::in_state_arena(t)) << what << ": " << key;
+    }
   }
 }
 

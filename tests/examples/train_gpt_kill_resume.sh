@@ -6,13 +6,19 @@
 #   - kills did land inside saves (a temp file was left behind), so the test saw what it is about;
 #   - the run, finished after the last kill, ends with a checkpoint byte-identical to that of the same run
 #     never killed.
-#   train_gpt_kill_resume.sh <memtrain_train_gpt binary> <corpus.txt> <scratch dir> [kills, default 50]
+# With OFFLOAD=1 both runs keep the optimizer state in files (--offload-optimizer file:DIR): a kill mid-step
+# leaves nothing there that a restart could trust, and the restart resumes from the checkpoint.
+#   [OFFLOAD=1] train_gpt_kill_resume.sh <memtrain_train_gpt binary> <corpus.txt> <scratch dir> [kills, default 50]
 set -euo pipefail
 bin=$1 corpus=$2 dir=$3 kills=${4:-50}
 rm -rf "$dir" && mkdir -p "$dir"
 steps=400
 args=(--model tiny --vocab-size 300 --data "$corpus" --data-dir "$dir/data" --micro-batch 4 --sample-tokens 0
       --steps "$steps" --checkpoint-interval 1 --out-dir "$dir/run")
+if [[ ${OFFLOAD:-0} == 1 ]]; then
+  mkdir -p "$dir/offload"
+  args+=(--offload-optimizer "file:$dir/offload")
+fi
 # Checkpoint paths are in each checkpoint's config: both runs use the same --out-dir, the reference moved away.
 "$bin" "${args[@]}" > "$dir/reference.log" 2>&1 || { cat "$dir/reference.log"; exit 1; }
 mv "$dir/run" "$dir/reference"
@@ -76,6 +82,9 @@ echo "$kills kills: $mid_save inside a save, $checked restarts seen resuming fro
 "$bin" "${args[@]}" --resume > "$dir/finish.log" 2>&1 || { cat "$dir/finish.log"; exit 1; }
 cmp "$dir/reference/checkpoints/$final" "$dir/run/checkpoints/$final" ||
   { echo "the killed and resumed run ended with other bits than the run never killed"; exit 1; }
+if [[ ${OFFLOAD:-0} == 1 && -n $(ls -A "$dir/offload") ]]; then
+  echo "state files outlived their runs:"; ls -l "$dir/offload"; exit 1
+fi
 if compgen -G "$dir/run/checkpoints/*.tmp.*" > /dev/null; then
   echo "temp files of killed saves are left after a complete run:"; ls "$dir/run/checkpoints"; exit 1
 fi

@@ -1,6 +1,7 @@
 // Storage: one allocation of bytes on one device, shared by every tensor that views it. Its bytes are
 // accounted to the category that was current when it was created (or the one set_category moved them to),
-// until the last view lets go.
+// until the last view lets go. Optimizer state made while a StateArenaGuard is alive comes from that arena
+// instead (core/state_arena.h), which counts it; the device's allocator does not.
 #pragma once
 
 #include "memtrain/core/allocator.h"
@@ -10,6 +11,8 @@
 #include <memory>
 
 namespace memtrain {
+
+class StateArena;  // core/state_arena.h
 
 class Storage {
  public:
@@ -23,11 +26,15 @@ class Storage {
   Device device() const { return device_; }
   MemoryCategory category() const { return block_.category; }
   // Accounts the bytes under `category` from now on (Allocator::recategorize), for every view of them.
+  // Not for an arena's bytes: those are optimizer state for good.
   void set_category(MemoryCategory category);
+  // The arena the bytes come from, or null when they come from the device's allocator.
+  StateArena* arena() const { return arena_.get(); }
 
  private:
   Device device_;
   Block block_;
+  std::shared_ptr<StateArena> arena_;
 };
 
 }  // namespace memtrain

@@ -55,11 +55,11 @@ class Adafactor : public Optimizer {
   // Before the first step: the groups hold every rank's row views (see above), empty ones included, and the
   // step exchanges through `shards`. CPU (and meta) parameters only.
   void shard_rows(RowShards shards);
-  StepReport step() override;
   // A bf16 parameter (no f32 master) is stepped a slice at a time: update_narrow.
   bool slices_narrow_params() const override { return true; }
 
  protected:
+  StepReport step_all() override;
   void init_state(const Tensor& param, const ParamGroup& group, ParamState& state) override;
   void update(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state) override;
   void update_narrow(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,

@@ -104,6 +104,9 @@ class GaLore final : public Optimizer {
   void reset_state(const Tensor& param) override;
 
   std::size_t rule_state_bytes() const override;  // the three below
+  // The base state of every parameter (R's shape when projected, whole: an upper bound under StateShards) and
+  // every projector's basis.
+  std::size_t planned_state_bytes() const override;
   std::size_t projected_state_bytes() const;  // base state of the projected parameters (R's shapes)
   std::size_t projector_bytes() const;        // the projectors' bases
   std::size_t plain_state_bytes() const;      // base state of the plain parameters
@@ -169,6 +172,8 @@ class GaLore final : public Optimizer {
   GaLoreProjectorOptions projector_options(std::size_t index) const;
   // One update of a projected parameter from its projected gradient R (the projector has just seen G).
   void step_projected(Tensor& param, const Tensor& R, const ParamGroup& group, Entry& entry);
+  // Offloaded state (Optimizer::set_state_arena): the basis goes back to its files until a step reads it again.
+  static void release_basis(const Entry& entry);
   Entry& projected_entry(const Tensor& param, const char* who);
   const ParamGroup& group_of(std::size_t index) const;
 

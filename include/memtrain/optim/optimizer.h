@@ -15,6 +15,7 @@
 // that state (and their own) in place of the per-parameter state kept here.
 #pragma once
 
+#include "memtrain/core/state_arena.h"
 #include "memtrain/core/tensor.h"
 #include "memtrain/core/tensor_source.h"
 
@@ -22,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -88,9 +90,8 @@ class Optimizer {
 
   virtual std::string_view name() const = 0;
 
-  // Steps every parameter with a gradient (virtual: an optimizer whose step couples its parameters, as
-  // Adafactor over ZeRO row shards does, runs its own).
-  virtual StepReport step();
+  // Steps every parameter with a gradient (step_all).
+  StepReport step();
   // Updates one parameter (must belong to a group) from its current grad(); false when skipped
   // (no gradient, or a non-finite one).
   bool step_param(const Tensor& param);
@@ -126,7 +127,25 @@ class Optimizer {
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 
+  // Optimizer offload (core/state_arena.h): from now on the state this optimizer makes (a step's, a load's, a
+  // wrapper's own) takes its bytes from `arena` on the devices it serves; null: from the device's allocator as
+  // before. Before any state exists. An elementwise rule then steps a parameter a slice of
+  // NarrowParams::slice_elements at a time and hands each slice's state back to the arena (release) once
+  // stepped, as does a checkpoint save once it has written a state tensor: with FileArena the process holds the
+  // state of one slice at a time, with the same bits as in memory.
+  void set_state_arena(std::shared_ptr<StateArena> arena);
+  const std::shared_ptr<StateArena>& state_arena() const { return state_arena_; }
+  // The bytes of state a step of every parameter makes (state_bytes() after it; before the first step, what it
+  // will be): for the start-up check of an offload directory. Default: init_state on a meta twin of each
+  // parameter, plus the Kahan compensations of bf16 parameters; GaLore adds its projectors.
+  virtual std::size_t planned_state_bytes() const;
+  // The bytes init_state makes for `target` in `group` (which holds it): on a meta target, nothing is allocated.
+  std::size_t state_bytes_of(const Tensor& target, const ParamGroup& group) const;
+
  protected:
+  // step()'s work (virtual: an optimizer whose step couples its parameters, as Adafactor over ZeRO row shards
+  // does, runs its own).
+  virtual StepReport step_all();
   // Per-parameter state: named tensors (allocated by the optimizer under optimizer_state) and a step count.
   struct ParamState {
     std::int64_t step = 0;
@@ -249,6 +268,12 @@ class Optimizer {
                   const NarrowStep* narrow = nullptr);
   void update_in_slices(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
                         const NarrowStep& narrow);
+  // An f32 target of an elementwise rule whose state is in an arena: update() a slice at a time, each slice's
+  // state released to the arena after it.
+  void update_offloaded(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state);
+  // The arena guard of this optimizer's entry points; empty without an arena (a wrapper's rule keeps its
+  // wrapper's).
+  std::optional<StateArenaGuard> place_state() const;
   void save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
   ParamState load_state(const TensorSource& dict, const std::string& prefix, const Tensor& target,
                         const ParamGroup& group, std::set<std::string>& used, std::string_view where);
@@ -258,6 +283,7 @@ class Optimizer {
   std::vector<ParamState> states_;  // by slot index
   NarrowParams narrow_;
   std::vector<Tensor> compensations_;  // by slot index: Kahan's bf16 remainders, once a bf16 parameter steps
+  std::shared_ptr<StateArena> state_arena_;
 };
 
 }  // namespace memtrain::optim

@@ -141,6 +141,8 @@ struct RunSummary {
   std::map<std::string, std::size_t> peak_bytes_by_category;  // what was live per category at the total peak
   std::size_t peak_bytes_total = 0;
   std::size_t optimizer_state_bytes = 0;
+  // With config.offload_optimizer: the most optimizer state its files held, outside the peaks above; 0 otherwise.
+  std::size_t offloaded_state_bytes = 0;
   std::size_t peak_rss_bytes = 0;
   std::size_t reserved_bytes = 0;  // the device allocator's reserved bytes at the end (blocks in use + cache)
   std::size_t reserved_peak_bytes = 0;  // their peak over the run
@@ -288,6 +290,12 @@ class Trainer {
   bool writes_checkpoint() const;
   bool resume_latest_part();
   bool user_optimizer_ = false;                    // given to the constructor, not built from the config
+  // config.offload_optimizer (trainer_offload.cpp): the arena the optimizer's state lives in, or null. Set on
+  // every optimizer the trainer builds (setup, ZeRO's shards) before it makes any state.
+  std::shared_ptr<StateArena> offload_;
+  void set_up_offload();
+  // fit()'s start-up check: the directory has room for the state the next step makes (none once it exists).
+  void check_offload_room() const;
   // ZeRO-1 (config.zero >= 1 with a sync): the optimizer holds views of this rank's shard of each parameter;
   // whole_params_ are the parameters themselves, in the groups' order. A GaLore-projected weight is held whole
   // (every rank steps it alike) and only its state is sharded, over the elements of its projected gradient R.

@@ -101,6 +101,12 @@ struct TrainerConfig {
   // (1 - RATIO) of each tensor's accumulated gradient as (index, value) pairs and keeps the rest for later
   // steps (parse_grad_compression). ZeRO 0 only, on the CPU, not with layer-wise updates or fp16.
   std::string grad_compression = "none";
+  // Optimizer offload: "none"; "file:DIR" keeps the optimizer state in memory-mapped files under DIR
+  // (core/file_arena.h), stepped a slice at a time, so the process holds only the slice it steps: the same bits
+  // as in memory, its peak RSS lower by the state's bytes. DIR must exist and be writable, with room for the
+  // state: fit() checks both before its first step, naming the bytes. CPU runs; "host" (a device run's state in
+  // host memory) is not built yet.
+  std::string offload_optimizer = "none";
   // Sums a step's micro-batch gradients in the canonical tree order (train/gradient_tree.h) instead of adding
   // each into .grad as it comes: costs up to log2(grad_accum) extra gradient sets, and gives the bits of a
   // data-parallel run of the same global batch at any world size. Always on when world_size > 1, where it
@@ -211,6 +217,10 @@ struct GradCompression {
   bool enabled() const { return ratio > 0.0; }
 };
 GradCompression parse_grad_compression(const std::string& spec);
+
+// TrainerConfig::offload_optimizer's directory: "" for "none", DIR for "file:DIR". Throws
+// memtrain::Error("TrainerConfig", ...) naming the value otherwise.
+std::string offload_directory(const std::string& spec);
 
 // "cpu", "cuda", "cuda:N", "meta" -> Device; throws memtrain::Error(where, ...) naming the value otherwise.
 // Says nothing about whether the device exists (the Trainer checks that when it moves the model).
