@@ -255,6 +255,7 @@ StepReport Adafactor::step_row_shards() {
     af::apply(it.param->data<float>(), u.data<float>(), m == state.tensors.end() ? nullptr : m->second.data<float>(),
               it.param->numel(), af::clipped_scale(sum_sq, shape_numel(it.whole), it.group->lr, options_.clip_threshold),
               it.group->lr, it.group->weight_decay, it.group->beta1);
+    for (const auto& [name, t] : state.tensors) release_state_pages(t);  // offloaded (Optimizer::set_state_arena)
   }
   return report;
 }

@@ -326,6 +326,7 @@ GaLore::Entry& GaLore::projected_entry(const Tensor& param, const char* who) {
 }
 
 void GaLore::accumulate(const Tensor& param, const Tensor& grad) {
+  const std::optional<StateArenaGuard> placed = place_state();  // layer-wise: called outside step()
   const char* who = "GaLore::accumulate";
   Entry& entry = projected_entry(param, who);
   MT_CHECK(grad.defined() && grad.shape() == param.shape(), who, "param has shape {} but its grad has shape {}",
@@ -357,6 +358,7 @@ bool GaLore::has_accumulated(const Tensor& param) const {
 }
 
 Tensor GaLore::projected_gradient(const Tensor& param, const Tensor& grad) {
+  const std::optional<StateArenaGuard> placed = place_state();  // layer-wise: called outside step()
   const char* who = "GaLore::projected_gradient";
   Entry& entry = projected_entry(param, who);
   MT_CHECK(grad.defined() || has_accumulated(param), who,
@@ -370,6 +372,7 @@ Tensor GaLore::projected_gradient(const Tensor& param, const Tensor& grad) {
 }
 
 bool GaLore::step_projected_gradient(const Tensor& param, const Tensor& R) {
+  const std::optional<StateArenaGuard> placed = place_state();  // layer-wise: called outside step()
   const char* who = "GaLore::step_projected_gradient";
   const std::size_t index = index_of(param);
   Entry& entry = projected_entry(param, who);
@@ -524,7 +527,7 @@ std::size_t GaLore::planned_state_bytes() const {
     }
     const std::int64_t m = param.size(0), n = param.size(1);
     const auto side = GaLoreProjector::side_for(galore_.proj_type, m, n);
-    const Shape r_shape = GaLoreProjector::projected_shape(side, m, n, galore_.rank);
+    const Shape r_shape = projected_shape(param);
     ParamGroup twin = group_of(i);
     twin.params = {Tensor::empty(r_shape, DType::f32, Device::meta())};
     twin.whole_shape.clear();

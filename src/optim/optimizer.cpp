@@ -154,6 +154,23 @@ void Optimizer::update_narrow(Tensor& param, const Tensor& grad, const ParamGrou
   update_in_slices(param, grad, group, state, narrow);
 }
 
+void Optimizer::for_each_state_slice(
+    const ParamState& state, std::int64_t n, std::int64_t slice,
+    const std::function<void(std::int64_t a, std::int64_t len, ParamState& part)>& step) {
+  const std::int64_t block = elementwise_block();
+  for (std::int64_t a = 0; a < n; a += slice) {
+    const std::int64_t len = std::min(slice, n - a);
+    ParamState part;
+    part.step = state.step;
+    for (const auto& [state_name, t] : state.tensors) {
+      part.tensors[state_name] = state_slice(t, state_name, n, a, len, block, name());
+      prepare_state_pages(part.tensors[state_name]);
+    }
+    step(a, len, part);
+    for (const auto& [state_name, t] : part.tensors) release_state_pages(t);
+  }
+}
+
 void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamGroup& group, ParamState& state,
                                  const NarrowStep& narrow) {
   const std::int64_t block = elementwise_block();
@@ -168,40 +185,26 @@ void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamG
   const Tensor comp = narrow.compensation.defined() ? narrow.compensation.view({n}) : Tensor();
   const std::uint64_t stream = rounding_stream(narrow.index, state.step);
   const auto& backend = ::memtrain::detail::backend_for(param.device());
-  for (std::int64_t a = 0; a < n; a += slice) {
-    const std::int64_t len = std::min(slice, n - a);
-    ParamState part;
-    part.step = state.step;
-    for (const auto& [state_name, t] : state.tensors)
-      part.tensors[state_name] = state_slice(t, state_name, n, a, len, block, name());
+  for_each_state_slice(state, n, slice, [&](std::int64_t a, std::int64_t len, ParamState& part) {
     const Tensor kept = stored.narrow(0, a, len);
     const Tensor kept_comp = comp.defined() ? comp.narrow(0, a, len) : Tensor();
     Tensor wide = widened(kept, kept_comp);
-    for (const auto& [state_name, t] : part.tensors) prepare_state_pages(t);
     update(wide, g.narrow(0, a, len), group, part);
     backend.round_into_bf16(kept, wide, kept_comp, narrow.rule.seed, stream, static_cast<std::uint64_t>(a));
-    for (const auto& [state_name, t] : part.tensors) release_state_pages(t);
     release_state_pages(kept_comp);
-  }
+  });
 }
 
 void Optimizer::update_offloaded(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state) {
   const std::int64_t block = elementwise_block();
   const std::int64_t n = target.numel();
-  const std::int64_t slice = std::max(block, narrow_.slice_elements / block * block);
   const Tensor flat = target.detach().view({n});
   const Tensor g = grad.contiguous().view({n});
-  for (std::int64_t a = 0; a < n; a += slice) {
-    const std::int64_t len = std::min(slice, n - a);
-    ParamState part;
-    part.step = state.step;
-    for (const auto& [state_name, t] : state.tensors)
-      part.tensors[state_name] = state_slice(t, state_name, n, a, len, block, name());
-    Tensor kept = flat.narrow(0, a, len);
-    for (const auto& [state_name, t] : part.tensors) prepare_state_pages(t);
-    update(kept, g.narrow(0, a, len), group, part);
-    for (const auto& [state_name, t] : part.tensors) release_state_pages(t);
-  }
+  for_each_state_slice(state, n, std::max(block, narrow_.slice_elements / block * block),
+                       [&](std::int64_t a, std::int64_t len, ParamState& part) {
+                         Tensor kept = flat.narrow(0, a, len);
+                         update(kept, g.narrow(0, a, len), group, part);
+                       });
 }
 
 void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::function<void()>& rule) {
@@ -232,6 +235,7 @@ void Optimizer::step_in_f32(std::size_t index, Tensor& param, const std::functio
   const Tensor updated = param.detach();
   ::memtrain::detail::backend_for(param.device())
       .round_into_bf16(stored, updated, compensation, narrow_.seed, rounding_stream(index, steps_taken(index)), 0);
+  release_state_pages(compensation);
   param.set_data_and_dtype_(stored);
   param.set_grad(grad);
 }
@@ -271,9 +275,11 @@ void Optimizer::apply_rule(Tensor& target, const Tensor& grad, const ParamGroup&
   } else {
     update(target, grad, group, state);
   }
-  // What a rule that couples its elements touched, all at once (Adafactor's statistics, GaLore's projectors).
+  // What a rule that couples its elements touched, all at once (Adafactor's statistics and its bf16 compensation,
+  // GaLore's projectors).
   if (offloaded)
     for (const auto& [state_name, t] : state.tensors) release_state_pages(t);
+  if (narrow != nullptr) release_state_pages(narrow->compensation);
 }
 
 bool Optimizer::step_external(Tensor& target, const Tensor& grad, const ParamGroup& group, ExternalState& state,
@@ -305,7 +311,8 @@ std::size_t Optimizer::state_bytes_of(const Tensor& target, const ParamGroup& gr
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::optimizer_state);
   ParamState state;
-  // init_state only allocates (it is not const because a step's call fills the optimizer's own slots).
+  // init_state only allocates (it is not const because a step's call fills the optimizer's own slots). An 8-bit
+  // rule makes its codes on the CPU before moving them to the target's device.
   const_cast<Optimizer*>(this)->init_state(target, group, state);
   std::size_t total = 0;
   for (const auto& [state_name, t] : state.tensors) total += t.nbytes();
@@ -362,6 +369,7 @@ Tensor Optimizer::collected(const Tensor& t, StateCopy copy) {
   if (copy == StateCopy::none) return t.detach();
   Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
   out.copy_(t);
+  release_state_pages(t);  // offloaded: the copy is in memory, the state goes back to its files
   return out;
 }
 

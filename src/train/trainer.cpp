@@ -458,12 +458,11 @@ void Trainer::shard_optimizer() {
     sharded->shard_projected_state({[range_of](std::int64_t numel) { return range_of(numel, kBlock8bit); },
                                     [this](Tensor& flat) { sync_->gather_shards({flat}, {kBlock8bit}); }});
     optimizer_ = std::move(sharded);
-    if (offload_) optimizer_->set_state_arena(offload_);
-    return;
+  } else {
+    optimizer_ = config_.optimizer.make(std::move(groups));
   }
-  optimizer_ = config_.optimizer.make(std::move(groups));
   if (offload_) optimizer_->set_state_arena(offload_);
-  if (by_rows) shard_adafactor_rows();
+  if (galore == nullptr && by_rows) shard_adafactor_rows();
 }
 
 void Trainer::shard_adafactor_rows() {

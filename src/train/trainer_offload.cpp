@@ -3,6 +3,7 @@
 #include "memtrain/core/file_arena.h"
 #include "memtrain/train/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 

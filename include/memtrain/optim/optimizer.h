@@ -139,10 +139,13 @@ class Optimizer {
   // will be): for the start-up check of an offload directory. Default: init_state on a meta twin of each
   // parameter, plus the Kahan compensations of bf16 parameters; GaLore adds its projectors.
   virtual std::size_t planned_state_bytes() const;
-  // The bytes init_state makes for `target` in `group` (which holds it): on a meta target, nothing is allocated.
+  // The bytes init_state makes for `target` in `group` (which holds it): on a meta target nothing stays allocated.
   std::size_t state_bytes_of(const Tensor& target, const ParamGroup& group) const;
 
  protected:
+  // The arena guard of this optimizer's entry points (step, step_param, step_external, load_state_dict; a wrapper's
+  // own, as GaLore's layer-wise calls); empty without an arena, so a wrapper's rule keeps its wrapper's.
+  std::optional<StateArenaGuard> place_state() const;
   // step()'s work (virtual: an optimizer whose step couples its parameters, as Adafactor over ZeRO row shards
   // does, runs its own).
   virtual StepReport step_all();
@@ -271,9 +274,11 @@ class Optimizer {
   // An f32 target of an elementwise rule whose state is in an arena: update() a slice at a time, each slice's
   // state released to the arena after it.
   void update_offloaded(Tensor& target, const Tensor& grad, const ParamGroup& group, ParamState& state);
-  // The arena guard of this optimizer's entry points; empty without an arena (a wrapper's rule keeps its
-  // wrapper's).
-  std::optional<StateArenaGuard> place_state() const;
+  // Calls step(a, len, part) for the slices [a, a + len) of an n-element parameter, `slice` elements each (a
+  // multiple of the rule's block), with `part` the slice's share of each of state's tensors: mapped before (an
+  // arena's prepare) and handed back after (release), so offloaded state is resident a slice at a time.
+  void for_each_state_slice(const ParamState& state, std::int64_t n, std::int64_t slice,
+                            const std::function<void(std::int64_t a, std::int64_t len, ParamState& part)>& step);
   void save_state(const ParamState& state, const std::string& prefix, StateDict& out, StateCopy copy) const;
   ParamState load_state(const TensorSource& dict, const std::string& prefix, const Tensor& target,
                         const ParamGroup& group, std::set<std::string>& used, std::string_view where);
