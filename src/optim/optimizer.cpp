@@ -188,6 +188,7 @@ void Optimizer::update_in_slices(Tensor& param, const Tensor& grad, const ParamG
   for_each_state_slice(state, n, slice, [&](std::int64_t a, std::int64_t len, ParamState& part) {
     const Tensor kept = stored.narrow(0, a, len);
     const Tensor kept_comp = comp.defined() ? comp.narrow(0, a, len) : Tensor();
+    prepare_state_pages(kept_comp);
     Tensor wide = widened(kept, kept_comp);
     update(wide, g.narrow(0, a, len), group, part);
     backend.round_into_bf16(kept, wide, kept_comp, narrow.rule.seed, stream, static_cast<std::uint64_t>(a));
