@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <array>
 #include <bit>
 #include <set>
@@ -61,15 +60,13 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   for (const auto& entry : tensors) {
     const Tensor& t = entry.second;
     if (in_state_arena(t) && t.is_contiguous()) {
-      // Offloaded optimizer state (core/state_arena.h): each run of bytes goes back to its file once written, so
-      // the save holds no more of the state than a step does.
-      const Tensor flat = t.view({t.numel()});
-      const std::int64_t run = std::max<std::int64_t>(1, static_cast<std::int64_t>(kStagingBytes / t.element_size()));
-      for (std::int64_t a = 0; a < t.numel(); a += run) {
-        const Tensor piece = flat.narrow(0, a, std::min(run, t.numel() - a));
+      // Offloaded optimizer state (core/state_arena.h): each piece goes back to its file once written, so the
+      // save holds no more of the state than a step does.
+      for_each_piece(t, static_cast<std::int64_t>(kStagingBytes / t.element_size()), [&](const Tensor& piece,
+                                                                                           std::int64_t) {
         out.write(piece.data_ptr(), piece.nbytes());
         release_state_pages(piece);
-      }
+      });
       continue;
     }
     if (contiguous_in_host_memory(t)) {
