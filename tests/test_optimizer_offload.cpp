@@ -18,7 +18,9 @@
 #include "trainer_fixtures.h"
 
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -151,10 +153,10 @@ TEST(FileArena, RefusesAMissingOrNonDirectoryOrUnwritablePath) {
 TEST(FileArena, NamesTheBytesItHasNoRoomFor) {
   TempDir dir;
   mt::FileArena arena(dir.path());
-  arena.check_room(1 << 20);
+  arena.check_room(1 << 20, 1 << 20);
   mt::test_support::FileSizeLimit limit(1 << 20);
   ASSERT_TRUE(limit.ok());
-  const std::string e = error_of([&] { arena.check_room(8 << 20); });
+  const std::string e = error_of([&] { arena.check_room(8 << 20, 8 << 20); });
   EXPECT_NE(e.find("offload: '" + dir.path() + "' has no room for the optimizer state of 8388608 bytes"),
             std::string::npos) << e;
   std::shared_ptr<mt::StateArena> shared = std::make_shared<mt::FileArena>(dir.path());
@@ -231,7 +233,7 @@ void expect_offload_bit_identical(const MakeOptimizer& make, const std::string& 
   // Many slices per tensor, ending mid-block: 8-bit state is cut on its 256-element blocks.
   a->set_narrow_params({.slice_elements = 1000});
   b->set_narrow_params({.slice_elements = 1000});
-  const std::size_t planned = b->planned_state_bytes();
+  const mt::optim::Optimizer::StatePlan planned = b->planned_state();
   mt::manual_seed(11);
   for (int step = 0; step < 4; ++step) {
     for (std::size_t i = 0; i < p.in_memory.size(); ++i) {
@@ -245,7 +247,11 @@ void expect_offload_bit_identical(const MakeOptimizer& make, const std::string& 
   }
   for (std::size_t i = 0; i < p.in_memory.size(); ++i) EXPECT_EQ(values(p.in_memory[i]), values(p.in_files[i]));
   EXPECT_EQ(a->state_bytes(), b->state_bytes());
-  EXPECT_EQ(planned, b->state_bytes()) << "planned before the first step";
+  EXPECT_EQ(planned.bytes, b->state_bytes()) << "planned before the first step";
+  std::size_t largest = 0;
+  for (const auto& [key, t] : b->state_view())
+    if (mt::in_state_arena(t)) largest = std::max(largest, t.nbytes());
+  EXPECT_EQ(planned.largest_tensor_bytes, largest);
   EXPECT_EQ(arena->live_bytes(), b->state_bytes());
   expect_same_state(a->state_dict(), b->state_dict());
   // A load goes into the files too, and leaves nothing resident.
@@ -437,13 +443,47 @@ TEST(TrainerOffload, RefusesABadDirectoryAtStartUp) {
             std::string::npos);
   // Too small: fit() names the bytes the state needs before its first step.
   c.offload_optimizer = "file:" + dir.path();
-  mt::train::Trainer t(c, gpt, mt::test_support::gpt_loss(gpt), ds);
-  const std::size_t needed = t.optimizer().planned_state_bytes();
-  mt::test_support::FileSizeLimit limit(needed - 1);
-  ASSERT_TRUE(limit.ok());
-  const std::string e = error_of([&] { t.fit(); });
-  EXPECT_NE(e.find(fmt::format("has no room for the optimizer state of {} bytes", needed)), std::string::npos) << e;
-  EXPECT_EQ(t.step(), 0);
+  const mt::optim::Optimizer::StatePlan plan =
+      mt::train::Trainer(c, gpt, mt::test_support::gpt_loss(gpt), ds).optimizer().planned_state();
+  ASSERT_LT(2 * plan.largest_tensor_bytes, plan.bytes) << "the state must be several files for this test";
+  {
+    // A filesystem that caps a file below the largest tensor cannot hold the state.
+    mt::train::Trainer t(c, gpt, mt::test_support::gpt_loss(gpt), ds);
+    mt::test_support::FileSizeLimit cap(plan.largest_tensor_bytes - 1);
+    ASSERT_TRUE(cap.ok());
+    const std::string e = error_of([&] { t.fit(); });
+    EXPECT_NE(e.find(fmt::format("cannot hold the largest state tensor, {} bytes, in one file",
+                                 plan.largest_tensor_bytes)), std::string::npos) << e;
+    EXPECT_EQ(t.step(), 0);
+  }
+  {
+    // One that caps a file above it holds the state, a file per tensor, although not in one file.
+    mt::train::Trainer t(c, gpt, mt::test_support::gpt_loss(gpt), ds);
+    mt::test_support::FileSizeLimit cap(plan.largest_tensor_bytes);
+    ASSERT_TRUE(cap.ok());
+    t.fit();
+    EXPECT_GT(t.step(), 0);
+    EXPECT_EQ(t.optimizer().state_bytes(), plan.bytes);
+  }
+}
+
+TEST(FileArena, RefusesADirectoryInMemory) {
+  // tmpfs keeps its files in RAM: the state would not leave the machine's memory.
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm here";
+  const std::string e = error_of([] { mt::FileArena arena("/dev/shm"); });
+  EXPECT_NE(e.find("'/dev/shm' is on tmpfs, which keeps its files in RAM"), std::string::npos) << e;
+}
+
+TEST(FileArena, ChecksRoomForTheWholeStateWhenAFileCannotHoldIt) {
+  TempDir dir;
+  mt::FileArena arena(dir.path());
+  // More than any disk here: the whole-size probe is refused (EFBIG: past ext4's largest file, or ENOSPC), and
+  // the free space that statvfs reports is named.
+  const std::size_t huge = std::size_t{1} << 60;
+  const std::string e = error_of([&] { arena.check_room(huge, 1 << 20); });
+  EXPECT_NE(e.find(fmt::format("has no room for the optimizer state of {} bytes", huge)), std::string::npos) << e;
+  EXPECT_TRUE(dir.entries().empty()) << "the probe files are gone";
 }
 
 TEST(TrainerOffload, ConfigNamesWhatItCannotDo) {

@@ -4,8 +4,11 @@
 #include "memtrain/core/error.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,7 +24,7 @@ namespace memtrain {
 namespace {
 
 constexpr const char* kWhere = "offload";
-constexpr std::size_t kHugeBytes = std::size_t{1} << 21;  // a PMD-mapped page on x86-64 and AArch64 (4 KiB base)
+constexpr std::size_t kHugeBytes = FileArena::kHugeMappingBytes;  // a PMD-mapped page on x86-64 and AArch64
 
 std::size_t page_bytes() {
   static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -52,10 +55,25 @@ FileArena::FileArena(std::string dir) : StateArena(Device::cpu()), dir_(std::mov
   struct stat st {};
   MT_CHECK(::stat(dir_.c_str(), &st) == 0, kWhere, "directory '{}' cannot be used: {}", dir_, std::strerror(errno));
   MT_CHECK(S_ISDIR(st.st_mode), kWhere, "'{}' is not a directory", dir_);
+  // A file in memory is no offload: tmpfs and ramfs keep their pages in RAM (as shared memory, outside the
+  // process's RSS, so the run would look lighter while the machine holds the same bytes).
+  struct statfs fs {};
+  if (::statfs(dir_.c_str(), &fs) == 0) {
+    MT_CHECK(fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC, kWhere,
+             "'{}' is on {}, which keeps its files in RAM: the optimizer state would stay in memory; give a "
+             "directory on a disk", dir_, fs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+  }
   FdCloser probe{make_file(1, "a probe file")};
 }
 
 int FileArena::make_file(std::size_t bytes, const char* what) const {
+  int failed = 0;
+  const int fd = try_make_file(bytes, what, failed);
+  MT_CHECK(failed == 0, kWhere, "'{}' has no room for {} of {} bytes: {}", dir_, what, bytes, std::strerror(failed));
+  return fd;
+}
+
+int FileArena::try_make_file(std::size_t bytes, const char* what, int& failed) const {
   int fd = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
     // No O_TMPFILE on this filesystem: a named file, unlinked at once.
@@ -66,16 +84,32 @@ int FileArena::make_file(std::size_t bytes, const char* what) const {
     if (fd >= 0) ::unlink(name.data());
   }
   MT_CHECK(fd >= 0, kWhere, "cannot make {} in '{}' (is it writable?): {}", what, dir_, std::strerror(errno));
-  const int failed = ::posix_fallocate(fd, 0, static_cast<off_t>(std::max<std::size_t>(bytes, 1)));
+  failed = ::posix_fallocate(fd, 0, static_cast<off_t>(std::max<std::size_t>(bytes, 1)));
   if (failed != 0) {
     ::close(fd);
-    MT_CHECK(false, kWhere, "'{}' has no room for {} of {} bytes: {}", dir_, what, bytes, std::strerror(failed));
+    return -1;
   }
   return fd;
 }
 
-void FileArena::check_room(std::size_t bytes) const {
-  FdCloser probe{make_file(bytes, "the optimizer state")};
+void FileArena::check_room(std::size_t bytes, std::size_t largest_file) const {
+  // One file of the whole size is the surest probe: the filesystem allocates the blocks or says it cannot.
+  int failed = 0;
+  if (FdCloser whole{try_make_file(bytes, "the optimizer state", failed)}; failed == 0) return;
+  MT_CHECK(failed == EFBIG && largest_file < bytes, kWhere, "'{}' has no room for the optimizer state of {} bytes: {}",
+           dir_, bytes, std::strerror(failed));
+  // Too large for one file: a filesystem that caps a file's size (FAT's 4 GiB, or a file-size limit on the
+  // process) may still hold the state, which is a file per tensor. Then the free space is what statvfs says, and
+  // the cap is probed with the largest tensor.
+  struct statvfs vfs {};
+  MT_CHECK(::statvfs(dir_.c_str(), &vfs) == 0, kWhere, "cannot read the free space of '{}': {}", dir_,
+           std::strerror(errno));
+  const auto free_bytes = static_cast<std::size_t>(vfs.f_bavail) * static_cast<std::size_t>(vfs.f_frsize);
+  MT_CHECK(free_bytes >= bytes, kWhere, "'{}' has no room for the optimizer state of {} bytes: {} bytes are free",
+           dir_, bytes, free_bytes);
+  FdCloser largest{try_make_file(largest_file, "the largest state tensor", failed)};
+  MT_CHECK(failed == 0, kWhere, "'{}' cannot hold the largest state tensor, {} bytes, in one file: {} (the state "
+           "is a file per tensor; this filesystem caps a file's size)", dir_, largest_file, std::strerror(failed));
 }
 
 void* FileArena::take(std::size_t nbytes) {

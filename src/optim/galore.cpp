@@ -513,16 +513,16 @@ void GaLore::reset_state(const Tensor& param) {
            "lives with a projector that is not rebuilt mid-run", shape_str(param.shape()));
 }
 
-std::size_t GaLore::planned_state_bytes() const {
-  std::size_t total = 0;
+Optimizer::StatePlan GaLore::planned_state() const {
+  StatePlan plan;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const Tensor& param = param_of(i);
-    if (narrow_params().kahan && param.dtype() == DType::bf16) total += param.nbytes();  // its compensation
+    if (narrow_params().kahan && param.dtype() == DType::bf16) plan.add(param.nbytes());  // its compensation
     if (!entries_[i].projector) {
       ParamGroup twin = group_of(i);
       twin.params = {Tensor::empty(param.shape(), param.dtype(), Device::meta())};
       twin.whole_shape.clear();
-      total += rule_->state_bytes_of(twin.params.front(), twin);
+      plan.add(rule_->state_plan_of(twin.params.front(), twin));
       continue;
     }
     const std::int64_t m = param.size(0), n = param.size(1);
@@ -531,13 +531,14 @@ std::size_t GaLore::planned_state_bytes() const {
     ParamGroup twin = group_of(i);
     twin.params = {Tensor::empty(r_shape, DType::f32, Device::meta())};
     twin.whole_shape.clear();
-    total += rule_->state_bytes_of(twin.params.front(), twin);
+    plan.add(rule_->state_plan_of(twin.params.front(), twin));
     // The basis: P (m, r) on the left, Q (n, r) on the right, both for the full projection.
     const bool left = side != GaLoreProjector::Side::right, right = side != GaLoreProjector::Side::left;
     const std::int64_t r = left ? r_shape[0] : r_shape[1];
-    total += sizeof(float) * static_cast<std::size_t>(r * ((left ? m : 0) + (right ? n : 0)));
+    if (left) plan.add(sizeof(float) * static_cast<std::size_t>(r * m));
+    if (right) plan.add(sizeof(float) * static_cast<std::size_t>(r * n));
   }
-  return total;
+  return plan;
 }
 
 std::size_t GaLore::rule_state_bytes() const {

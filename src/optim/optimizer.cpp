@@ -308,30 +308,40 @@ void Optimizer::set_state_arena(std::shared_ptr<StateArena> arena) {
   state_arena_ = std::move(arena);
 }
 
-std::size_t Optimizer::state_bytes_of(const Tensor& target, const ParamGroup& group) const {
+void Optimizer::StatePlan::add(std::size_t tensor_bytes) {
+  bytes += tensor_bytes;
+  largest_tensor_bytes = std::max(largest_tensor_bytes, tensor_bytes);
+}
+
+void Optimizer::StatePlan::add(const StatePlan& other) {
+  bytes += other.bytes;
+  largest_tensor_bytes = std::max(largest_tensor_bytes, other.largest_tensor_bytes);
+}
+
+Optimizer::StatePlan Optimizer::state_plan_of(const Tensor& target, const ParamGroup& group) const {
   autograd::NoGradGuard no_grad;
   CategoryGuard category(MemoryCategory::optimizer_state);
   ParamState state;
   // init_state only allocates (it is not const because a step's call fills the optimizer's own slots). An 8-bit
   // rule makes its codes on the CPU before moving them to the target's device.
   const_cast<Optimizer*>(this)->init_state(target, group, state);
-  std::size_t total = 0;
-  for (const auto& [state_name, t] : state.tensors) total += t.nbytes();
-  return total;
+  StatePlan plan;
+  for (const auto& [state_name, t] : state.tensors) plan.add(t.nbytes());
+  return plan;
 }
 
-std::size_t Optimizer::planned_state_bytes() const {
-  std::size_t total = 0;
+Optimizer::StatePlan Optimizer::planned_state() const {
+  StatePlan plan;
   for (const ParamGroup& group : groups_) {
     // Twins in a twin group: a rule that decides by the whole tensor (whole_shape) finds them there.
     ParamGroup twins = group;
     for (Tensor& p : twins.params) p = Tensor::empty(p.shape(), p.dtype(), Device::meta());
     for (const Tensor& twin : twins.params) {
-      total += state_bytes_of(twin, twins);
-      if (narrow_.kahan && twin.dtype() == DType::bf16) total += twin.nbytes();
+      plan.add(state_plan_of(twin, twins));
+      if (narrow_.kahan && twin.dtype() == DType::bf16) plan.add(twin.nbytes());
     }
   }
-  return total;
+  return plan;
 }
 
 StepReport Optimizer::step() {

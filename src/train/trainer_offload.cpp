@@ -45,7 +45,8 @@ void Trainer::set_up_offload() {
 void Trainer::check_offload_room() const {
   const auto* files = dynamic_cast<const FileArena*>(offload_.get());
   if (files == nullptr || optimizer_->state_bytes() > 0) return;
-  files->check_room(optimizer_->planned_state_bytes());
+  const optim::Optimizer::StatePlan plan = optimizer_->planned_state();
+  files->check_room(plan.bytes, plan.largest_tensor_bytes);
 }
 
 }  // namespace memtrain::train

@@ -20,13 +20,19 @@ namespace memtrain {
 
 class FileArena final : public StateArena {
  public:
-  // Holds CPU storages. Checks that `dir` is a directory this process can make files in; throws
-  // Error("offload", ...) naming it and the system's reason otherwise.
+  // A tensor of this size or more is mapped on a 2 MiB boundary with MADV_HUGEPAGE, so its pages come and go in
+  // 2 MiB folios; a smaller one is mapped 4 KiB at a time.
+  static constexpr std::size_t kHugeMappingBytes = std::size_t{1} << 21;
+
+  // Holds CPU storages. Checks that `dir` is a directory this process can make files in, on a filesystem that
+  // is not in RAM (tmpfs, ramfs); throws Error("offload", ...) naming it and the reason otherwise.
   explicit FileArena(std::string dir);
 
-  // Throws Error("offload", ...) unless `bytes` more fit in the directory now: a probe file of that size is
-  // allocated there, then removed. For start-up, with the bytes a run's optimizer state will take.
-  void check_room(std::size_t bytes) const;
+  // Throws Error("offload", ...) unless `bytes` more, in files of at most `largest_file` bytes each, fit in the
+  // directory now: a probe file of `bytes` is allocated there, then removed; where the filesystem refuses a
+  // file that large (EFBIG: it caps a file's size), the free space is read from statvfs and the probe is a
+  // file of `largest_file`. For start-up, with what the run's optimizer state will take (Optimizer::StatePlan).
+  void check_room(std::size_t bytes, std::size_t largest_file) const;
 
   std::string where() const override { return "files under " + dir_; }
   void release(const void* ptr, std::size_t nbytes) noexcept override;
@@ -39,8 +45,11 @@ class FileArena final : public StateArena {
   void give_back(void* ptr, std::size_t nbytes) noexcept override;
 
  private:
-  // A new file in dir_, already unlinked, with `bytes` allocated on disk; returns its descriptor.
+  // A new file in dir_, already unlinked, with `bytes` allocated on disk; returns its descriptor. Throws when
+  // the file cannot be made or allocated; try_make_file returns -1 and sets `failed` to posix_fallocate's error
+  // for the second.
   int make_file(std::size_t bytes, const char* what) const;
+  int try_make_file(std::size_t bytes, const char* what, int& failed) const;
 
   std::string dir_;
 };

@@ -106,7 +106,7 @@ class GaLore final : public Optimizer {
   std::size_t rule_state_bytes() const override;  // the three below
   // The base state of every parameter (R's shape when projected, whole: an upper bound under StateShards) and
   // every projector's basis.
-  std::size_t planned_state_bytes() const override;
+  StatePlan planned_state() const override;
   std::size_t projected_state_bytes() const;  // base state of the projected parameters (R's shapes)
   std::size_t projector_bytes() const;        // the projectors' bases
   std::size_t plain_state_bytes() const;      // base state of the plain parameters

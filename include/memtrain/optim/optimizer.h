@@ -135,12 +135,19 @@ class Optimizer {
   // state of one slice at a time, with the same bits as in memory.
   void set_state_arena(std::shared_ptr<StateArena> arena);
   const std::shared_ptr<StateArena>& state_arena() const { return state_arena_; }
-  // The bytes of state a step of every parameter makes (state_bytes() after it; before the first step, what it
-  // will be): for the start-up check of an offload directory. Default: init_state on a meta twin of each
-  // parameter, plus the Kahan compensations of bf16 parameters; GaLore adds its projectors.
-  virtual std::size_t planned_state_bytes() const;
-  // The bytes init_state makes for `target` in `group` (which holds it): on a meta target nothing stays allocated.
-  std::size_t state_bytes_of(const Tensor& target, const ParamGroup& group) const;
+  // The state a step of every parameter makes (state_bytes() after it; before the first step, what it will be):
+  // for the start-up check of an offload directory, where each state tensor is a file of its own.
+  struct StatePlan {
+    std::size_t bytes = 0;                 // every state tensor together
+    std::size_t largest_tensor_bytes = 0;  // the largest one
+    void add(std::size_t tensor_bytes);
+    void add(const StatePlan& other);
+  };
+  // Default: init_state on a meta twin of each parameter, plus the Kahan compensations of bf16 parameters;
+  // GaLore adds its projectors.
+  virtual StatePlan planned_state() const;
+  // What init_state makes for `target` in `group` (which holds it): on a meta target nothing stays allocated.
+  StatePlan state_plan_of(const Tensor& target, const ParamGroup& group) const;
 
  protected:
   // The arena guard of this optimizer's entry points (step, step_param, step_external, load_state_dict; a wrapper's
