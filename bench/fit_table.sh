@@ -19,18 +19,6 @@ source bench/train_gpt_common.sh
 steps=${STEPS:-6} peers=${PEERS:-3} vocab=${VOCAB:-4096}
 (($# > 0)) || set -- small:256:8
 
-# train_gpt flags for a candidate line of the --fit report ("bf16, adamw8bit, galore r192, ckpt none,
-# micro-batch 4 x 1, layer-wise").
-flags_of() { "$py" -c 'import sys
-parts = [p.strip() for p in sys.argv[1].split(",")]
-out = ["--precision", parts[0], "--optimizer", parts[1]]
-for p in parts[2:]:
-    if p.startswith("galore r"): out += ["--galore-rank", p[8:]]
-    elif p.startswith("ckpt "): out += ["--checkpoint", p[5:]]
-    elif p.startswith("micro-batch "):
-        mb, acc = p[12:].split(" x "); out += ["--micro-batch", mb, "--grad-accum", acc]
-    elif p == "layer-wise": out += ["--layerwise"]
-print(" ".join(out))' "$1"; }
 # Median step seconds of a metrics file, the first step left out.
 median_step() { "$py" -c 'import json, statistics, sys
 t = [json.loads(l)["step_seconds"] for l in open(sys.argv[1])][1:]
@@ -65,7 +53,7 @@ for config in "$@"; do
     for cand in "${ranked[@]}"; do
       run=$((run + 1))
       # shellcheck disable=SC2046  # the candidate's flags are split on purpose
-      "$bin" "${common[@]}" $(flags_of "$cand") --out-dir "$work/run$run" > "$work/run$run.log" 2>&1 ||
+      "$bin" "${common[@]}" $(fit_flags_of "$cand") --out-dir "$work/run$run" > "$work/run$run.log" 2>&1 ||
         { cat "$work/run$run.log"; exit 1; }
       step=$(median_step "$work/run$run/metrics.jsonl")
       if [[ $cand == "$chosen" ]]; then

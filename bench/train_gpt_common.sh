@@ -28,3 +28,18 @@ run() {
   OMP_NUM_THREADS=$threads "${launcher[@]}" "$bin" "${common[@]}" --out-dir "$work/$name" \
     --summary-json "$work/$name.json" "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
 }
+
+# fit_flags_of LINE: train_gpt flags for a candidate line of a --fit report ("bf16, adamw8bit, params bf16,
+# galore r192, ckpt budget:40MiB, micro-batch 4 x 2, layer-wise").
+fit_flags_of() { "$py" -c 'import sys
+parts = [p.strip() for p in sys.argv[1].split(",")]
+out = ["--precision", parts[0], "--optimizer", parts[1]]
+for p in parts[2:]:
+    if p.startswith("params "): out += ["--param-dtype", p[7:]]
+    elif p.startswith("galore r"): out += ["--galore-rank", p[8:]]
+    elif p.startswith("ckpt "): out += ["--checkpoint", p[5:]]
+    elif p.startswith("micro-batch "):
+        mb, acc = p[12:].split(" x "); out += ["--micro-batch", mb, "--grad-accum", acc]
+    elif p == "layer-wise": out += ["--layerwise"]
+    elif p == "offload": raise SystemExit("an offloaded candidate needs its directory: " + sys.argv[1])
+print(" ".join(out))' "$1"; }

@@ -13,9 +13,12 @@
 #include "memtrain/ops/nn.h"
 #include "memtrain/train/fit.h"
 
+#include "error_text.h"
+#include "temp_dir.h"
 #include "tiny_lm.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <string>
 
@@ -26,6 +29,8 @@ namespace {
 using mt::test_support::inputs_for;
 using mt::test_support::measure_on_cpu;
 using mt::test_support::short_run_config;
+using mt::test_support::error_of;
+using mt::test_support::TempDir;
 using mt::train::RunInputs;
 using mt::train::TrainerConfig;
 
@@ -66,24 +71,27 @@ TEST(FitToBudget, FindsWhatPredictingEveryCandidateFindsAndIsAsFast) {
     SCOPED_TRACE(fraction);
     const mt::train::FitResult r = mt::train::fit_to_budget(base, budget, inputs_for(false), {}, model);
     // Every candidate predicted, none skipped; GaLore only when nothing without it fits.
-    double fastest = std::numeric_limits<double>::infinity(), fastest_without_galore = fastest;
+    // The fastest that fits in each tier of preference, GaLore's before the weights': 0 with neither, 1 with bf16
+    // weights, 2 with GaLore, 3 with both.
+    constexpr double kNone = std::numeric_limits<double>::infinity();
+    std::array<double, 4> fastest{kNone, kNone, kNone, kNone};
     for (const mt::train::FitCandidate& c : r.candidates) {
+      if (c.note.starts_with("refused")) continue;
       const mt::train::MemoryPrediction p = mt::train::predict_memory(c.config, inputs_for(false));
-      const double t = model.step_seconds(p.step_work);
-      if (p.peak_bytes_total <= budget) fastest = std::min(fastest, t);
-      if (p.peak_bytes_total <= budget && c.config.galore_rank == 0) fastest_without_galore = std::min(fastest_without_galore, t);
+      const std::size_t tier = (c.config.galore_rank > 0 ? 2 : 0) + (c.config.param_dtype != mt::amp::ParamDtype::f32 ? 1 : 0);
+      if (p.peak_bytes_total <= budget) fastest[tier] = std::min(fastest[tier], model.step_seconds(p.step_work));
       if (c.predicted) EXPECT_EQ(c.fits, p.peak_bytes_total <= budget) << c.knobs;
     }
-    if (fastest == std::numeric_limits<double>::infinity()) {
+    const auto tier = std::find_if(fastest.begin(), fastest.end(), [](double t) { return t < kNone; });
+    if (tier == fastest.end()) {
       EXPECT_FALSE(r.chosen.has_value()) << r.report();
       continue;
     }
-    ASSERT_TRUE(r.chosen.has_value()) << "an exhaustive search fits at " << fastest << " s\n" << r.report();
-    if (fastest_without_galore < std::numeric_limits<double>::infinity()) {
-      EXPECT_EQ(r.chosen->galore_rank, 0) << r.report();
-      fastest = fastest_without_galore;
-    }
-    EXPECT_LE(r.candidates[*r.chosen_index].step_seconds, fastest * 1.000001) << r.report();
+    ASSERT_TRUE(r.chosen.has_value()) << "an exhaustive search fits at " << *tier << " s\n" << r.report();
+    const auto chosen_tier = tier - fastest.begin();
+    EXPECT_EQ(r.chosen->galore_rank > 0, chosen_tier >= 2) << r.report();
+    EXPECT_EQ(r.chosen->param_dtype != mt::amp::ParamDtype::f32, chosen_tier % 2 == 1) << r.report();
+    EXPECT_LE(r.candidates[*r.chosen_index].step_seconds, *tier * 1.000001) << r.report();
   }
 }
 
@@ -165,6 +173,91 @@ TEST(FitToBudget, OffersGaLoreOverTheConfiguredTargets) {
   EXPECT_EQ(offered_rank, std::min(kHidden, kOut) / 4) << r.report();
 }
 
+// Every knob but one held fixed: the search may change only `free_knob` of `base`.
+mt::train::FitKnobs only(bool mt::train::FitKnobs::*free_knob) {
+  mt::train::FitKnobs knobs;
+  knobs.precision = knobs.optimizer_state = knobs.galore = knobs.checkpointing = knobs.accumulation =
+      knobs.layerwise = knobs.zero = knobs.param_dtype = false;
+  if (free_knob != nullptr) knobs.*free_knob = true;
+  return knobs;
+}
+
+// bf16 weights round every update: they are chosen when nothing with f32 weights fits, and only then, even when
+// the cost model finds them faster.
+TEST(FitToBudget, TakesBf16WeightsOnlyWhenF32WeightsDoNotFit) {
+  TrainerConfig base = short_run_config();
+  base.precision = mt::amp::Precision::bf16;
+  TrainerConfig narrow = base;
+  narrow.param_dtype = mt::amp::ParamDtype::bf16;
+  const mt::train::MemoryPrediction wide_p = mt::train::predict_memory(base, inputs_for(false));
+  const mt::train::MemoryPrediction narrow_p = mt::train::predict_memory(narrow, inputs_for(false));
+  ASSERT_LT(narrow_p.peak_bytes_total, wide_p.peak_bytes_total);
+  const mt::train::FitKnobs knobs = only(&mt::train::FitKnobs::param_dtype);
+  mt::train::FitResult r = mt::train::fit_to_budget(base, wide_p.peak_bytes_total, inputs_for(false), knobs,
+                                                    fixed_model());
+  ASSERT_TRUE(r.chosen.has_value()) << r.report();
+  EXPECT_EQ(r.chosen->param_dtype, mt::amp::ParamDtype::f32) << r.report();
+  const std::size_t between = (narrow_p.peak_bytes_total + wide_p.peak_bytes_total) / 2;
+  r = mt::train::fit_to_budget(base, between, inputs_for(false), knobs, fixed_model());
+  ASSERT_TRUE(r.chosen.has_value()) << r.report();
+  EXPECT_EQ(r.chosen->param_dtype, mt::amp::ParamDtype::bf16) << r.report();
+  EXPECT_NE(r.report().find("params bf16"), std::string::npos) << r.report();
+  EXPECT_LE(measure_on_cpu(*r.chosen, false).peak_total, between);
+}
+
+// Between full checkpointing's peak and none's, a budget policy keeps what fits and recomputes less than full.
+TEST(FitToBudget, FillsTheHeadroomWithABudgetPolicy) {
+  TrainerConfig base = short_run_config();
+  base.micro_batch = 8;
+  TrainerConfig full = base;
+  full.activation_checkpointing = mt::ckpt::Policy::full();
+  const mt::train::MemoryPrediction none_p = mt::train::predict_memory(base, inputs_for(false));
+  const mt::train::MemoryPrediction full_p = mt::train::predict_memory(full, inputs_for(false));
+  ASSERT_LT(full_p.peak_bytes_total, none_p.peak_bytes_total);
+  const std::size_t budget = full_p.peak_bytes_total + (none_p.peak_bytes_total - full_p.peak_bytes_total) * 3 / 4;
+  const mt::train::CostModel model = fixed_model();
+  const mt::train::FitResult r =
+      mt::train::fit_to_budget(base, budget, inputs_for(false), only(&mt::train::FitKnobs::checkpointing), model);
+  ASSERT_TRUE(r.chosen.has_value()) << r.report();
+  EXPECT_EQ(r.chosen->activation_checkpointing.kind, mt::ckpt::Policy::Kind::budget) << r.report();
+  const double full_seconds = model.step_seconds(full_p.step_work);
+  EXPECT_LT(r.candidates[*r.chosen_index].step_seconds, full_seconds) << "a budget policy recomputes less";
+  EXPECT_LE(r.chosen_prediction->peak_bytes_total, budget);
+  EXPECT_LE(measure_on_cpu(*r.chosen, false).peak_total, budget) << r.report();
+  // Nothing is left on the table: a budget a sixty-fourth of the memory budget larger would not fit.
+  TrainerConfig wider = *r.chosen;
+  wider.activation_checkpointing =
+      mt::ckpt::Policy::budget(r.chosen->activation_checkpointing.budget_bytes + std::max<std::size_t>(budget / 64, 64 << 10) + 1024);
+  EXPECT_GT(mt::train::predict_memory(wider, inputs_for(false)).peak_bytes_total, budget)
+      << "the bisection stopped short: " << wider.activation_checkpointing.to_string() << " fits too";
+}
+
+// With a directory to offload to, the search may put the optimizer state in files: chosen when only that fits,
+// not when state in memory fits and is faster.
+TEST(FitToBudget, OffloadsTheStateWhenThatIsWhatFits) {
+  TempDir dir;
+  TrainerConfig base = short_run_config();
+  TrainerConfig files = base;
+  files.offload_optimizer = "file:" + dir.path();
+  const mt::train::MemoryPrediction memory_p = mt::train::predict_memory(base, inputs_for(false));
+  const mt::train::MemoryPrediction files_p = mt::train::predict_memory(files, inputs_for(false));
+  ASSERT_LT(files_p.peak_bytes_total, memory_p.peak_bytes_total);
+  mt::train::FitKnobs knobs = only(nullptr);
+  knobs.offload_dir = dir.path();
+  mt::train::CostModel model = fixed_model();
+  model.offload_small_bytes_per_second = model.offload_huge_bytes_per_second = 1e9;
+  mt::train::FitResult r = mt::train::fit_to_budget(base, memory_p.peak_bytes_total, inputs_for(false), knobs, model);
+  ASSERT_TRUE(r.chosen.has_value()) << r.report();
+  EXPECT_EQ(r.chosen->offload_optimizer, "none") << "state in files costs time: " << r.report();
+  const std::size_t between = (files_p.peak_bytes_total + memory_p.peak_bytes_total) / 2;
+  r = mt::train::fit_to_budget(base, between, inputs_for(false), knobs, model);
+  ASSERT_TRUE(r.chosen.has_value()) << r.report();
+  EXPECT_EQ(r.chosen->offload_optimizer, "file:" + dir.path()) << r.report();
+  EXPECT_GT(r.candidates[*r.chosen_index].step_seconds, model.step_seconds(memory_p.step_work))
+      << "the cost model must charge for the files";
+  EXPECT_LE(measure_on_cpu(*r.chosen, false).peak_total, between);
+}
+
 TEST(CostModel, CalibratesPositiveRatesAndAddsUpWork) {
   const mt::train::CostModel m = mt::train::CostModel::calibrate();
   EXPECT_GT(m.f32_flops_per_second, 1e8);
@@ -174,6 +267,22 @@ TEST(CostModel, CalibratesPositiveRatesAndAddsUpWork) {
   const mt::train::StepWork w{.flops_f32 = 5e10, .flops_narrow = 1e11, .allocated_bytes = 5e9, .optimizer_bytes = 5e9};
   EXPECT_DOUBLE_EQ(f.step_seconds(w), 1.0 + 1.0 + 1.0);
   EXPECT_NE(m.describe().find("GFLOP/s"), std::string::npos);
+}
+
+TEST(CostModel, ChargesStateInFilesByHowItIsMapped) {
+  TempDir dir;
+  mt::train::CostModel m = fixed_model();
+  mt::train::StepWork w{.offloaded_small_bytes = 2e9, .offloaded_huge_bytes = 3e9};
+  EXPECT_NE(error_of([&] { (void)m.step_seconds(w); }).find("calibrate_offload"), std::string::npos)
+      << "no rates: refused, not divided by zero";
+  m.calibrate_offload(dir.path());
+  EXPECT_GT(m.offload_small_bytes_per_second, 1e7);
+  EXPECT_GT(m.offload_huge_bytes_per_second, 1e7);
+  EXPECT_NE(m.describe().find("state in files"), std::string::npos) << m.describe();
+  EXPECT_TRUE(dir.entries().empty()) << "the calibration's files are gone";
+  m.offload_small_bytes_per_second = 1e9;
+  m.offload_huge_bytes_per_second = 3e9;
+  EXPECT_DOUBLE_EQ(m.step_seconds(w), 2.0 + 1.0);
 }
 
 TEST(ByteSize, ParsesWhatPeopleWrite) {

@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
 
   try {
     // A plan reads no data: blank images stand in for Fashion-MNIST's.
-    const auto [train_set, test_set] = data::fashion_mnist_splits(data_dir, plan_only);
+    const data::ImageSplits splits = data::fashion_mnist_splits(data_dir, plan_only);
+    const std::shared_ptr<const data::Dataset>& train_set = splits.train;
+    const std::shared_ptr<const data::Dataset>& test_set = splits.test;
     if (!plan_only) fmt::print("data: {}\n      {}\n", train_set->describe(), test_set->describe());
 
     train::TrainerConfig config;
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
       };
       inputs.train = train_set;
       inputs.val = test_set;
+      inputs.resident_data_bytes = splits.loaded_bytes;
       const train::MemoryPrediction p = train::predict_memory(config, inputs);
       fmt::print("plan: CNN, {} images per step, optimizer {}, checkpointing {}\n{}", batch,
                  config.optimizer.to_string(), config.activation_checkpointing.to_string(), p.report());

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <csignal>
@@ -30,7 +31,7 @@ struct Flags {
   std::string config_file, data_dir = "data/fortunes", out_dir = "runs/gpt", init_from, summary_json;
   std::vector<std::string> data, val_data;
   std::optional<std::string> model, optimizer, precision, param_dtype, weight_casts, fp8_scaling, checkpoint, device, fit, memory_timeline, bucket,
-      grad_compression, offload_optimizer, pipeline_schedule, galore_targets, lora_targets, save_adapter, load_adapter;
+      grad_compression, offload_optimizer, fit_offload, pipeline_schedule, galore_targets, lora_targets, save_adapter, load_adapter;
   std::optional<std::int64_t> seq_len, steps, micro_batch, grad_accum, galore_rank, galore_gap, vocab_size, zero,
       pipeline_stages, tensor_parallel, checkpoint_interval, max_bad_steps, lora_rank, lisa_layers, lisa_interval;
   std::optional<double> galore_scale, lora_alpha, lora_dropout;
@@ -217,6 +218,26 @@ dist::DataParallelOptions dp_options(const Flags& f) {
   return options;
 }
 
+// The bytes of the token shards the run will map and read whole: those given with --data, or those prepared in
+// --data-dir (0 when it is not prepared yet: the prediction then leaves the data out of the peak RSS).
+std::size_t prepared_shard_bytes(const Flags& f) {
+  std::vector<fs::path> shards;
+  if (!f.data.empty() && is_shard(f.data.front())) {
+    const std::vector<std::string>& val = f.val_data.empty() ? f.data : f.val_data;  // as prepare_data's
+    shards.assign(f.data.begin(), f.data.end());
+    shards.insert(shards.end(), val.begin(), val.end());
+  } else {
+    shards = {fs::path(f.data_dir) / "train_000.bin", fs::path(f.data_dir) / "val_000.bin"};
+  }
+  std::size_t bytes = 0;
+  for (const fs::path& shard : shards) {
+    std::error_code ec;
+    const auto size = fs::file_size(shard, ec);
+    if (!ec) bytes += static_cast<std::size_t>(size);
+  }
+  return bytes;
+}
+
 struct PlanInputs {
   nn::GPTConfig gpt;
   std::int64_t window = 0;
@@ -252,6 +273,7 @@ PlanInputs plan_inputs(const Flags& f, const train::TrainerConfig& config, std::
   };
   const Shape window{plan.window};
   plan.inputs.train = std::make_shared<data::BlankDataset>(windows, window, DType::i64, window);
+  plan.inputs.resident_data_bytes = prepared_shard_bytes(f);
   plan.inputs.val = config.eval_batches > 0 ? plan.inputs.train : nullptr;
   // Under mpirun each process predicts its own rank: its shards and buckets (--fit predicts every rank).
   if (config.world_size > 1) {
@@ -297,6 +319,9 @@ std::size_t check_fit_flags(const Flags& f, const train::TrainerConfig& config) 
   MT_CHECK(!config.memory_budget_bytes || *config.memory_budget_bytes == budget, "--fit",
            "--fit {} and --config's memory_budget_bytes {} contradict: give one budget", *f.fit,
            *config.memory_budget_bytes);
+  MT_CHECK(!f.fit_offload || !f.offload_optimizer, "--fit-offload",
+           "--fit-offload {} and --offload-optimizer {} contradict: the first lets --fit choose, the second fixes it",
+           *f.fit_offload, *f.offload_optimizer);
   return budget;
 }
 
@@ -316,6 +341,8 @@ train::TrainerConfig fit_config(const Flags& f, const train::TrainerConfig& conf
   knobs.accumulation = !(f.micro_batch && f.grad_accum);
   knobs.layerwise = !f.layerwise;
   knobs.zero = !f.zero;
+  knobs.param_dtype = !f.param_dtype;
+  if (f.fit_offload) knobs.offload_dir = *f.fit_offload;
   train::CostModel cost = train::CostModel::calibrate();
   const std::vector<double> rates = world.all_gather_f64({cost.f32_flops_per_second, cost.narrow_flops_per_second,
                                                           cost.bytes_per_second, cost.communicated_bytes_per_second});
@@ -338,7 +365,9 @@ class MemoryTimelineRecorder {
       : path_(f.memory_timeline.value_or("")), trainer_(trainer), device_(config.device),
         step_(std::min<std::int64_t>(2, config.max_steps)) {
     if (path_.empty()) return;
-    predicted_ = train::predict_memory(config, plan_inputs(f, config, vocab).inputs, true).timeline;
+    train::RunInputs inputs = plan_inputs(f, config, vocab).inputs;
+    inputs.warm_up_kernels = false;  // this process trains: a warm-up's bytes would count in its peak
+    predicted_ = train::predict_memory(config, inputs, true).timeline;
     if (trainer_.step() + 1 == step_) start();
   }
   void after_step(std::int64_t step) {
@@ -465,9 +494,13 @@ int main(int argc, char** argv) {
                "step each parameter during backward and free its gradient at once (gradient peak ~ one layer's)");
   app.add_flag("--eval-only", f.eval_only, "evaluate (and sample) without training; the summary gets the val loss and what it covered");
   app.add_option("--fit", f.fit,
-                 "memory budget (e.g. 1.5GiB): choose the fastest precision, optimizer state, GaLore, checkpointing, "
-                 "micro-batch split, layer-wise setting and (under mpirun, a budget per rank) ZeRO stage whose predicted "
-                 "peak fits on every rank; flags given stay as given");
+                 "memory budget (e.g. 1.5GiB): choose the fastest precision, parameter dtype, optimizer state, GaLore, "
+                 "checkpointing (a budget:SIZE policy included), micro-batch split, layer-wise setting, offload (with "
+                 "--fit-offload) and (under mpirun, a budget per rank) ZeRO stage whose predicted peak fits on every "
+                 "rank; flags given stay as given");
+  app.add_option("--fit-offload", f.fit_offload,
+                 "with --fit: the optimizer state may go to files under DIR (as --offload-optimizer file:DIR) when "
+                 "that is what fits or is fastest");
   app.add_option("--memory-timeline", f.memory_timeline,
                  "write an SVG of the live bytes by category over the second training step (its eval and checkpoint "
                  "included), phases marked, with the meta prediction of the same step overlaid");
@@ -519,6 +552,8 @@ int main(int argc, char** argv) {
     // One GPU per rank: a data-parallel --device cuda run puts each rank on cuda:<its local rank>.
     if (config.device.is_cuda() && world->size() > 1) config.device = Device::cuda(world->local_rank());
     config.validate();
+    MT_CHECK(!f.fit_offload || f.fit, "--fit-offload", "--fit-offload {} without --fit: give --offload-optimizer "
+             "file:{} to put the state in files", *f.fit_offload, *f.fit_offload);
     if (f.fit) (void)check_fit_flags(f, config);  // before any data is prepared
     if (f.plan_only) {
       if (f.fit) config = fit_config(f, config, std::nullopt, *world);
@@ -533,6 +568,9 @@ int main(int argc, char** argv) {
     // Rank 0 tokenizes the corpus; the others then find it prepared and reuse it.
     if (!lead) world->barrier();
     Corpus corpus = prepare_data(f, vocab);
+    // The documents read to check (or make) the prepared corpus are freed, but their small blocks stay in the
+    // heap's pages: hand those back, so the run does not carry the corpus text through its training.
+    ::malloc_trim(0);
     if (lead) world->barrier();
     config.data.train = corpus.train;
     config.data.val = corpus.val;

@@ -115,10 +115,14 @@ std::string ImageDataset::describe() const {
 }
 
 ImageSplits fashion_mnist_splits(const std::string& dir, bool blank) {
+  constexpr std::size_t kImages = 60000 + 10000, kBytesPerImage = 28 * 28 + 1;  // pixels and a label, u8
   if (blank)
     return {std::make_shared<BlankDataset>(60000, Shape{1, 28, 28}, DType::f32, Shape{}),
-            std::make_shared<BlankDataset>(10000, Shape{1, 28, 28}, DType::f32, Shape{})};
-  return {ImageDataset::from_idx_dir(dir, "train"), ImageDataset::from_idx_dir(dir, "t10k")};
+            std::make_shared<BlankDataset>(10000, Shape{1, 28, 28}, DType::f32, Shape{}), kImages * kBytesPerImage};
+  auto train = ImageDataset::from_idx_dir(dir, "train");
+  auto test = ImageDataset::from_idx_dir(dir, "t10k");
+  const std::size_t loaded = static_cast<std::size_t>(train->size() + test->size()) * kBytesPerImage;
+  return {std::move(train), std::move(test), loaded};
 }
 
 }  // namespace memtrain::data

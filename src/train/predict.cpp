@@ -4,9 +4,12 @@
 
 #include "memtrain/core/allocator.h"
 #include "memtrain/core/error.h"
+#include "memtrain/core/file_arena.h"
 #include "memtrain/core/rng.h"
+#include "memtrain/core/state_arena.h"
 #include "core/work_counter.h"
 #include "io/atomic_file.h"
+#include "train/kernel_warm_up.h"
 #include "train/progress.h"
 
 #include <fmt/format.h>
@@ -27,6 +30,21 @@ std::size_t batch_bytes(const data::Dataset& dataset, std::int64_t size) {
   return b.inputs.nbytes() + b.targets.nbytes();
 }
 
+// The length of a 1-D sample (a window of tokens); 0 for any other shape.
+std::int64_t sample_length(const data::Dataset& dataset) {
+  const data::Batch b = dataset.collate({0});
+  return b.inputs.dim() == 2 ? b.inputs.size(1) : 0;
+}
+
+// The state bytes a step maps from files (optimizer offload), by how FileArena maps their tensors.
+void count_offloaded_state(const optim::Optimizer& optimizer, StepWork& work) {
+  for (const auto& [name, t] : optimizer.state_view()) {
+    if (!in_state_arena(t)) continue;
+    (t.nbytes() >= FileArena::kHugeMappingBytes ? work.offloaded_huge_bytes : work.offloaded_small_bytes) +=
+        static_cast<double>(t.nbytes());
+  }
+}
+
 }  // namespace
 
 MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& inputs, bool record_timeline) {
@@ -43,6 +61,11 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
            "config.world_size is {}: a data-parallel run is predicted one rank at a time; set RunInputs::prepare "
            "to dist::simulate_rank(r) for rank r", config.world_size);
   const auto t0 = std::chrono::steady_clock::now();
+  MemoryPrediction p;
+  if (inputs.warm_up_kernels && config.device == Device::cpu() &&
+      !detail::warm_up_cpu_kernels(config, sample_length(*inputs.train), p.rss_note)) {
+    p.rss_note = "the kernels were not warmed up before the baseline RSS was read: " + p.rss_note;
+  }
   const std::size_t rss_before = current_rss_bytes();
   // Building the model draws its initial weights: the caller's stream must not move.
   RngStateGuard rng;
@@ -57,7 +80,6 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
   meta.empty_cache();  // a cache left by an earlier prediction would lend blocks this run would have reserved
   const MemoryStats before = meta.stats();
 
-  MemoryPrediction p;
   p.device = config.device.str();
   {
     std::shared_ptr<nn::Module> model;
@@ -83,6 +105,7 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
       p.step_work = {work.flops_f32, work.flops_narrow,
                      static_cast<double>(meta.stats().allocated_bytes - allocated), work.optimizer_bytes,
                      work.communicated_bytes};
+      count_offloaded_state(trainer.optimizer(), p.step_work);
     }
     p.steps = 2;
     if (inputs.val) {
@@ -115,24 +138,29 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
     p.category_peak_bytes[data] += p.host_data_bytes;
     p.reserved_bytes += p.host_data_bytes;
   }
-  p.peak_rss_bytes = rss_before + (config.device.is_cpu() ? p.reserved_bytes : p.host_data_bytes);
+  p.resident_data_bytes = inputs.resident_data_bytes;
+  p.peak_rss_bytes =
+      rss_before + p.resident_data_bytes + (config.device.is_cpu() ? p.reserved_bytes : p.host_data_bytes);
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }
 
 nlohmann::json MemoryPrediction::to_json() const {
-  return {
+  nlohmann::json j = {
       {"device", device},
       {"peak_bytes_total", peak_bytes_total},
       {"peak_bytes_by_category", peak_bytes_by_category},
       {"category_peak_bytes", category_peak_bytes},
       {"reserved_bytes", reserved_bytes},
       {"host_data_bytes", host_data_bytes},
+      {"resident_data_bytes", resident_data_bytes},
       {"peak_rss_bytes", peak_rss_bytes},
       {"steps", steps},
       {"evaluated", evaluated},
       {"seconds", seconds},
   };
+  if (!rss_note.empty()) j["rss_note"] = rss_note;
+  return j;
 }
 
 void write_prediction(const MemoryPrediction& prediction, const TrainerConfig& config, const std::string& path) {
@@ -144,9 +172,12 @@ void write_prediction(const MemoryPrediction& prediction, const TrainerConfig& c
 }
 
 std::string MemoryPrediction::report() const {
-  std::string out = fmt::format("predicted memory on {} ({} steps{} on meta, {:.2f} s): peak {}, reserved {}\n",
+  std::string out = fmt::format("predicted memory on {} ({} steps{} on meta, {:.2f} s): peak {}, reserved {}, "
+                                "process peak RSS about {}\n",
                                 device, steps, evaluated ? " and an evaluation" : "", seconds,
-                                detail::format_bytes(peak_bytes_total), detail::format_bytes(reserved_bytes));
+                                detail::format_bytes(peak_bytes_total), detail::format_bytes(reserved_bytes),
+                                detail::format_bytes(peak_rss_bytes));
+  if (!rss_note.empty()) out += fmt::format("  ({})\n", rss_note);
   out += fmt::format("  {:<16} {:>12} {:>12}\n", "category", "at peak", "own peak");
   for (const auto& [name, bytes] : peak_bytes_by_category) {
     const std::size_t own = category_peak_bytes.at(name);

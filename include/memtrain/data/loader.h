@@ -114,6 +114,9 @@ class ImageDataset : public Dataset {
 struct ImageSplits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;
+  // The bytes the real splits hold in memory (u8 images and labels), also for the stand-ins: what a memory plan
+  // adds for the data it did not read (train::RunInputs::resident_data_bytes).
+  std::size_t loaded_bytes = 0;
 };
 ImageSplits fashion_mnist_splits(const std::string& dir, bool blank);
 

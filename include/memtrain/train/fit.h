@@ -7,6 +7,12 @@
 // learned (a low-rank update) where the other knobs change only precision, memory and time. Nothing is trained
 // to decide.
 //
+// Two knobs rank before speed, as GaLore does: bf16 weights (without an f32 master, every update is rounded) are
+// taken only when nothing with f32 weights fits. The checkpoint budget policy is not enumerated: once the search
+// is done, the best few fitting candidates that recompute are tried again with budget:X, X the largest
+// activation budget that still fits (bisection on predictions), which recomputes only what the budget has no
+// room for.
+//
 // Search: candidates are visited fastest-looking first. A candidate is skipped without a prediction when
 //   - one that needs no more memory in every monotone knob (8-bit <= 32-bit state, layer-wise on <= off,
 //     full <= every:2, selective <= none checkpointing, a smaller micro-batch) was predicted over the budget
@@ -18,7 +24,8 @@
 //
 // Cost model: a step's seconds = f32 FLOPs / f32 GEMM rate + bf16 FLOPs / bf16 GEMM rate + (bytes the step
 // allocates + bytes the optimizer streams) / memory bandwidth, with the work counted on meta (StepWork) and
-// the three rates measured on this machine by CostModel::calibrate() (a fraction of a second). A data-parallel
+// the three rates measured on this machine by CostModel::calibrate() (a fraction of a second). State in files
+// adds its bytes / the rate of mapping and releasing them (calibrate_offload, on the offload directory). A data-parallel
 // candidate adds the bytes its collectives send (counted by the simulated group) / communicated_bytes_per_second.
 //
 // Data parallel (world_size > 1): every rank of a candidate is predicted (RunInputs::prepare_rank), since shards
@@ -46,11 +53,20 @@ struct CostModel {
   // Of the collectives, by the bytes a rank sends. calibrate() sets it to bytes_per_second: MPI between the
   // processes of one host copies through shared memory. Between hosts, set the network's rate.
   double communicated_bytes_per_second = 0.0;
+  // Optimizer state in files (offload_optimizer file:DIR): what mapping each slice of state before it is stepped
+  // and handing its pages back after costs, by the state bytes of tensors mapped in 4 KiB pages and of those
+  // mapped in 2 MiB folios (core/file_arena.h). 0 until calibrate_offload() measures them.
+  double offload_small_bytes_per_second = 0.0;
+  double offload_huge_bytes_per_second = 0.0;
   double calibration_seconds = 0.0;
+  // Throws when the work has state in files and the offload rates are not measured.
   double step_seconds(const StepWork& work) const;
   std::string describe() const;  // the rates, and how long calibrating took
   // Times a GEMM in f32 and in bf16 (768 x 768 x 2048) and an elementwise add over 16 Mi floats on the CPU.
   static CostModel calibrate();
+  // Times mapping and handing back the pages of state tensors in files under `dir` (64 of 256 KiB, one of
+  // 32 MiB), as a step does once their pages are in the page cache.
+  void calibrate_offload(const std::string& dir);
 };
 
 // Which knobs the search may change; a knob held fixed keeps the base configuration's value.
@@ -62,6 +78,10 @@ struct FitKnobs {
   bool accumulation = true;     // micro-batch halved down to 1, accumulation doubled: the same global batch
   bool layerwise = true;        // off, on
   bool zero = true;             // ZeRO 0, 1, 2 (only when world_size > 1)
+  bool param_dtype = true;      // f32 masters, or bf16 weights (under bf16 / fp8 compute, on one rank)
+  // Non-empty: the optimizer state may go to files under this directory (offload_optimizer "file:DIR"). Empty:
+  // the base configuration's offload stays as it is.
+  std::string offload_dir;
 };
 
 struct FitCandidate {

@@ -11,7 +11,9 @@
 //
 // Not predicted: the checkpoint save (on the CPU it writes from the tensors in place, so it adds only the step
 // counts; on CUDA it copies one tensor at a time to the host) and the device allocator's rounding for CUDA (the
-// meta allocator caches in the CPU's size classes). The peak RSS is an estimate (see MemoryPrediction).
+// meta allocator caches in the CPU's size classes). The peak RSS is an estimate (see MemoryPrediction): for a CPU
+// run the prediction first warms up the kernels (RunInputs::warm_up_kernels) so that the process's baseline
+// holds what a step's code and runtime bring in.
 #pragma once
 
 #include "memtrain/data/loader.h"
@@ -38,6 +40,10 @@ struct StepWork {
   double allocated_bytes = 0.0;  // bytes the step's tensors asked for: what it writes, roughly
   double optimizer_bytes = 0.0;  // bytes the optimizer step reads and writes
   double communicated_bytes = 0.0;  // data parallel: bytes this rank's collectives send to the others
+  // Optimizer offload: state bytes in files, in tensors mapped 4 KiB at a time and in 2 MiB folios
+  // (FileArena::kHugeMappingBytes and over).
+  double offloaded_small_bytes = 0.0;
+  double offloaded_huge_bytes = 0.0;
 };
 
 struct MemoryPrediction {
@@ -47,10 +53,14 @@ struct MemoryPrediction {
   std::map<std::string, std::size_t> category_peak_bytes;     // each category's own peak
   std::size_t reserved_bytes = 0;  // the allocator's reserved bytes at the end: live blocks + its cache
   std::size_t host_data_bytes = 0;  // of the above, the CPU loaders' queued batches (CPU runs only)
+  std::size_t resident_data_bytes = 0;  // RunInputs::resident_data_bytes
   // The process's peak RSS: its resident set when the prediction started (the library, the program, what it
-  // loaded) plus what the run adds to it: for a CPU run the allocator's reserved bytes, for a CUDA run the
-  // loaders' host batches. An estimate: malloc's own overhead and threads' stacks are not counted.
+  // loaded; for a CPU run after the kernel warm-up) plus what the run adds to it: the resident data, and for
+  // a CPU run the allocator's reserved bytes, for a CUDA run the loaders' host batches (the CUDA runtime's own
+  // host memory is not predicted). An estimate: malloc's own overhead is not counted.
   std::size_t peak_rss_bytes = 0;
+  // Why the kernels were not warmed up before the baseline was read (empty: they were, or need not be).
+  std::string rss_note;
   std::int64_t steps = 0;           // optimizer steps run on meta
   bool evaluated = false;           // whether an evaluation ran (a val set was given)
   double seconds = 0.0;             // wall time the prediction took
@@ -58,8 +68,8 @@ struct MemoryPrediction {
   // With record_timeline: the steady-state step and the evaluation on meta, phases marked (not in to_json).
   std::shared_ptr<const MemoryTimeline> timeline;
   // {"device", "peak_bytes_total", "peak_bytes_by_category": {name: bytes}, "category_peak_bytes": {...},
-  //  "reserved_bytes", "host_data_bytes", "peak_rss_bytes", "steps", "evaluated", "seconds"}: a run summary's
-  //  "predicted".
+  //  "reserved_bytes", "host_data_bytes", "resident_data_bytes", "peak_rss_bytes", "rss_note" (when not empty),
+  //  "steps", "evaluated", "seconds"}: a run summary's "predicted".
   nlohmann::json to_json() const;
   // Lines for a terminal: the total, then each category at the peak and its own peak.
   std::string report() const;
@@ -80,6 +90,15 @@ struct RunInputs {
   // For fit_to_budget at world_size > 1: rank r's `prepare` (dist::simulate_rank(r, options)), so that every
   // rank of every candidate is predicted.
   std::function<std::function<void(Trainer&)>(std::int64_t rank)> prepare_rank;
+  // Bytes of data the run's process holds that the prediction does not load: token shards it maps and reads
+  // whole, or a data set it reads into memory (for which a data::BlankDataset stands in). Added to the predicted
+  // peak RSS.
+  std::size_t resident_data_bytes = 0;
+  // Whether a CPU prediction first trains a small model for two steps on the CPU under the configuration's
+  // settings (train/kernel_warm_up.h), so that its baseline RSS holds the code and runtime a step brings in.
+  // false in a process that is training already: its kernels are warm, and the warm-up's bytes would count in its
+  // CPU allocator's peak.
+  bool warm_up_kernels = true;
 };
 
 // Runs `config` on the meta device and returns what it allocates (see above). config.device says which
