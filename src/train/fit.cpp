@@ -204,8 +204,15 @@ std::vector<Candidate> candidates(const TrainerConfig& base, const FitKnobs& fre
   if (free.precision) vary(knobs, std::vector{amp::Precision::fp32, amp::Precision::bf16}, [](Knobs& k, auto v) {
     k.precision = v;
   });
-  if (free.param_dtype)
+  // bf16 weights are the compute copies themselves, on one rank beside no adapters (TrainerConfig::validate):
+  // offered where they can be, rather than listed as refused.
+  if (free.param_dtype && base.world_size == 1 && !base.lora.enabled() && base.lisa_layers == 0) {
     vary(knobs, std::vector{amp::ParamDtype::f32, amp::ParamDtype::bf16}, [](Knobs& k, auto v) { k.param_dtype = v; });
+    std::erase_if(knobs, [](const Knobs& k) {
+      return k.param_dtype != amp::ParamDtype::f32 && k.precision != amp::Precision::bf16 &&
+             k.precision != amp::Precision::fp8;
+    });
+  }
   if (free.optimizer_state && other_precision(base.optimizer.kind) != base.optimizer.kind)
     vary(knobs, std::vector{base.optimizer.kind, other_precision(base.optimizer.kind)},
          [](Knobs& k, auto v) { k.state = v; });
