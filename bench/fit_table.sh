@@ -38,7 +38,8 @@ for config in "$@"; do
   plain=$(json "$work/plain.json" predicted peak_bytes_total)
   for pct in 30 50 75; do
     budget=$((plain * pct / 100))
-    "$bin" "${common[@]}" --micro-batch "$mb" --optimizer adamw --fit "$budget" --plan-only > "$work/fit$pct.log" 2>&1 ||
+    # No --optimizer: a flag given stays as given, and the default (8-bit AdamW) lets --fit choose 32- or 8-bit.
+    "$bin" "${common[@]}" --micro-batch "$mb" --fit "$budget" --plan-only > "$work/fit$pct.log" 2>&1 ||
       { echo "| $config | $pct% | nothing fits | | | | | |"; continue; }
     chosen=$(sed -n 's/^chosen: \(.*\) (predicted peak.*/\1/p' "$work/fit$pct.log")
     # The chosen one, then the other fitting candidates by predicted step time, fastest first.

@@ -479,6 +479,45 @@ struct KeyedDevice {
   }
 };
 
+// A prediction of a device run caches on meta as the device would (Allocator::set_cache_policy): on one random
+// trace of requests from 1 byte to 24 MiB, the meta allocator under segments reserves and caches what the
+// device allocator does, after every operation, and goes back to size classes afterwards.
+TEST(DeviceAllocator, MetaUnderSegmentsReservesWhatTheDeviceReserves) {
+  FakeDevice d;
+  Allocator& meta = Allocator::get(Device::meta());
+  meta.empty_cache();
+  {
+    const CachePolicyGuard as_device(meta, CachePolicy::segments);
+    EXPECT_EQ(meta.cache_policy(), CachePolicy::segments);
+    const MemoryStats start = meta.stats();
+    std::mt19937 rng(29);
+    std::uniform_int_distribution<int> coin(0, 2), scale(0, 24);
+    std::vector<Block> on_device, on_meta;
+    for (int op = 0; op < 600; ++op) {
+      if (!on_device.empty() && coin(rng) == 0) {
+        const std::size_t i = std::uniform_int_distribution<std::size_t>(0, on_device.size() - 1)(rng);
+        d.alloc.deallocate(on_device[i]);
+        meta.deallocate(on_meta[i]);
+        on_device.erase(on_device.begin() + static_cast<std::ptrdiff_t>(i));
+        on_meta.erase(on_meta.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        const std::size_t n = std::uniform_int_distribution<std::size_t>(1, std::size_t{1} << scale(rng))(rng);
+        on_device.push_back(d.alloc.allocate(n, MemoryCategory::activations));
+        on_meta.push_back(meta.allocate(n, MemoryCategory::activations));
+        ASSERT_EQ(on_meta.back().class_bytes, on_device.back().class_bytes) << "after operation " << op;
+      }
+      const MemoryStats dev = d.alloc.stats(), m = meta.stats();
+      ASSERT_EQ(m.reserved_bytes - start.reserved_bytes, dev.reserved_bytes) << "after operation " << op;
+      ASSERT_EQ(m.cached_bytes - start.cached_bytes, dev.cached_bytes) << "after operation " << op;
+    }
+    // A block in use keeps the policy that laid it out.
+    EXPECT_THROW(meta.set_cache_policy(CachePolicy::size_classes), Error);
+    for (const Block& b : on_meta) meta.deallocate(b);
+    for (const Block& b : on_device) d.alloc.deallocate(b);
+  }
+  EXPECT_EQ(meta.cache_policy(), CachePolicy::size_classes);
+}
+
 TEST(DeviceAllocatorStreams, ABlockFreedOnOneStreamIsNotReusedOnAnother) {
   KeyedDevice d;
   for (const std::size_t n : {std::size_t{1000}, 3 * MiB}) {  // the small and the large pool

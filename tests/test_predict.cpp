@@ -196,6 +196,13 @@ TEST(PredictMemory, PredictsACudaRunWithoutAGpuAndLeavesTheHostQueuesOut) {
   EXPECT_EQ(p.device, "cuda:0");
   EXPECT_EQ(p.host_data_bytes, 0u);
   EXPECT_GT(p.peak_bytes_by_category.at("parameters"), 0u);
+  // Reserved as a CUDA device's allocator reserves: whole 2 MiB segments (the CPU's size classes are not), the
+  // meta allocator back to size classes afterwards (tests/test_device_allocator.cpp replays a trace on both).
+  EXPECT_EQ(p.reserved_bytes % (std::size_t{2} << 20), 0u) << p.reserved_bytes;
+  EXPECT_GE(p.reserved_bytes, p.peak_bytes_total);
+  EXPECT_EQ(mt::Allocator::get(Device::meta()).cache_policy(), mt::CachePolicy::size_classes);
+  c.device = Device::cpu();
+  EXPECT_NE(mt::train::predict_memory(c, inputs_for(false)).reserved_bytes % (std::size_t{2} << 20), 0u);
 }
 
 TEST(PredictMemory, WritesThePredictionInTheShapeOfARunSummary) {

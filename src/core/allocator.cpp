@@ -52,12 +52,28 @@ bool category_guard_active() { return t_category.has_value(); }
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source)
     : Allocator(device, std::move(source), detail::cache_policy_for(device)) {}
 
+namespace {
+
+std::unique_ptr<detail::BlockCache> make_cache(CachePolicy policy) {
+  return policy == CachePolicy::segments ? detail::make_segment_pool() : detail::make_size_class_cache();
+}
+std::optional<double> default_reserve_limit(CachePolicy policy) {
+  return policy == CachePolicy::size_classes ? std::optional<double>(Allocator::kHostReserveLimit) : std::nullopt;
+}
+std::optional<std::size_t> default_reserve_slack(CachePolicy policy) {
+  return policy == CachePolicy::size_classes ? std::optional<std::size_t>(Allocator::kHostReserveSlack)
+                                             : std::nullopt;
+}
+
+}  // namespace
+
 Allocator::Allocator(Device device, std::unique_ptr<MemorySource> source, CachePolicy policy)
     : device_(device),
       source_(std::move(source)),
-      reserve_limit_(policy == CachePolicy::size_classes ? std::optional<double>(kHostReserveLimit) : std::nullopt),
-      reserve_slack_(policy == CachePolicy::size_classes ? std::optional<std::size_t>(kHostReserveSlack) : std::nullopt),
-      cache_(policy == CachePolicy::segments ? detail::make_segment_pool() : detail::make_size_class_cache()) {
+      reserve_limit_(default_reserve_limit(policy)),
+      reserve_slack_(default_reserve_slack(policy)),
+      policy_(policy),
+      cache_(make_cache(policy)) {
   MT_CHECK(source_ != nullptr, "Allocator", "no memory source for {}", device_.str());
 }
 
@@ -268,6 +284,42 @@ void Allocator::empty_cache() {
     segments = release_free_segments_locked();
   }
   free_segments(segments);  // outside the lock: cudaFree waits for the device
+}
+
+void Allocator::set_cache_policy(CachePolicy policy) {
+  std::vector<detail::Segment> segments;
+  {
+    std::lock_guard lock(mutex_);
+    if (policy == policy_) return;
+    std::size_t blocks = 0;
+    for (const CategoryStats& c : stats_.by_category) blocks += c.live_blocks;
+    MT_CHECK(blocks == 0, "Allocator::set_cache_policy", "allocator({}) has {} blocks ({} bytes) in use, laid out by "
+             "its current policy; free them first", device_.str(), blocks, stats_.live_bytes);
+    segments = release_free_segments_locked();
+    policy_ = policy;
+    cache_ = make_cache(policy);
+    reserve_limit_ = default_reserve_limit(policy);
+    reserve_slack_ = default_reserve_slack(policy);
+  }
+  free_segments(segments);
+}
+
+CachePolicy Allocator::cache_policy() const {
+  std::lock_guard lock(mutex_);
+  return policy_;
+}
+
+CachePolicyGuard::CachePolicyGuard(Allocator& allocator, CachePolicy policy)
+    : allocator_(allocator), previous_(allocator.cache_policy()) {
+  allocator_.set_cache_policy(policy);
+}
+
+CachePolicyGuard::~CachePolicyGuard() {
+  try {
+    allocator_.set_cache_policy(previous_);
+  } catch (const Error&) {
+    // A block outlived the scope: it stays under the policy that laid it out.
+  }
 }
 
 void Allocator::set_budget(std::optional<std::size_t> bytes) {

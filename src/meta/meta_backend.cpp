@@ -23,11 +23,12 @@ namespace memtrain::meta {
 namespace {
 
 // Hands out distinct, aligned, never-mapped addresses: nothing is reserved, and a read through one
-// would fault at once (Tensor::data_ptr() refuses meta tensors before that can happen).
+// would fault at once (Tensor::data_ptr() refuses meta tensors before that can happen). 256-byte aligned, as
+// cudaMalloc's are: a prediction of a device run carves them into segments (CachePolicy::segments).
 class MetaMemorySource final : public MemorySource {
  public:
   void* raw_allocate(std::size_t nbytes) override {
-    const std::uintptr_t step = (std::max<std::size_t>(nbytes, 1) + 63) & ~std::uintptr_t{63};
+    const std::uintptr_t step = (std::max<std::size_t>(nbytes, 1) + 255) & ~std::uintptr_t{255};
     return reinterpret_cast<void*>(next_.fetch_add(step));
   }
   void raw_free(void*, std::size_t) override {}

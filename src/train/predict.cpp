@@ -7,6 +7,7 @@
 #include "memtrain/core/file_arena.h"
 #include "memtrain/core/rng.h"
 #include "memtrain/core/state_arena.h"
+#include "core/backend.h"
 #include "core/work_counter.h"
 #include "io/atomic_file.h"
 #include "train/kernel_warm_up.h"
@@ -78,6 +79,9 @@ MemoryPrediction predict_memory(const TrainerConfig& config, const RunInputs& in
 
   Allocator& meta = Allocator::get(Device::meta());
   meta.empty_cache();  // a cache left by an earlier prediction would lend blocks this run would have reserved
+  // The meta allocator caches as the predicted device's allocator does: in the CPU's size classes, or carving
+  // 2 MiB-granular segments as a CUDA device's does, so the reserved bytes are that allocator's.
+  const CachePolicyGuard device_policy(meta, ::memtrain::detail::cache_policy_for(config.device));
   const MemoryStats before = meta.stats();
 
   p.device = config.device.str();

@@ -135,6 +135,11 @@ class Allocator {
   const Device& device() const { return device_; }
   void reset_peak();     // peaks restart from the current live (and reserved) bytes
   void empty_cache();    // hand source allocations with no block in use back to the OS/driver
+  // Caches from now on under `policy`, with its default reserve limit (see set_reserve_limit). For a prediction
+  // on meta of a device run, whose allocator carves blocks from segments (train/predict.h). Empties the cache
+  // first; throws when a block is in use (its bytes were laid out by the other policy).
+  void set_cache_policy(CachePolicy policy);
+  CachePolicy cache_policy() const;
   void set_budget(std::optional<std::size_t> bytes);  // live-bytes budget; nullopt = unlimited
   std::optional<std::size_t> budget() const;
   // The most this allocator keeps reserved, as a multiple (>= 1) of the live peak so far (or of the live
@@ -190,7 +195,21 @@ class Allocator {
   std::optional<double> reserve_limit_;
   std::optional<std::size_t> reserve_slack_;
   Observer observer_;
+  CachePolicy policy_;
   std::unique_ptr<detail::BlockCache> cache_;  // the CachePolicy; touched only under mutex_
+};
+
+// Sets an allocator's cache policy for a scope and restores the one it had after it (set_cache_policy, both).
+class CachePolicyGuard {
+ public:
+  CachePolicyGuard(Allocator& allocator, CachePolicy policy);
+  ~CachePolicyGuard();  // leaves the policy as it is when a block is still in use then
+  CachePolicyGuard(const CachePolicyGuard&) = delete;
+  CachePolicyGuard& operator=(const CachePolicyGuard&) = delete;
+
+ private:
+  Allocator& allocator_;
+  CachePolicy previous_;
 };
 
 // Shortcut for the CPU allocator's report / stats.

@@ -10,8 +10,11 @@
 // train and one val batch per prefetch slot). A CUDA run keeps those on the host, outside the device's peak.
 //
 // Not predicted: the checkpoint save (on the CPU it writes from the tensors in place, so it adds only the step
-// counts; on CUDA it copies one tensor at a time to the host) and the device allocator's rounding for CUDA (the
-// meta allocator caches in the CPU's size classes). The peak RSS is an estimate (see MemoryPrediction): for a CPU
+// counts; on CUDA it copies one tensor at a time to the host), and what CUDA's own entries allocate differently
+// from the CPU's (the meta kernels allocate what the CPU's do). The allocator's reserved bytes are simulated for
+// the predicted device: the meta allocator caches in the CPU's size classes for a CPU run and carves 2 MiB
+// segments for a CUDA run (Allocator::set_cache_policy), as that device's allocator does; one stream is
+// simulated. The peak RSS is an estimate (see MemoryPrediction): for a CPU
 // run the prediction first warms up the kernels (RunInputs::warm_up_kernels) so that the process's baseline
 // holds what a step's code and runtime bring in.
 #pragma once
