@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <set>
 #include <string>
 
 namespace mt = memtrain;
@@ -256,6 +257,25 @@ TEST(FitToBudget, OffloadsTheStateWhenThatIsWhatFits) {
   EXPECT_GT(r.candidates[*r.chosen_index].step_seconds, model.step_seconds(memory_p.step_work))
       << "the cost model must charge for the files";
   EXPECT_LE(measure_on_cpu(*r.chosen, false).peak_total, between);
+}
+
+// A free knob still offers the base's own value when the search's usual values do not hold it: fp16 compute,
+// bf16 weights with Kahan compensation.
+TEST(FitToBudget, OffersTheBasesOwnValueOfAFreeKnob) {
+  TrainerConfig base = short_run_config();
+  base.precision = mt::amp::Precision::fp16;
+  mt::train::FitKnobs knobs = only(&mt::train::FitKnobs::precision);
+  mt::train::FitResult r = mt::train::fit_to_budget(base, std::size_t{1} << 30, inputs_for(false), knobs, fixed_model());
+  std::set<mt::amp::Precision> offered;
+  for (const mt::train::FitCandidate& c : r.candidates) offered.insert(c.config.precision);
+  EXPECT_EQ(offered, (std::set{mt::amp::Precision::fp32, mt::amp::Precision::bf16, mt::amp::Precision::fp16}));
+  base.precision = mt::amp::Precision::bf16;
+  base.param_dtype = mt::amp::ParamDtype::bf16_kahan;
+  r = mt::train::fit_to_budget(base, std::size_t{1} << 30, inputs_for(false), only(&mt::train::FitKnobs::param_dtype),
+                               fixed_model());
+  std::set<mt::amp::ParamDtype> dtypes;
+  for (const mt::train::FitCandidate& c : r.candidates) dtypes.insert(c.config.param_dtype);
+  EXPECT_EQ(dtypes, (std::set{mt::amp::ParamDtype::f32, mt::amp::ParamDtype::bf16, mt::amp::ParamDtype::bf16_kahan}));
 }
 
 TEST(CostModel, CalibratesPositiveRatesAndAddsUpWork) {

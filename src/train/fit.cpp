@@ -163,6 +163,15 @@ void vary(std::vector<Knobs>& knobs, const std::vector<T>& values, Set set) {
   knobs = std::move(out);
 }
 
+// The values a free knob takes: the base configuration's first (fp16 compute, bf16-kahan weights stay
+// candidates), then the others of `values`.
+template <typename T>
+std::vector<T> base_and(const T& base, std::vector<T> values) {
+  std::erase(values, base);
+  values.insert(values.begin(), base);
+  return values;
+}
+
 // `base` with a candidate's knobs, checked: a combination the configuration refuses (layer-wise GaLore across
 // ranks, bf16 weights under fp32 compute, ...) is kept in the report with the reason, never predicted.
 Candidate make_candidate(const Knobs& k, const TrainerConfig& base, const std::string& offload_dir) {
@@ -201,13 +210,14 @@ std::vector<Candidate> candidates(const TrainerConfig& base, const FitKnobs& fre
                     base.grad_accum,
                     base.zero};
   std::vector<Knobs> knobs{fixed};
-  if (free.precision) vary(knobs, std::vector{amp::Precision::fp32, amp::Precision::bf16}, [](Knobs& k, auto v) {
-    k.precision = v;
-  });
+  if (free.precision)
+    vary(knobs, base_and(base.precision, {amp::Precision::fp32, amp::Precision::bf16}),
+         [](Knobs& k, auto v) { k.precision = v; });
   // bf16 weights are the compute copies themselves, on one rank beside no adapters (TrainerConfig::validate):
   // offered where they can be, rather than listed as refused.
   if (free.param_dtype && base.world_size == 1 && !base.lora.enabled() && base.lisa_layers == 0) {
-    vary(knobs, std::vector{amp::ParamDtype::f32, amp::ParamDtype::bf16}, [](Knobs& k, auto v) { k.param_dtype = v; });
+    vary(knobs, base_and(base.param_dtype, {amp::ParamDtype::f32, amp::ParamDtype::bf16}),
+         [](Knobs& k, auto v) { k.param_dtype = v; });
     std::erase_if(knobs, [](const Knobs& k) {
       return k.param_dtype != amp::ParamDtype::f32 && k.precision != amp::Precision::bf16 &&
              k.precision != amp::Precision::fp8;
