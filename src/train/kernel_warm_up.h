@@ -14,8 +14,10 @@ namespace memtrain::train::detail {
 // parameter dtype, optimizer, GaLore, checkpointing, layer-wise and LoRA settings and its micro-batch x
 // accumulation, on windows of `window` tokens (clamped to [16, 1024]; oneDNN chooses its kernels by the GEMMs'
 // rows), on one rank, writing no file. Once per process for each distinct set of those (their code stays
-// resident). Leaves the default RNG stream and the CPU allocator's cache as they were. Returns false, with the
-// reason in `why`, when the small model cannot take `config` (the baseline is then read without it).
+// resident). Leaves the default RNG stream as it was and empties the CPU allocator's cache after it; like any
+// Trainer, it resets the CPU allocator's peak, so a process that trains already does not call it.
+// Returns false, with the reason in `why`, when the small model cannot take `config` (the baseline is then read
+// without it).
 bool warm_up_cpu_kernels(const TrainerConfig& config, std::int64_t window, std::string& why);
 
 }  // namespace memtrain::train::detail

@@ -33,6 +33,7 @@ std::size_t batch_bytes(const data::Dataset& dataset, std::int64_t size) {
 
 // The length of a 1-D sample (a window of tokens); 0 for any other shape.
 std::int64_t sample_length(const data::Dataset& dataset) {
+  if (dataset.size() == 0) return 0;  // the Trainer refuses it, naming it
   const data::Batch b = dataset.collate({0});
   return b.inputs.dim() == 2 ? b.inputs.size(1) : 0;
 }
