@@ -26,11 +26,6 @@ IFS=: read -r preset seq global <<<"${1:-small:256:8}"
 data=(--model "$preset" --seq-len "$seq" --vocab-size "$vocab" --data-dir "$work/data" --sample-tokens 0)
 common=("${data[@]}" --steps "$steps")
 
-# Median step seconds of a metrics file, the first step left out.
-median_step() { "$py" -c 'import json, statistics, sys
-t = [json.loads(l)["step_seconds"] for l in open(sys.argv[1])][1:]
-print(statistics.median(t))' "$1"; }
-
 # The data is prepared once, before anything is timed.
 "$bin" "${data[@]}" --micro-batch 1 --steps 1 --out-dir "$work/prepare" > "$work/prepare.log" 2>&1 ||
   { cat "$work/prepare.log"; exit 1; }

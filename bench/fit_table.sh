@@ -19,11 +19,6 @@ source bench/train_gpt_common.sh
 steps=${STEPS:-6} peers=${PEERS:-3} vocab=${VOCAB:-4096}
 (($# > 0)) || set -- small:256:8
 
-# Median step seconds of a metrics file, the first step left out.
-median_step() { "$py" -c 'import json, statistics, sys
-t = [json.loads(l)["step_seconds"] for l in open(sys.argv[1])][1:]
-print(statistics.median(t))' "$1"; }
-
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) threads; $steps steps per run, vocabulary $vocab"
 echo
 echo "| config | budget | chosen | measured peak | fits | step s | best peer step s | chosen / best |"

@@ -43,3 +43,8 @@ for p in parts[2:]:
     elif p == "layer-wise": out += ["--layerwise"]
     elif p == "offload": raise SystemExit("an offloaded candidate needs its directory: " + sys.argv[1])
 print(" ".join(out))' "$1"; }
+
+# Median step seconds of a metrics file, the first step left out.
+median_step() { "$py" -c 'import json, statistics, sys
+t = [json.loads(l)["step_seconds"] for l in open(sys.argv[1])][1:]
+print(statistics.median(t))' "$1"; }
